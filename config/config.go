@@ -1,0 +1,290 @@
+// Package config loads the dispatcher's settings from the environment and
+// validates them before anything connects.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// Prefix starts every variable the dispatcher reads.
+const Prefix = "DISPATCHER"
+
+// Settings are the instance-wide settings. The desc tags feed --help.
+type Settings struct {
+	RedisURL        string        `envconfig:"DISPATCHER_REDIS_URL" default:"redis://localhost:6379/0" desc:"Redis URL (redis:// or rediss://); the password in it is never logged"`
+	AMQPURL         string        `envconfig:"DISPATCHER_AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL (amqp:// or amqps://); the password in it is never logged"`
+	KeyPrefix       string        `envconfig:"DISPATCHER_KEY_PREFIX" default:"dq" desc:"prefix P of every Redis key: shard i of queue Q is P:{Q:i}"`
+	Queues          []string      `envconfig:"DISPATCHER_QUEUES" required:"true" desc:"comma-separated queue names this instance serves"`
+	Lease           time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again; must exceed DISPATCHER_CONFIRM_TIMEOUT"`
+	HTTPAddr        string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; empty turns it off"`
+	BatchSize       int           `envconfig:"DISPATCHER_BATCH_SIZE" default:"500" desc:"most tasks taken from one shard in one claim (1 to 10000)"`
+	Pipeline        int           `envconfig:"DISPATCHER_PIPELINE" default:"4" desc:"claimed batches per queue being published at once (1 to 64)"`
+	PollInterval    time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often an idle instance looks at every shard for newly scheduled tasks; known due times are waited for exactly"`
+	ConfirmTimeout  time.Duration `envconfig:"DISPATCHER_CONFIRM_TIMEOUT" default:"10s" desc:"how long to wait for the broker to confirm a publish before retrying it"`
+	ShutdownTimeout time.Duration `envconfig:"DISPATCHER_SHUTDOWN_TIMEOUT" default:"10s" desc:"on SIGTERM, how long to wait for outstanding confirms before returning the rest to pending"`
+	MaxMessageBytes int           `envconfig:"DISPATCHER_MAX_MESSAGE_BYTES" default:"16777216" desc:"members larger than this go straight to the shard's dead-letter set"`
+	MaxAttempts     int           `envconfig:"DISPATCHER_MAX_ATTEMPTS" default:"5" desc:"publishes the broker refuses (e.g. over its max_message_size) before a task goes to the dead-letter set"`
+	RetryMin        time.Duration `envconfig:"DISPATCHER_RETRY_MIN" default:"1s" desc:"first backoff before a failed publish (nack, unroutable, timeout) is retried; doubles per attempt"`
+	RetryMax        time.Duration `envconfig:"DISPATCHER_RETRY_MAX" default:"1m" desc:"longest backoff between retries of one task"`
+	LogLevel        string        `envconfig:"DISPATCHER_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	LogFormat       string        `envconfig:"DISPATCHER_LOG_FORMAT" default:"text" desc:"text or json"`
+
+	// QueueSettings holds one entry per name in Queues, in that order.
+	QueueSettings []Queue `ignored:"true"`
+}
+
+// Queue are the settings of one queue, read from DISPATCHER_QUEUE_<NAME>_*.
+// They are read by hand rather than with envconfig, whose fallback to the
+// unprefixed name would pick up any SHARDS or EXCHANGE in the environment.
+type Queue struct {
+	Name       string
+	Shards     int    `env:"SHARDS" required:"true" desc:"shard count M of the queue (1 to 4096); producers use the same M"`
+	Exchange   string `env:"EXCHANGE" required:"true" desc:"exchange tasks are published to; declared durable direct if missing, used as it is otherwise; empty means the default exchange"`
+	RoutingKey string `env:"ROUTING_KEY" default:"" desc:"routing key of the published messages; defaults to the queue name"`
+}
+
+// EnvName is the <NAME> part of a queue's variables: the queue name
+// upper-cased, every character outside A-Z 0-9 written as _.
+func EnvName(queue string) string {
+	b := []byte(strings.ToUpper(queue))
+	for i, c := range b {
+		if (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+// QueuePrefix is the variable prefix of one queue, without the trailing _.
+func QueuePrefix(queue string) string { return Prefix + "_QUEUE_" + EnvName(queue) }
+
+// Error is a settings error: it names the variable and its value.
+type Error struct {
+	Var    string
+	Value  string
+	Reason string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s=%q: %s", e.Var, redact.URL(e.Value), redact.String(e.Reason))
+}
+
+// Load reads and validates the settings from the process environment.
+// It does not touch the network.
+func Load() (*Settings, error) {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, Prefix+"_") {
+			env[k] = v
+		}
+	}
+	var s Settings
+	// Full variable names are in the tags and the prefix is empty, so
+	// envconfig never falls back to unprefixed names like REDIS_URL.
+	if err := envconfig.Process("", &s); err != nil {
+		return nil, translate(err, env)
+	}
+	seen := map[string]string{}
+	for i, name := range s.Queues {
+		name = strings.TrimSpace(name)
+		s.Queues[i] = name
+		if !shard.ValidQueueName(name) {
+			return nil, &Error{Var: Prefix + "_QUEUES", Value: env[Prefix+"_QUEUES"],
+				Reason: fmt.Sprintf("queue name %q: want 1 to 64 characters of A-Z a-z 0-9 _ . -", name)}
+		}
+		if other, dup := seen[EnvName(name)]; dup {
+			return nil, &Error{Var: Prefix + "_QUEUES", Value: env[Prefix+"_QUEUES"],
+				Reason: fmt.Sprintf("queues %q and %q share the variables %s_*", other, name, QueuePrefix(name))}
+		}
+		seen[EnvName(name)] = name
+		q, err := loadQueue(name, env)
+		if err != nil {
+			return nil, err
+		}
+		s.QueueSettings = append(s.QueueSettings, q)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkUnknown(env, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+func loadQueue(name string, env map[string]string) (Queue, error) {
+	p := QueuePrefix(name) + "_"
+	q := Queue{Name: name}
+	shards, ok := env[p+"SHARDS"]
+	if !ok {
+		return q, &Error{Var: p + "SHARDS", Reason: "required, not set"}
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(shards))
+	if err != nil {
+		return q, &Error{Var: p + "SHARDS", Value: shards, Reason: "not an integer"}
+	}
+	q.Shards = n
+	if q.Exchange, ok = env[p+"EXCHANGE"]; !ok {
+		return q, &Error{Var: p + "EXCHANGE", Reason: "required, not set (empty means the default exchange)"}
+	}
+	q.RoutingKey = env[p+"ROUTING_KEY"]
+	if q.RoutingKey == "" {
+		q.RoutingKey = name
+	}
+	return q, nil
+}
+
+// translate turns envconfig's errors into one line naming variable and value.
+func translate(err error, env map[string]string) error {
+	var pe *envconfig.ParseError
+	if errors.As(err, &pe) {
+		reason := "not a " + pe.TypeName
+		switch pe.TypeName {
+		case "Duration":
+			reason = "not a duration (use Go syntax such as 500ms, 30s, 2m)"
+		case "int":
+			reason = "not an integer"
+		}
+		return &Error{Var: pe.KeyName, Value: pe.Value, Reason: reason}
+	}
+	msg := err.Error()
+	if strings.HasPrefix(msg, "required key ") {
+		key := strings.TrimSuffix(strings.TrimPrefix(msg, "required key "), " missing value")
+		return &Error{Var: key, Reason: "required, not set"}
+	}
+	return errors.New(redact.String(msg))
+}
+
+// Validate rejects settings that would misbehave later.
+func (s *Settings) Validate() error {
+	v := func(name string) string { return Prefix + "_" + name }
+	if len(s.Queues) == 0 {
+		return &Error{Var: v("QUEUES"), Reason: "no queue given"}
+	}
+	if err := validRedisURL(s.RedisURL); err != nil {
+		return &Error{Var: v("REDIS_URL"), Value: s.RedisURL, Reason: err.Error()}
+	}
+	if err := validAMQPURL(s.AMQPURL); err != nil {
+		return &Error{Var: v("AMQP_URL"), Value: s.AMQPURL, Reason: err.Error()}
+	}
+	if !validPrefix(s.KeyPrefix) {
+		return &Error{Var: v("KEY_PREFIX"), Value: s.KeyPrefix, Reason: "want 1 to 64 characters without {, } or whitespace"}
+	}
+	durations := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"LEASE", s.Lease}, {"POLL_INTERVAL", s.PollInterval}, {"CONFIRM_TIMEOUT", s.ConfirmTimeout},
+		{"SHUTDOWN_TIMEOUT", s.ShutdownTimeout}, {"RETRY_MIN", s.RetryMin}, {"RETRY_MAX", s.RetryMax},
+	}
+	for _, d := range durations {
+		if d.d <= 0 {
+			return &Error{Var: v(d.name), Value: d.d.String(), Reason: "must be a positive duration"}
+		}
+	}
+	if s.Lease < time.Second {
+		return &Error{Var: v("LEASE"), Value: s.Lease.String(), Reason: "must be at least 1s"}
+	}
+	if s.ConfirmTimeout >= s.Lease {
+		return &Error{Var: v("CONFIRM_TIMEOUT"), Value: s.ConfirmTimeout.String(),
+			Reason: fmt.Sprintf("must be shorter than DISPATCHER_LEASE (%s), or a live instance's tasks are handed out again", s.Lease)}
+	}
+	if s.RetryMax < s.RetryMin {
+		return &Error{Var: v("RETRY_MAX"), Value: s.RetryMax.String(), Reason: "must not be shorter than DISPATCHER_RETRY_MIN"}
+	}
+	ints := []struct {
+		name     string
+		n, lo, h int
+	}{
+		{"BATCH_SIZE", s.BatchSize, 1, 10000}, {"PIPELINE", s.Pipeline, 1, 64},
+		{"MAX_MESSAGE_BYTES", s.MaxMessageBytes, 1, 512 << 20}, {"MAX_ATTEMPTS", s.MaxAttempts, 1, 1000},
+	}
+	for _, n := range ints {
+		if n.n < n.lo || n.n > n.h {
+			return &Error{Var: v(n.name), Value: strconv.Itoa(n.n), Reason: fmt.Sprintf("must be %d to %d", n.lo, n.h)}
+		}
+	}
+	switch s.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return &Error{Var: v("LOG_LEVEL"), Value: s.LogLevel, Reason: "want debug, info, warn or error"}
+	}
+	switch s.LogFormat {
+	case "text", "json":
+	default:
+		return &Error{Var: v("LOG_FORMAT"), Value: s.LogFormat, Reason: "want text or json"}
+	}
+	for _, q := range s.QueueSettings {
+		p := QueuePrefix(q.Name) + "_"
+		if q.Shards < 1 || q.Shards > shard.MaxShards {
+			return &Error{Var: p + "SHARDS", Value: strconv.Itoa(q.Shards), Reason: fmt.Sprintf("must be 1 to %d", shard.MaxShards)}
+		}
+		if len(q.Exchange) > 255 {
+			return &Error{Var: p + "EXCHANGE", Value: q.Exchange, Reason: "longer than 255 bytes"}
+		}
+		if len(q.RoutingKey) > 255 {
+			return &Error{Var: p + "ROUTING_KEY", Value: q.RoutingKey, Reason: "longer than 255 bytes"}
+		}
+	}
+	return nil
+}
+
+func validPrefix(p string) bool {
+	if p == "" || len(p) > 64 {
+		return false
+	}
+	return !strings.ContainsAny(p, "{} \t\r\n")
+}
+
+func validRedisURL(u string) error {
+	if _, err := redis.ParseURL(u); err != nil {
+		return err
+	}
+	return nil
+}
+
+func validAMQPURL(u string) error {
+	if _, err := amqp.ParseURI(u); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checkUnknown rejects DISPATCHER_* variables nobody reads: a typo in a
+// setting name would otherwise silently leave its default in force.
+func checkUnknown(env map[string]string, s *Settings) error {
+	known := map[string]bool{}
+	for _, v := range vars(Prefix, &Settings{}) {
+		known[v.Key] = true
+	}
+	for _, q := range s.QueueSettings {
+		for _, v := range vars(QueuePrefix(q.Name), &Queue{}) {
+			known[v.Key] = true
+		}
+	}
+	var unknown []string
+	for k := range env {
+		if strings.HasPrefix(k, Prefix+"_") && !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	sort.Strings(unknown)
+	reason := "unknown variable (misspelt, or a queue missing from DISPATCHER_QUEUES?)"
+	return &Error{Var: unknown[0], Value: env[unknown[0]], Reason: reason}
+}

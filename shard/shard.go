@@ -1,0 +1,71 @@
+// Package shard holds the public contract of the task store: key names,
+// the XXH64 shard choice, message ids, and the Go producer API.
+package shard
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// MaxShards is the largest shard count the contract allows.
+const MaxShards = 4096
+
+// DefaultPrefix is the contract's default key prefix.
+const DefaultPrefix = "dq"
+
+var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
+
+// ValidQueueName reports whether name satisfies the contract:
+// 1 to 64 characters of A-Z a-z 0-9 _ . -
+func ValidQueueName(name string) bool { return queueNameRE.MatchString(name) }
+
+// Hash is XXH64 of the member with seed 0.
+func Hash(member []byte) uint64 { return xxhash.Sum64(member) }
+
+// Index is the shard a member belongs to: XXH64(member) mod m.
+func Index(member []byte, m int) int {
+	return int(Hash(member) % uint64(m))
+}
+
+// MessageID is the AMQP message_id of one scheduling of a member:
+// lowercase 16-digit hex XXH64, "-", due time in ms.
+func MessageID(member []byte, dueMs int64) string {
+	return fmt.Sprintf("%016x-%d", Hash(member), dueMs)
+}
+
+// Keys builds every Redis key of one queue. All keys of shard i carry the
+// hash tag {Q:i} so one Lua script may touch them on Redis Cluster.
+type Keys struct {
+	Prefix string
+	Queue  string
+}
+
+func (k Keys) tag(i int) string { return k.Prefix + ":{" + k.Queue + ":" + strconv.Itoa(i) + "}" }
+
+// Pending is the contract's sorted set of scheduled tasks, P:{Q:i}.
+func (k Keys) Pending(i int) string { return k.tag(i) }
+
+// Inflight holds claimed, unconfirmed tasks; score is the lease deadline (ms,
+// Redis server clock), member is "<due_ms>:<member>".
+func (k Keys) Inflight(i int) string { return k.tag(i) + ":inflight" }
+
+// Attempts counts failed publishes per in-flight entry (hash).
+func (k Keys) Attempts(i int) string { return k.tag(i) + ":attempts" }
+
+// Dead is the dead-letter sorted set: member, score = due time.
+func (k Keys) Dead(i int) string { return k.tag(i) + ":dead" }
+
+// DeadReason maps a dead member to why it died (hash).
+func (k Keys) DeadReason(i int) string { return k.tag(i) + ":dead:reason" }
+
+// Counter is the balancer's INCR counter for the queue.
+func (k Keys) Counter() string { return k.Prefix + ":{" + k.Queue + "}:counter" }
+
+// ShardCount records the queue's shard count M (string).
+func (k Keys) ShardCount() string { return k.Prefix + ":{" + k.Queue + "}:shards" }
+
+// Shard returns the pending key of the shard a member belongs to.
+func (k Keys) Shard(member []byte, m int) string { return k.Pending(Index(member, m)) }
