@@ -46,3 +46,26 @@ func Index(n int64, m int) int {
 	}
 	return int(i)
 }
+
+// NextN returns the next n shards to scan with one INCRBY.
+func (b *Balancer) NextN(ctx context.Context, n int) ([]int, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	out := make([]int, 0, n)
+	if b.shards == 1 {
+		return append(out, 0), nil
+	}
+	last, err := b.rdb.IncrBy(ctx, b.key, int64(n)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("balancer incrby %s: %w", b.key, err)
+	}
+	seen := map[int]bool{}
+	for v := last - int64(n) + 1; v <= last; v++ {
+		if i := Index(v, b.shards); !seen[i] {
+			seen[i] = true
+			out = append(out, i)
+		}
+	}
+	return out, nil
+}

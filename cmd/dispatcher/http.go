@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/publisher"
+)
+
+type httpServer struct {
+	srv  *http.Server
+	done chan struct{}
+}
+
+// startHTTP serves /healthz (the process runs), /readyz (Redis and the
+// broker are reachable) and /metrics.
+func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *publisher.Publisher, log *slog.Logger) (*httpServer, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		var problems []string
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			problems = append(problems, "redis: unreachable")
+		}
+		if !pub.Ready() {
+			problems = append(problems, "broker: not connected")
+		}
+		if len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			for _, p := range problems {
+				fmt.Fprintln(w, p)
+			}
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on DISPATCHER_HTTP_ADDR=%s: %w", addr, err)
+	}
+	h := &httpServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server stopped", "err", err)
+		}
+	}()
+	log.Info("serving /healthz, /readyz and /metrics", "addr", ln.Addr().String())
+	return h, nil
+}
+
+func (h *httpServer) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = h.srv.Shutdown(ctx)
+	<-h.done
+}

@@ -1,0 +1,183 @@
+// Command dispatcher moves due tasks from sharded Redis sorted sets to a
+// RabbitMQ exchange. main only wires the parts together.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/publisher"
+	"github.com/dispatcher/dispatcher/scanner"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitFailure  = 1 // could not start (e.g. shard count mismatch)
+	exitSettings = 2 // bad settings or arguments
+)
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "-h", "-help", "--help", "help":
+			config.Usage(stdout)
+			return exitOK
+		default:
+			fmt.Fprintf(stderr, "dispatcher: unknown argument %q (see dispatcher --help)\n", args[0])
+			return exitSettings
+		}
+	}
+	cfg, err := config.Load()
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatcher: %v\n", err)
+		return exitSettings
+	}
+	log := newLogger(cfg, stderr)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	ropt, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil { // Load validated it; kept for safety
+		fmt.Fprintf(stderr, "dispatcher: DISPATCHER_REDIS_URL: %v\n", redact.Error(err))
+		return exitSettings
+	}
+	rdb := redis.NewClient(ropt)
+	defer rdb.Close()
+
+	if err := startChecks(ctx, rdb, cfg, log); err != nil {
+		if ctx.Err() != nil {
+			return exitOK // stopped while waiting for Redis
+		}
+		log.Error("cannot start", "err", err)
+		return exitFailure
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exchanges := make([]string, 0, len(cfg.QueueSettings))
+	for _, q := range cfg.QueueSettings {
+		exchanges = append(exchanges, q.Exchange)
+	}
+	pub := publisher.New(publisher.Options{
+		URL:            cfg.AMQPURL,
+		Exchanges:      exchanges,
+		ConfirmTimeout: cfg.ConfirmTimeout,
+		Logger:         log.With("component", "publisher"),
+		Metrics:        publisher.NewMetrics(reg),
+	})
+	smet := scanner.NewMetrics(reg)
+
+	// The publisher outlives the scanners: their last confirms need it.
+	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPub()
+	var pubDone sync.WaitGroup
+	pubDone.Add(1)
+	go func() { defer pubDone.Done(); _ = pub.Run(pubCtx) }()
+
+	var httpSrv *httpServer
+	if cfg.HTTPAddr != "" {
+		httpSrv, err = startHTTP(cfg.HTTPAddr, reg, rdb, pub, log)
+		if err != nil {
+			log.Error("cannot start", "err", err)
+			stopPub()
+			pubDone.Wait()
+			return exitFailure
+		}
+	}
+
+	var scanners sync.WaitGroup
+	for _, q := range cfg.QueueSettings {
+		sc := scanner.New(rdb, pub, scanner.Options{
+			Queue: q.Name, Shards: q.Shards, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
+			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
+			PollInterval: cfg.PollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
+			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
+			Logger: log.With("component", "scanner"), Metrics: smet,
+		})
+		scanners.Add(1)
+		go func() { defer scanners.Done(); _ = sc.Run(ctx) }()
+	}
+	log.Info("dispatching", "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "amqp", redact.URL(cfg.AMQPURL))
+
+	<-ctx.Done()
+	log.Info("stopping: claiming nothing new, waiting for outstanding confirms", "timeout", cfg.ShutdownTimeout)
+	scanners.Wait()
+	stopPub()
+	pubDone.Wait()
+	if httpSrv != nil {
+		httpSrv.stop()
+	}
+	log.Info("stopped")
+	return exitOK
+}
+
+func newLogger(cfg *config.Settings, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// startChecks waits for Redis, then checks every queue's shard count
+// against the one recorded in Redis (recording it if none is).
+func startChecks(ctx context.Context, rdb *redis.Client, cfg *config.Settings, log *slog.Logger) error {
+	for delay, logged := 100*time.Millisecond, false; ; delay = min(2*delay, 5*time.Second) {
+		err := rdb.Ping(ctx).Err()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !logged {
+			log.Warn("waiting for Redis", "redis", redact.URL(cfg.RedisURL), "err", redact.Error(err))
+			logged = true
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if policy, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result(); err == nil {
+		if p := policy["maxmemory-policy"]; p != "" && p != "noeviction" {
+			log.Warn("Redis may evict keys: scheduled tasks can silently disappear; set maxmemory-policy noeviction",
+				"maxmemory-policy", p)
+		}
+	}
+	var errs []error
+	for _, q := range cfg.QueueSettings {
+		keys := shard.Keys{Prefix: cfg.KeyPrefix, Queue: q.Name}
+		if err := shard.EnsureShardCount(ctx, rdb, keys, q.Shards); err != nil {
+			var sce *shard.ShardCountError
+			if errors.As(err, &sce) {
+				err = fmt.Errorf("%w (DISPATCHER_QUEUE_%s_SHARDS=%d)", err, config.EnvName(q.Name), q.Shards)
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

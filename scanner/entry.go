@@ -1,0 +1,52 @@
+package scanner
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+)
+
+// Task is one claimed scheduling.
+type Task struct {
+	Entry  string // the in-flight entry, "<due_ms>:<member>"
+	Member []byte
+	DueMs  int64
+}
+
+// ParseEntry splits an in-flight entry into due time and member.
+func ParseEntry(e string) (Task, error) {
+	b := []byte(e)
+	i := bytes.IndexByte(b, ':')
+	if i <= 0 {
+		return Task{}, fmt.Errorf("in-flight entry %.40q: no due time", e)
+	}
+	due, err := strconv.ParseInt(e[:i], 10, 64)
+	if err != nil {
+		return Task{}, fmt.Errorf("in-flight entry %.40q: due time: %w", e, err)
+	}
+	return Task{Entry: e, Member: b[i+1:], DueMs: due}, nil
+}
+
+// EntryOf is the in-flight entry of a member due at dueMs.
+func EntryOf(member []byte, dueMs int64) string {
+	return strconv.FormatInt(dueMs, 10) + ":" + string(member)
+}
+
+// parseScore reads a score the scripts return as a string; "" means none.
+func parseScore(v any) (int64, bool) {
+	s, ok := v.(string)
+	if !ok || s == "" {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, false
+	}
+	switch {
+	case f > 1<<62:
+		return 1 << 62, true
+	case f < -(1 << 62):
+		return -(1 << 62), true
+	}
+	return int64(f), true
+}

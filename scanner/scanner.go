@@ -1,0 +1,434 @@
+// Package scanner moves due tasks of one queue from its Redis shards to the
+// broker: it claims them atomically into a leased in-flight set, publishes
+// them with confirms, and forgets them only once confirmed. Claims also
+// reap expired leases, so tasks of an instance that died go out again.
+package scanner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/balancer"
+	"github.com/dispatcher/dispatcher/publisher"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// Publisher is what the scanner needs of the broker side.
+type Publisher interface {
+	Publish(ctx context.Context, msgs []publisher.Message) []error
+	WaitReady(ctx context.Context) error
+}
+
+// Options configure the scanner of one queue.
+type Options struct {
+	Queue      string
+	Shards     int
+	Exchange   string
+	RoutingKey string
+	KeyPrefix  string
+
+	BatchSize       int           // most tasks per claim
+	Pipeline        int           // claimed batches being published at once
+	PollInterval    time.Duration // how often idle shards are looked at
+	Lease           time.Duration
+	ShutdownTimeout time.Duration // wait for outstanding confirms on stop
+	MaxMessageBytes int
+	MaxAttempts     int
+	RetryMin        time.Duration
+	RetryMax        time.Duration
+
+	Logger  *slog.Logger
+	Metrics *Metrics
+}
+
+// Scanner dispatches one queue. Run it once.
+type Scanner struct {
+	rdb  redis.UniversalClient
+	pub  Publisher
+	opt  Options
+	keys shard.Keys
+	bal  *balancer.Balancer
+	log  *slog.Logger
+	lim  *logLimiter
+	met  queueMetrics
+	wake chan struct{}
+
+	offset atomic.Int64 // Redis server clock minus local clock, ms
+
+	// Owned by Run's goroutine.
+	known    map[int]int64 // shard -> server ms at which it next needs a claim
+	badUntil map[int]time.Time
+}
+
+// New returns a scanner for one queue.
+func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	log := opt.Logger.With("queue", opt.Queue)
+	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
+	return &Scanner{
+		rdb: rdb, pub: pub, opt: opt, keys: keys,
+		bal:      balancer.New(rdb, keys.Counter(), opt.Shards),
+		log:      log,
+		lim:      newLogLimiter(log, 10*time.Second),
+		met:      queueMetrics{m: opt.Metrics, queue: opt.Queue},
+		wake:     make(chan struct{}, 1),
+		known:    map[int]int64{},
+		badUntil: map[int]time.Time{},
+	}
+}
+
+// Wake makes an idle scanner look at every shard now, e.g. when a producer
+// says it added a task earlier than any known.
+func (s *Scanner) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run dispatches until ctx ends. Then it claims nothing new, waits up to
+// ShutdownTimeout for outstanding confirms, and returns what is still
+// unconfirmed to pending. It returns nil on a clean stop.
+func (s *Scanner) Run(ctx context.Context) error {
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, s.opt.Pipeline)
+	s.loop(ctx, work, &wg, slots)
+
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(s.opt.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.log.Warn("confirms still outstanding at shutdown timeout; returning those tasks to pending")
+		stopWork()
+		<-done
+	}
+	return nil
+}
+
+func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan struct{}) {
+	var lastSweep time.Time
+	busy := false
+	errDelay := time.Duration(0)
+	for ctx.Err() == nil {
+		if err := s.pub.WaitReady(ctx); err != nil {
+			return
+		}
+		if errDelay > 0 && !s.sleep(ctx, errDelay) {
+			return
+		}
+		if !busy && time.Since(lastSweep) >= s.opt.PollInterval {
+			lastSweep = time.Now()
+			if err := s.sweep(ctx); err != nil {
+				errDelay = s.redisTrouble(ctx, err, errDelay)
+				continue
+			}
+		}
+
+		// Hold as many publish slots as are free (at least one).
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		held := 1
+	fill:
+		for held < cap(slots) {
+			select {
+			case slots <- struct{}{}:
+				held++
+			default:
+				break fill
+			}
+		}
+
+		var targets []int
+		var err error
+		if busy {
+			targets, err = s.bal.NextN(ctx, held)
+		} else {
+			targets = s.dueShards(held)
+		}
+		if err != nil || len(targets) == 0 {
+			for ; held > 0; held-- {
+				<-slots
+			}
+			if err != nil {
+				errDelay = s.redisTrouble(ctx, err, errDelay)
+				continue
+			}
+			if !s.sleep(ctx, s.idleDelay(lastSweep)) {
+				return
+			}
+			continue
+		}
+
+		batches, full, err := s.claim(ctx, targets)
+		if err != nil {
+			for ; held > 0; held-- {
+				<-slots
+			}
+			errDelay = s.redisTrouble(ctx, err, errDelay)
+			continue
+		}
+		errDelay = 0
+		busy = full
+		for _, b := range batches {
+			held--
+			wg.Add(1)
+			go func(b batch) {
+				defer func() { <-slots; wg.Done() }()
+				s.dispatch(work, b)
+			}(b)
+		}
+		for ; held > 0; held-- {
+			<-slots
+		}
+	}
+}
+
+// redisTrouble logs a Redis failure (rate-limited) and returns how long to
+// wait before the next try.
+func (s *Scanner) redisTrouble(ctx context.Context, err error, prev time.Duration) time.Duration {
+	if ctx.Err() != nil {
+		return prev
+	}
+	s.met.error("redis", 1)
+	s.lim.Warn("redis", "redis unavailable; retrying", "err", err)
+	return min(max(2*prev, 50*time.Millisecond), 2*time.Second)
+}
+
+// serverNow estimates the Redis server's clock in ms.
+func (s *Scanner) serverNow() int64 { return time.Now().UnixMilli() + s.offset.Load() }
+
+// observeClock updates the clock offset from a server time read between
+// before and after.
+func (s *Scanner) observeClock(serverMs int64, before, after time.Time) {
+	mid := before.UnixMilli() + after.Sub(before).Milliseconds()/2
+	s.offset.Store(serverMs - mid)
+}
+
+// idleDelay is how long to sleep when no shard needs a claim: until the
+// earliest known due time or the next sweep, whichever is first.
+func (s *Scanner) idleDelay(lastSweep time.Time) time.Duration {
+	d := time.Until(lastSweep.Add(s.opt.PollInterval))
+	now := s.serverNow()
+	for _, at := range s.known {
+		if w := time.Duration(at-now) * time.Millisecond; w < d {
+			d = w
+		}
+	}
+	return max(d, time.Millisecond)
+}
+
+func (s *Scanner) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.wake:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// dueShards returns up to n shards known to need a claim now, the longest
+// waiting first.
+func (s *Scanner) dueShards(n int) []int {
+	now := s.serverNow()
+	var due []int
+	for i, at := range s.known {
+		if at <= now {
+			due = append(due, i)
+		}
+	}
+	sort.Slice(due, func(a, b int) bool { return s.known[due[a]] < s.known[due[b]] })
+	if len(due) > n {
+		due = due[:n]
+	}
+	return due
+}
+
+// sweep reads every shard's next due time and lease deadline in one
+// pipelined round trip.
+func (s *Scanner) sweep(ctx context.Context) error {
+	now := time.Now()
+	var shards []int
+	for i := 0; i < s.opt.Shards; i++ {
+		if !now.Before(s.badUntil[i]) {
+			shards = append(shards, i)
+		}
+	}
+	if len(shards) == 0 {
+		return nil
+	}
+	cmds, before, after, err := s.evalPipeline(ctx, peekScript, shards, func(i int) ([]string, []any) {
+		return []string{s.keys.Pending(i), s.keys.Inflight(i)}, nil
+	})
+	if err != nil {
+		return err
+	}
+	for n, cmd := range cmds {
+		i := shards[n]
+		vals, err := cmd.Slice()
+		if err != nil {
+			s.shardTrouble(i, err)
+			continue
+		}
+		if n == 0 {
+			if ms, ok := vals[0].(int64); ok {
+				s.observeClock(ms, before, after)
+			}
+		}
+		s.noteNext(i, vals[1], vals[2])
+	}
+	return nil
+}
+
+// noteNext records when shard i next needs a claim.
+func (s *Scanner) noteNext(i int, pending, lease any) {
+	p, okP := parseScore(pending)
+	l, okL := parseScore(lease)
+	switch {
+	case okP && okL:
+		s.known[i] = min(p, l)
+	case okP:
+		s.known[i] = p
+	case okL:
+		s.known[i] = l
+	default:
+		delete(s.known, i)
+	}
+}
+
+// shardTrouble handles an error of one shard's script: the shard is left
+// alone for a while and the error is counted and logged (rate-limited);
+// the other shards carry on.
+func (s *Scanner) shardTrouble(i int, err error) {
+	kind := "redis"
+	if redis.HasErrorPrefix(err, "WRONGTYPE") {
+		kind = "wrongtype"
+	}
+	s.met.error(kind, 1)
+	s.badUntil[i] = time.Now().Add(5 * time.Second)
+	delete(s.known, i)
+	s.lim.Error("shard:"+strconv.Itoa(i)+":"+kind, "shard unusable; skipping it for 5s",
+		"shard", i, "key", s.keys.Pending(i), "err", err)
+}
+
+type batch struct {
+	shard int
+	tasks []Task
+}
+
+// claim runs the claim script on each target shard in one pipelined round
+// trip. full reports whether any shard gave a whole batch (more is due).
+func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, error) {
+	cmds, before, after, err := s.evalPipeline(ctx, claimScript, targets, func(i int) ([]string, []any) {
+		return []string{s.keys.Pending(i), s.keys.Inflight(i), s.keys.Attempts(i)},
+			[]any{s.opt.BatchSize, s.opt.Lease.Milliseconds()}
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	var out []batch
+	full := false
+	for n, cmd := range cmds {
+		i := targets[n]
+		vals, err := cmd.Slice()
+		if err != nil {
+			s.shardTrouble(i, err)
+			continue
+		}
+		if ms, ok := vals[0].(int64); ok && n == 0 {
+			s.observeClock(ms, before, after)
+		}
+		s.noteNext(i, vals[1], vals[2])
+		if reaped, _ := vals[3].(int64); reaped > 0 {
+			s.met.reaped(int(reaped))
+			s.lim.Warn("reaped", "returned tasks with expired leases to pending", "shard", i, "tasks", reaped)
+		}
+		b := batch{shard: i}
+		for _, v := range vals[4:] {
+			e, _ := v.(string)
+			t, err := ParseEntry(e)
+			if err != nil {
+				s.lim.Error("entry", "skipping malformed in-flight entry", "shard", i, "err", err)
+				continue
+			}
+			b.tasks = append(b.tasks, t)
+		}
+		if len(b.tasks) > 0 {
+			s.met.batchSize(len(b.tasks))
+			out = append(out, b)
+		}
+		if len(vals)-4 >= s.opt.BatchSize {
+			full = true
+		}
+	}
+	return out, full, nil
+}
+
+// evalPipeline runs script once per shard in one pipeline, loading the
+// script first if the server does not know it (new or restarted Redis).
+func (s *Scanner) evalPipeline(ctx context.Context, script *redis.Script, shards []int,
+	args func(i int) ([]string, []any)) ([]*redis.Cmd, time.Time, time.Time, error) {
+	for attempt := 0; ; attempt++ {
+		before := time.Now()
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(shards))
+		for n, i := range shards {
+			keys, argv := args(i)
+			cmds[n] = script.EvalSha(ctx, pipe, keys, argv...)
+		}
+		_, err := pipe.Exec(ctx)
+		after := time.Now()
+		if err != nil && attempt == 0 && noScript(cmds) {
+			if err := script.Load(ctx, s.rdb).Err(); err != nil {
+				return nil, before, after, fmt.Errorf("load script: %w", err)
+			}
+			continue
+		}
+		if err != nil && !perShard(cmds) {
+			return nil, before, after, err
+		}
+		return cmds, before, after, nil
+	}
+}
+
+func noScript(cmds []*redis.Cmd) bool {
+	for _, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			return true
+		}
+	}
+	return false
+}
+
+// perShard reports whether every failed command failed with a reply error
+// of its own (such as WRONGTYPE) rather than the connection failing.
+func perShard(cmds []*redis.Cmd) bool {
+	for _, c := range cmds {
+		var re redis.Error
+		if err := c.Err(); err != nil && !errors.As(err, &re) {
+			return false
+		}
+	}
+	return true
+}
