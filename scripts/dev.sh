@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian machine with Go:
+#   scripts/dev.sh run    install/start Redis and RabbitMQ if needed, build, run the dispatcher
+#   scripts/dev.sh test   install/start them if needed, then gofmt, go vet and go test -race
+# Tests find the servers through DISPATCHER_TEST_REDIS_URL / DISPATCHER_TEST_AMQP_URL,
+# or on localhost; set DISPATCHER_SKIP_SERVICES=1 to leave services alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+	log "installing $*"
+	sudo_ env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
+rabbit_up() { timeout 2 bash -c '</dev/tcp/127.0.0.1/5672' 2>/dev/null; }
+
+ensure_redis() {
+	redis_up && return 0
+	command -v redis-server >/dev/null || apt_install redis-server redis-tools
+	log "starting redis-server on 127.0.0.1:6379"
+	sudo_ mkdir -p /var/lib/redis /var/log/redis
+	sudo_ redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+		--dir /var/lib/redis --logfile /var/log/redis/ci.log
+	for _ in $(seq 50); do redis_up && return 0; sleep 0.2; done
+	log "redis did not come up"; return 1
+}
+
+ensure_rabbit() {
+	rabbit_up && return 0
+	command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+	log "starting rabbitmq-server"
+	sudo_ rabbitmq-server -detached || true
+	sudo_ rabbitmqctl await_startup --timeout 120 >/dev/null 2>&1 || true
+	for _ in $(seq 120); do rabbit_up && return 0; sleep 1; done
+	log "rabbitmq did not come up"; return 1
+}
+
+ensure_services() {
+	[ "${DISPATCHER_SKIP_SERVICES:-}" = 1 ] && return 0
+	ensure_redis
+	ensure_rabbit
+}
+
+cmd="${1:-}"
+case "$cmd" in
+run)
+	ensure_services
+	log "building ./bin/dispatcher"
+	go build -o bin/dispatcher ./cmd/dispatcher
+	export DISPATCHER_QUEUES="${DISPATCHER_QUEUES:-default}"
+	export DISPATCHER_QUEUE_DEFAULT_SHARDS="${DISPATCHER_QUEUE_DEFAULT_SHARDS:-16}"
+	export DISPATCHER_QUEUE_DEFAULT_EXCHANGE="${DISPATCHER_QUEUE_DEFAULT_EXCHANGE:-tasks}"
+	export DISPATCHER_HTTP_ADDR="${DISPATCHER_HTTP_ADDR-127.0.0.1:9090}"
+	log "running; stop with Ctrl-C"
+	exec ./bin/dispatcher
+	;;
+test)
+	ensure_services
+	log "gofmt"
+	unformatted="$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"
+	if [ -n "$unformatted" ]; then
+		echo "gofmt needed on:"; echo "$unformatted"; exit 1
+	fi
+	log "go vet"
+	go vet ./...
+	log "go test -race"
+	go test -race -count=1 -timeout 15m "${@:2}" ./...
+	;;
+*)
+	echo "usage: $0 run|test [go test flags]" >&2
+	exit 2
+	;;
+esac
