@@ -1,0 +1,258 @@
+package scanner
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+func serverMs(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	tm, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tm.UnixMilli()
+}
+
+func setup(t *testing.T) (*redis.Client, shard.Keys, []string) {
+	rdb := testenv.Redis(t)
+	k := shard.Keys{Prefix: testenv.Name(t), Queue: "q"}
+	testenv.CleanRedis(t, rdb, k.Prefix)
+	return rdb, k, []string{k.Pending(0), k.Inflight(0), k.Attempts(0)}
+}
+
+func claim(t *testing.T, rdb *redis.Client, keys []string, limit int, leaseMs int64) []any {
+	t.Helper()
+	v, err := claimScript.Run(context.Background(), rdb, keys, limit, leaseMs).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestClaimTakesOnlyDueTasksByServerClock(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	rdb.ZAdd(ctx, k.Pending(0),
+		redis.Z{Score: float64(now - 1000), Member: "old"},
+		redis.Z{Score: float64(now - 10), Member: "recent"},
+		redis.Z{Score: float64(now + 60000), Member: "future"})
+
+	v := claim(t, rdb, keys, 10, 30000)
+	scriptNow := v[0].(int64)
+	if scriptNow < now || scriptNow > now+5000 {
+		t.Fatalf("script clock %d, server clock %d", scriptNow, now)
+	}
+	entries := v[4:]
+	want := []string{EntryOf([]byte("old"), now-1000), EntryOf([]byte("recent"), now-10)}
+	if len(entries) != 2 || entries[0] != want[0] || entries[1] != want[1] {
+		t.Fatalf("claimed %v, want %v (oldest first)", entries, want)
+	}
+	if next, _ := parseScore(v[1]); next != now+60000 {
+		t.Fatalf("next pending %v, want %d", v[1], now+60000)
+	}
+	if pending := rdb.ZRange(ctx, k.Pending(0), 0, -1).Val(); len(pending) != 1 || pending[0] != "future" {
+		t.Fatalf("pending after claim: %v", pending)
+	}
+	lease := rdb.ZRangeWithScores(ctx, k.Inflight(0), 0, -1).Val()
+	if len(lease) != 2 {
+		t.Fatalf("in flight: %v", lease)
+	}
+	for _, z := range lease {
+		if d := int64(z.Score) - scriptNow; d != 30000 {
+			t.Fatalf("lease deadline %v is now+%d, want now+30000", z, d)
+		}
+	}
+	if next, _ := parseScore(v[2]); next != scriptNow+30000 {
+		t.Fatalf("next lease %v", v[2])
+	}
+}
+
+func TestClaimIsBoundedAndOldestFirst(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	for i := 0; i < 25; i++ {
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000 + int64(i)), Member: string(rune('a' + i))})
+	}
+	var got []any
+	for n := 0; n < 3; n++ {
+		v := claim(t, rdb, keys, 10, 30000)
+		got = append(got, v[4:]...)
+		if want := []int{10, 10, 5}[n]; len(v)-4 != want {
+			t.Fatalf("claim %d took %d, want %d", n, len(v)-4, want)
+		}
+	}
+	for i, e := range got {
+		task, err := ParseEntry(e.(string))
+		if err != nil || task.DueMs != now-1000+int64(i) {
+			t.Fatalf("entry %d = %v (%v): not in due order", i, e, err)
+		}
+	}
+}
+
+func TestClaimReapsExpiredLeasesKeepingDueTime(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	// An instance died holding these: one lease expired, one still live.
+	rdb.ZAdd(ctx, k.Inflight(0),
+		redis.Z{Score: float64(now - 5), Member: EntryOf([]byte("dead-instance"), now-40000)},
+		redis.Z{Score: float64(now + 20000), Member: EntryOf([]byte("live-instance"), now-10000)})
+	v := claim(t, rdb, keys, 10, 30000)
+	if v[3].(int64) != 1 {
+		t.Fatalf("reaped %v, want 1", v[3])
+	}
+	entries := v[4:]
+	if len(entries) != 1 || entries[0] != EntryOf([]byte("dead-instance"), now-40000) {
+		t.Fatalf("claimed %v: the reaped task must go out again with its original due time", entries)
+	}
+	if s := rdb.ZScore(ctx, k.Inflight(0), EntryOf([]byte("live-instance"), now-10000)); s.Err() != nil {
+		t.Fatalf("a live lease was touched: %v", s.Err())
+	}
+}
+
+func TestReapKeepsNewerRescheduling(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now - 5), Member: EntryOf([]byte("m"), now-40000)})
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now + 60000), Member: "m"})
+	v := claim(t, rdb, keys, 10, 30000)
+	if len(v) != 4 {
+		t.Fatalf("claimed %v; the producer's newer schedule must win", v[4:])
+	}
+	if s := rdb.ZScore(ctx, k.Pending(0), "m").Val(); int64(s) != now+60000 {
+		t.Fatalf("pending score %v, want %d", s, now+60000)
+	}
+}
+
+func TestClaimOddMembersAndScores(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	members := map[string]float64{
+		"":                 float64(now - 3),
+		"a:b:c":            float64(now - 2),
+		"\x00\xff\n{bin}:": float64(now-1) + 0.75, // fractional score: due is its integer part
+	}
+	for m, s := range members {
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: s, Member: m})
+	}
+	v := claim(t, rdb, keys, 10, 30000)
+	got := map[string]int64{}
+	for _, e := range v[4:] {
+		task, err := ParseEntry(e.(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[string(task.Member)] = task.DueMs
+	}
+	for m, s := range members {
+		if got[m] != int64(s) {
+			t.Fatalf("member %q: due %d, want %d (all: %v)", m, got[m], int64(s), got)
+		}
+	}
+}
+
+func fail(t *testing.T, rdb *redis.Client, k shard.Keys, maxAttempts int, triples ...string) []int64 {
+	t.Helper()
+	args := []any{1000, 8000, maxAttempts}
+	for _, s := range triples {
+		args = append(args, s)
+	}
+	res, err := failScript.Run(context.Background(), rdb,
+		[]string{k.Inflight(0), k.Attempts(0), k.Dead(0), k.DeadReason(0)}, args...).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestFailRetriesWithBackoffThenDeadLetters(t *testing.T) {
+	rdb, k, _ := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	e := EntryOf([]byte("poison"), now-100)
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now + 30000), Member: e})
+
+	for attempt, wantBackoff := range []int64{1000, 2000} {
+		before := serverMs(t, rdb)
+		if res := fail(t, rdb, k, 3, e, "poison", "too big"); res[0] != 1 || res[1] != 0 {
+			t.Fatalf("attempt %d: %v", attempt+1, res)
+		}
+		d := int64(rdb.ZScore(ctx, k.Inflight(0), e).Val()) - before
+		if d < wantBackoff || d > wantBackoff+1000 {
+			t.Fatalf("attempt %d: lease pushed %dms, want about %d", attempt+1, d, wantBackoff)
+		}
+	}
+	if res := fail(t, rdb, k, 3, e, "poison", "too big"); res[1] != 1 {
+		t.Fatalf("third attempt not dead-lettered: %v", res)
+	}
+	if rdb.ZScore(ctx, k.Dead(0), "poison").Val() != float64(now-100) {
+		t.Fatalf("dead set: %v", rdb.ZRangeWithScores(ctx, k.Dead(0), 0, -1).Val())
+	}
+	if r := rdb.HGet(ctx, k.DeadReason(0), "poison").Val(); r != "too big (after 3 attempts)" {
+		t.Fatalf("reason %q", r)
+	}
+	if rdb.Exists(ctx, k.Inflight(0), k.Attempts(0)).Val() != 0 {
+		t.Fatal("dead-lettered task left in flight or attempts behind")
+	}
+}
+
+func TestFailRetryModeNeverDeadLettersAndBackoffIsCapped(t *testing.T) {
+	rdb, k, _ := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	e := EntryOf([]byte("unroutable"), now)
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now + 30000), Member: e})
+	for i := 0; i < 10; i++ {
+		fail(t, rdb, k, 2, e, "retry", "no route")
+	}
+	if d := int64(rdb.ZScore(ctx, k.Inflight(0), e).Val()) - serverMs(t, rdb); d > 8000 {
+		t.Fatalf("backoff %dms exceeds the 8000ms cap", d)
+	}
+	if rdb.Exists(ctx, k.Dead(0)).Val() != 0 {
+		t.Fatal("retry mode dead-lettered")
+	}
+	// Dead mode goes at once; an entry no longer in flight is skipped.
+	if res := fail(t, rdb, k, 5, e, "dead", "oversize", "1:gone", "dead", "x"); res[1] != 1 {
+		t.Fatalf("%v", res)
+	}
+}
+
+func TestReleaseReturnsToPendingWithDueTime(t *testing.T) {
+	rdb, k, _ := setup(t)
+	ctx := context.Background()
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: 1e13, Member: EntryOf([]byte("m1"), 1234)})
+	n, err := releaseScript.Run(ctx, rdb, []string{k.Inflight(0), k.Pending(0)}, EntryOf([]byte("m1"), 1234), "99:absent").Int()
+	if err != nil || n != 1 {
+		t.Fatalf("released %d, %v", n, err)
+	}
+	if rdb.ZScore(ctx, k.Pending(0), "m1").Val() != 1234 || rdb.Exists(ctx, k.Inflight(0)).Val() != 0 {
+		t.Fatal("not back in pending with its due time")
+	}
+}
+
+func TestPeekChangesNothing(t *testing.T) {
+	rdb, k, _ := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 5), Member: "due"})
+	v, err := peekScript.Run(ctx, rdb, []string{k.Pending(0), k.Inflight(0)}).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := parseScore(v[1]); !ok || p != now-5 || v[2] != "" {
+		t.Fatalf("peek %v", v)
+	}
+	if rdb.ZCard(ctx, k.Pending(0)).Val() != 1 {
+		t.Fatal("peek changed the shard")
+	}
+}
