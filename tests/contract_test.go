@@ -9,7 +9,6 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
-
 )
 
 // TestContractEndToEnd schedules through the Go producer API and through
@@ -155,4 +154,3 @@ func TestNeverEarlyAndLoneTaskOnTime(t *testing.T) {
 		t.Errorf("median lone-task lateness %s; expected a few ms", late[len(late)/2])
 	}
 }
-
