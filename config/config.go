@@ -153,7 +153,7 @@ func translate(err error, env map[string]string) error {
 	if errors.As(err, &pe) {
 		reason := "not a " + pe.TypeName
 		switch pe.TypeName {
-		case "Duration":
+		case "Duration", "time.Duration":
 			reason = "not a duration (use Go syntax such as 500ms, 30s, 2m)"
 		case "int":
 			reason = "not an integer"
@@ -277,7 +277,8 @@ func checkUnknown(env map[string]string, s *Settings) error {
 	}
 	var unknown []string
 	for k := range env {
-		if strings.HasPrefix(k, Prefix+"_") && !known[k] {
+		// DISPATCHER_TEST_* belong to the test suite, not the daemon.
+		if strings.HasPrefix(k, Prefix+"_") && !strings.HasPrefix(k, Prefix+"_TEST_") && !known[k] {
 			unknown = append(unknown, k)
 		}
 	}

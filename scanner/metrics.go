@@ -27,7 +27,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		retried:    counter("dispatcher_tasks_retried_total", "Failed publishes (nack, unroutable, timeout, refused) scheduled for a retry with backoff.", "queue"),
 		reaped:     counter("dispatcher_tasks_reaped_total", "Tasks whose lease ran out (their instance died) returned to pending.", "queue"),
 		dead:       counter("dispatcher_tasks_dead_lettered_total", "Tasks moved to the dead-letter set.", "queue"),
-		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, too_large, ack.", "queue", "kind"),
+		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, not_connected, stopped, too_large, ack, other.", "queue", "kind"),
 		batch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dispatcher_claim_batch_size", Help: "Tasks taken per claim that took any.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),

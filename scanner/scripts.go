@@ -21,7 +21,9 @@ import "github.com/redis/go-redis/v9"
 // KEYS[3] attempts hash P:{Q:i}:attempts
 // ARGV[1] most tasks to claim (also the most leases to reap)
 // ARGV[2] lease in ms
-// Returns {now_ms, next_pending_score|"", next_lease_deadline|"", reaped, entry...}.
+// Returns {now_ms, next_pending_score|"", next_lease_deadline|"", reaped, entry...};
+// reaped counts only leases of tasks that had no failed attempt, i.e. whose
+// instance died or stalled, not retries whose backoff ran out.
 var claimScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -34,10 +36,12 @@ local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, li
 for _, e in ipairs(expired) do
   local sep = string.find(e, ':', 1, true)
   redis.call('ZREM', KEYS[2], e)
+  if redis.call('HEXISTS', KEYS[3], e) == 0 then
+    reaped = reaped + 1
+  end
   if redis.call('ZADD', KEYS[1], 'NX', string.sub(e, 1, sep - 1), string.sub(e, sep + 1)) == 0 then
     redis.call('HDEL', KEYS[3], e)
   end
-  reaped = reaped + 1
 end
 
 local out = {now, '', '', reaped}

@@ -3,7 +3,7 @@
 #   scripts/dev.sh run    install/start Redis and RabbitMQ if needed, build, run the dispatcher
 #   scripts/dev.sh test   install/start them if needed, then gofmt, go vet and go test -race
 # Tests find the servers through DISPATCHER_TEST_REDIS_URL / DISPATCHER_TEST_AMQP_URL,
-# or on localhost; set DISPATCHER_SKIP_SERVICES=1 to leave services alone.
+# or on localhost; set DEV_SKIP_SERVICES=1 to leave services alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,7 +42,7 @@ ensure_rabbit() {
 }
 
 ensure_services() {
-	[ "${DISPATCHER_SKIP_SERVICES:-}" = 1 ] && return 0
+	[ "${DEV_SKIP_SERVICES:-}" = 1 ] && return 0
 	ensure_redis
 	ensure_rabbit
 }

@@ -1,0 +1,163 @@
+package tests
+
+import (
+	"math/rand"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestThreeInstancesNoDuplicates runs 3 dispatcher processes on the same
+// two queues: every task arrives, and without faults none arrives twice.
+func TestThreeInstancesNoDuplicates(t *testing.T) {
+	h := newHarness(t, queueSpec{Name: "a", Shards: 16}, queueSpec{Name: "b", Shards: 5})
+	for i := 0; i < 3; i++ {
+		h.start()
+	}
+	from := time.Now().Add(300 * time.Millisecond)
+	wantA := scheduleSpread(t, h.producer("a"), "a", 15000, from, 2*time.Second)
+	wantB := scheduleSpread(t, h.producer("b"), "b", 5000, from, 2*time.Second)
+	for q, want := range map[string]map[string]int64{"a": wantA, "b": wantB} {
+		got := h.collect(q, len(want), 60*time.Second)
+		ids, dups := countIDs(got)
+		miss := missing(want, ids)
+		t.Logf("queue %s: scheduled %d, delivered %d distinct, missing %d, duplicates %d", q, len(want), len(ids), len(miss), dups)
+		if len(miss) > 0 || dups > 0 || len(ids) != len(want) {
+			t.Errorf("queue %s: missing %d (e.g. %v), duplicates %d, delivered %d", q, len(miss), first(miss), dups, len(ids))
+		}
+	}
+}
+
+func first(s []string) []string {
+	if len(s) > 3 {
+		return s[:3]
+	}
+	return s
+}
+
+// TestSIGKILLUnderLoad kills dispatcher processes with SIGKILL again and
+// again while tasks are due, restarting each; every task still arrives
+// (some twice is allowed: at least once).
+func TestSIGKILLUnderLoad(t *testing.T) {
+	h := newHarness(t, queueSpec{Name: "kill", Shards: 8})
+	h.extra["DISPATCHER_LEASE"] = "2s"
+	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "1s"
+	procs := []*proc{h.start(), h.start(), h.start()}
+	want := scheduleSpread(t, h.producer("kill"), "k", 30000, time.Now().Add(200*time.Millisecond), 5*time.Second)
+
+	done := make(chan struct{})
+	kills := 0
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+		for i := 0; i < 8; i++ {
+			time.Sleep(time.Duration(400+rng.Intn(400)) * time.Millisecond)
+			n := rng.Intn(len(procs))
+			procs[n].signal(syscall.SIGKILL)
+			procs[n].wait(10 * time.Second)
+			kills++
+			procs[n] = h.start()
+		}
+	}()
+	got := h.collect("kill", len(want), 90*time.Second)
+	<-done
+	ids, dups := countIDs(got)
+	miss := missing(want, ids)
+	t.Logf("SIGKILL x%d: scheduled %d, delivered %d distinct, missing %d, duplicates %d", kills, len(want), len(ids), len(miss), dups)
+	if len(miss) > 0 {
+		t.Fatalf("%d tasks lost, e.g. %v", len(miss), first(miss))
+	}
+	eventually(t, 10*time.Second, "in-flight set to empty", func() bool {
+		p, f, d := h.leftovers(h.queues[0])
+		return p+f+d == 0
+	})
+}
+
+// TestBrokerCutsConnection has the broker close the dispatcher's
+// connection several times mid-traffic: it reconnects and nothing is lost.
+func TestBrokerCutsConnection(t *testing.T) {
+	h := newHarness(t, queueSpec{Name: "cut", Shards: 4})
+	p := h.start()
+	time.Sleep(500 * time.Millisecond)
+	want := scheduleSpread(t, h.producer("cut"), "c", 20000, time.Now().Add(200*time.Millisecond), 4*time.Second)
+
+	cuts := 0
+	cutting := make(chan struct{})
+	go func() {
+		defer close(cutting)
+		for i := 0; i < 3; i++ {
+			time.Sleep(900 * time.Millisecond)
+			if closeConnections(t, p.cmd.Process.Pid) > 0 {
+				cuts++
+			}
+		}
+	}()
+	got := h.collect("cut", len(want), 60*time.Second)
+	<-cutting
+	ids, dups := countIDs(got)
+	miss := missing(want, ids)
+	t.Logf("broker cut x%d: scheduled %d, delivered %d distinct, missing %d, duplicates %d", cuts, len(want), len(ids), len(miss), dups)
+	if len(miss) > 0 {
+		t.Fatalf("%d tasks lost, e.g. %v", len(miss), first(miss))
+	}
+	if cuts == 0 {
+		t.Fatal("no connection was cut; the test proved nothing")
+	}
+	if !strings.Contains(p.out.String(), "reconnecting") {
+		t.Fatalf("no reconnect logged")
+	}
+	if !p.running() {
+		t.Fatal("dispatcher exited")
+	}
+}
+
+// closeConnections closes, from the broker side, the connections of the
+// dispatcher with the given pid (found by their connection_name).
+func closeConnections(t *testing.T, pid int) int {
+	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		t.Logf("rabbitmqctl list_connections: %v %s", err, out)
+		return 0
+	}
+	n := 0
+	needle := "pid " + itoa(pid) + "\""
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, needle) {
+			continue
+		}
+		connPid := strings.Fields(line)[0]
+		if err := exec.Command("rabbitmqctl", "-q", "close_connection", connPid, "test cuts the connection").Run(); err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestSIGTERMStopsCleanly stops a dispatcher with SIGTERM under traffic:
+// it exits 0 and leaves nothing in flight; a new one delivers the rest.
+func TestSIGTERMStopsCleanly(t *testing.T) {
+	h := newHarness(t, queueSpec{Name: "term", Shards: 4})
+	p := h.start()
+	want := scheduleSpread(t, h.producer("term"), "t", 20000, time.Now().Add(200*time.Millisecond), 2*time.Second)
+	time.Sleep(1200 * time.Millisecond)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+	if _, f, _ := h.leftovers(h.queues[0]); f != 0 {
+		t.Fatalf("%d tasks left in flight after a clean stop", f)
+	}
+	h.start()
+	got := h.collect("term", len(want), 60*time.Second)
+	ids, dups := countIDs(got)
+	miss := missing(want, ids)
+	t.Logf("SIGTERM: scheduled %d, delivered %d distinct, missing %d, duplicates %d", len(want), len(ids), len(miss), dups)
+	if len(miss) > 0 || dups > 0 {
+		t.Fatalf("missing %d, duplicates %d", len(miss), dups)
+	}
+}
