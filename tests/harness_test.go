@@ -5,6 +5,7 @@ package tests
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,8 +31,14 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "dispatcher")
-	// Built with -race so a data race in the daemon fails the tests too.
-	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/dispatcher")
+	// Built with -race so a data race in the daemon fails the tests too,
+	// except for benchmarks, which measure the real thing.
+	flag.Parse()
+	args := []string{"build", "-race", "-o", binary, "../cmd/dispatcher"}
+	if f := flag.Lookup("test.bench"); f != nil && f.Value.String() != "" {
+		args = []string{"build", "-o", binary, "../cmd/dispatcher"}
+	}
+	build := exec.Command("go", args...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build dispatcher:", err)
@@ -62,7 +69,7 @@ func (s *syncBuffer) String() string {
 
 // proc is one running dispatcher.
 type proc struct {
-	t    *testing.T
+	t    testing.TB
 	cmd  *exec.Cmd
 	out  *syncBuffer
 	done chan struct{}
@@ -70,7 +77,7 @@ type proc struct {
 }
 
 // start runs the dispatcher with env (on top of a clean environment).
-func start(t *testing.T, env map[string]string) *proc {
+func start(t testing.TB, env map[string]string) *proc {
 	t.Helper()
 	cmd := exec.Command(binary)
 	for _, kv := range os.Environ() {
@@ -138,7 +145,7 @@ type queueSpec struct {
 // harness is one test's isolated world: its own key prefix, queues,
 // exchanges and consumers.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 	rdb    *redis.Client
 	conn   *amqp.Connection
@@ -147,7 +154,7 @@ type harness struct {
 	extra  map[string]string
 }
 
-func newHarness(t *testing.T, queues ...queueSpec) *harness {
+func newHarness(t testing.TB, queues ...queueSpec) *harness {
 	t.Helper()
 	h := &harness{t: t, prefix: testenv.Name(t), rdb: testenv.Redis(t), conn: testenv.AMQP(t),
 		got: map[string]<-chan amqp.Delivery{}, extra: map[string]string{}}
@@ -259,7 +266,7 @@ func countIDs(rs []received) (map[string]int, int) {
 }
 
 // scheduleSpread schedules n tasks "<tag>-<i>" over the window [from, from+span).
-func scheduleSpread(t *testing.T, p *shard.Producer, tag string, n int, from time.Time, span time.Duration) map[string]int64 {
+func scheduleSpread(t testing.TB, p *shard.Producer, tag string, n int, from time.Time, span time.Duration) map[string]int64 {
 	t.Helper()
 	want := map[string]int64{}
 	var tasks []shard.Task
@@ -305,7 +312,7 @@ func (h *harness) leftovers(q queueSpec) (pending, inflight, dead int64) {
 }
 
 // eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
