@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/kelseyhightower/envconfig"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -79,7 +80,30 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("%s=%q: %s", e.Var, redact.URL(e.Value), redact.String(e.Reason))
+	return fmt.Sprintf("%s=%q: %s", e.Var, redact.URL(e.Value), oneLine(redact.String(e.Reason)))
+}
+
+// oneLine escapes control characters, which a reason quoting outside
+// input (a URL path, say) could otherwise carry into the log.
+func oneLine(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			b.WriteString(strconv.QuoteRune(r))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// urlReason is why a URL setting is bad, unless saying so would show its
+// password: parsers quote the pieces they choke on.
+func urlReason(raw string, err error) string {
+	if redact.Leaks(err.Error(), redact.Password(raw)) {
+		return "not a valid URL (details withheld as they would show the password; percent-encode reserved characters in it)"
+	}
+	return err.Error()
 }
 
 // Load reads and validates the settings from the process environment.
@@ -110,6 +134,8 @@ func Load() (*Settings, error) {
 				Reason: fmt.Sprintf("queues %q and %q share the variables %s_*", other, name, QueuePrefix(name))}
 		}
 		seen[EnvName(name)] = name
+	}
+	for _, name := range s.Queues {
 		q, err := loadQueue(name, env)
 		if err != nil {
 			return nil, err
@@ -175,10 +201,10 @@ func (s *Settings) Validate() error {
 		return &Error{Var: v("QUEUES"), Reason: "no queue given"}
 	}
 	if err := validRedisURL(s.RedisURL); err != nil {
-		return &Error{Var: v("REDIS_URL"), Value: s.RedisURL, Reason: err.Error()}
+		return &Error{Var: v("REDIS_URL"), Value: s.RedisURL, Reason: urlReason(s.RedisURL, err)}
 	}
 	if err := validAMQPURL(s.AMQPURL); err != nil {
-		return &Error{Var: v("AMQP_URL"), Value: s.AMQPURL, Reason: err.Error()}
+		return &Error{Var: v("AMQP_URL"), Value: s.AMQPURL, Reason: urlReason(s.AMQPURL, err)}
 	}
 	if !validPrefix(s.KeyPrefix) {
 		return &Error{Var: v("KEY_PREFIX"), Value: s.KeyPrefix, Reason: "want 1 to 64 characters without {, } or whitespace"}
