@@ -101,23 +101,19 @@ func (s *session) confirmLoop(confirms chan amqp.Confirmation, returns chan amqp
 			s.mu.Unlock()
 		case c, ok := <-confirms:
 			if !ok {
-				s.shutdown(&LostError{Reason: "channel closed"})
+				// The library sends the close reason (buffered) before it
+				// closes the confirms channel: pick it up if it is there.
+				select {
+				case e := <-chClose:
+					s.shutdown(s.channelClosed(e))
+				default:
+					s.shutdown(&LostError{Reason: "channel closed"})
+				}
 				return
 			}
 			s.confirm(c)
-		case e, ok := <-chClose:
-			if !ok || e == nil {
-				s.shutdown(&LostError{Reason: "channel closed"})
-				return
-			}
-			// The library marks the connection closed before it closes its
-			// channels, so an open connection here means a channel-level
-			// exception: the broker refused something on this channel.
-			if s.conn.IsClosed() {
-				s.shutdown(&LostError{Reason: e.Error()})
-			} else {
-				s.shutdown(&LostError{Code: e.Code, Reason: e.Reason, Refused: e.Code == amqp.PreconditionFailed})
-			}
+		case e := <-chClose:
+			s.shutdown(s.channelClosed(e))
 			return
 		case e := <-connClose:
 			reason := "connection closed"
@@ -127,6 +123,20 @@ func (s *session) confirmLoop(confirms chan amqp.Confirmation, returns chan amqp
 			s.shutdown(&LostError{Reason: reason})
 			return
 		}
+	}
+}
+
+// channelClosed classifies a channel close. The library marks the
+// connection closed before it closes its channels, so an open connection
+// here means a channel-level exception: the broker refused something.
+func (s *session) channelClosed(e *amqp.Error) error {
+	switch {
+	case e == nil:
+		return &LostError{Reason: "channel closed"}
+	case s.conn.IsClosed():
+		return &LostError{Reason: e.Error()}
+	default:
+		return &LostError{Code: e.Code, Reason: e.Reason, Refused: e.Code == amqp.PreconditionFailed}
 	}
 }
 

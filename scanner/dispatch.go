@@ -45,9 +45,7 @@ func (s *Scanner) dispatch(work context.Context, b batch) {
 
 	publishedAt := s.serverNow()
 	errs := s.pub.Publish(work, msgs)
-	if len(msgs) > 1 {
-		s.isolateRefused(work, msgs, errs)
-	}
+	s.isolateRefused(work, msgs, errs)
 
 	for n, err := range errs {
 		t := sent[n]
@@ -99,10 +97,11 @@ func (s *Scanner) message(t Task) publisher.Message {
 	}
 }
 
-// isolateRefused publishes alone each message of a batch that failed
-// because the broker closed the channel over something it refused: one
-// poison message takes its whole batch down with it, and only a message
-// refused on its own is the poison.
+// isolateRefused publishes alone each message that failed because the
+// broker closed the channel over something it refused: one poison message
+// takes down everything in flight on that channel, its own batch and other
+// batches alike, and only a message refused again on its own counts as
+// poison.
 func (s *Scanner) isolateRefused(work context.Context, msgs []publisher.Message, errs []error) {
 	for n, err := range errs {
 		if publisher.Kind(err) != "refused" {
