@@ -17,7 +17,11 @@ func String(s string) string { return userinfoRE.ReplaceAllString(s, "${1}xxxxx@
 // with unencoded '/', '?', '#' or spaces is hidden too.
 func URL(raw string) string {
 	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		return u.Redacted()
+		// Trust the parser unless what it kept looks like the password
+		// the user meant (e.g. one with an unencoded '#').
+		if r := u.Redacted(); !strings.Contains(r, ":"+Password(raw)+"@") {
+			return r
+		}
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
