@@ -47,7 +47,8 @@ func (e *LostError) Error() string {
 }
 
 // Kind names an error for metrics and logs: confirmed, nack, returned,
-// timeout, refused, lost, not_connected, stopped.
+// timeout, refused, channel (another channel-level exception, such as 403
+// or 404), lost, not_connected, stopped.
 func Kind(err error) string {
 	var re *ReturnedError
 	var le *LostError
@@ -62,6 +63,8 @@ func Kind(err error) string {
 		return "timeout"
 	case errors.As(err, &le) && le.Refused:
 		return "refused"
+	case errors.As(err, &le) && le.Code != 0:
+		return "channel"
 	case errors.As(err, &le):
 		return "lost"
 	case errors.Is(err, ErrNotConnected):

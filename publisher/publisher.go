@@ -66,8 +66,10 @@ func New(opt Options) *Publisher {
 // Run connects, and reconnects with backoff whenever the connection or
 // channel is lost, until ctx ends. It returns nil when ctx ends.
 func (p *Publisher) Run(ctx context.Context) error {
-	backoff := 50 * time.Millisecond
+	const minBackoff, maxBackoff = 50 * time.Millisecond, 5 * time.Second
+	backoff := minBackoff
 	var lastErr string
+	var lastLostLog time.Time
 	for {
 		s, err := p.connect(ctx)
 		if err != nil {
@@ -83,15 +85,15 @@ func (p *Publisher) Run(ctx context.Context) error {
 			if !sleep(ctx, backoff) {
 				return nil
 			}
-			backoff = min(backoff*2, 5*time.Second)
+			backoff = min(backoff*2, maxBackoff)
 			continue
 		}
 		if lastErr != "" {
 			p.log.Info("broker connected again")
-		} else {
+		} else if lastLostLog.IsZero() {
 			p.log.Info("broker connected")
 		}
-		lastErr, backoff = "", 50*time.Millisecond
+		lastErr = ""
 		p.opt.Metrics.connected(true)
 		p.set(s)
 		select {
@@ -104,8 +106,20 @@ func (p *Publisher) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		p.log.Warn("broker connection lost; reconnecting", "err", s.dead)
-		lastErr = "lost"
+		if time.Since(lastLostLog) > 10*time.Second {
+			p.log.Warn("broker connection lost; reconnecting", "err", s.dead)
+			lastLostLog = time.Now()
+		}
+		// A session that dies soon after it started (e.g. the broker
+		// refuses every publish on it) must not turn into a reconnect storm.
+		if time.Since(s.started) < 2*time.Second {
+			if !sleep(ctx, backoff) {
+				return nil
+			}
+			backoff = min(backoff*2, maxBackoff)
+		} else {
+			backoff = minBackoff
+		}
 	}
 }
 
@@ -123,24 +137,32 @@ func (p *Publisher) session() (*session, chan struct{}) {
 	return p.cur, p.changed
 }
 
-// Ready reports whether a connection is up.
+// Ready reports whether a connection is up and the broker is not blocking
+// it (connection.blocked, a memory or disk alarm).
 func (p *Publisher) Ready() bool {
 	s, _ := p.session()
-	return s != nil
+	return s != nil && !s.blocked.Load()
 }
 
-// WaitReady blocks until a connection is up or ctx ends.
+// WaitReady blocks until Ready or ctx ends.
 func (p *Publisher) WaitReady(ctx context.Context) error {
 	for {
 		s, changed := p.session()
-		if s != nil {
+		if s != nil && !s.blocked.Load() {
 			return nil
+		}
+		poll := time.NewTimer(time.Hour)
+		if s != nil { // blocked: look again shortly
+			poll.Reset(50 * time.Millisecond)
 		}
 		select {
 		case <-changed:
+		case <-poll.C:
 		case <-ctx.Done():
+			poll.Stop()
 			return ctx.Err()
 		}
+		poll.Stop()
 	}
 }
 
@@ -173,7 +195,8 @@ func (p *Publisher) connect(ctx context.Context) (*session, error) {
 	returns := ch.NotifyReturn(make(chan amqp.Return))
 	chClose := ch.NotifyClose(make(chan *amqp.Error, 1))
 	connClose := conn.NotifyClose(make(chan *amqp.Error, 1))
-	go s.confirmLoop(confirms, returns, chClose, connClose)
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go s.confirmLoop(confirms, returns, chClose, connClose, blocked)
 	return s, nil
 }
 
@@ -211,8 +234,9 @@ func (p *Publisher) declare(conn *amqp.Connection) error {
 }
 
 // Publish publishes msgs and waits until each is confirmed or has failed,
-// at most the confirm timeout, or until ctx ends. errs[i] is nil only
-// when the broker confirmed msgs[i] and did not return it.
+// at most the confirm timeout (counted from the first publish), or until
+// ctx ends. errs[i] is nil only when the broker confirmed msgs[i] and did
+// not return it.
 func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 	errs := make([]error, len(msgs))
 	s, _ := p.session()
@@ -222,56 +246,99 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 		}
 		return errs
 	}
+	timeout := time.NewTimer(p.opt.ConfirmTimeout)
+	defer timeout.Stop()
 	now := time.Now()
 	ws := make([]*waiter, len(msgs))
 	for i, m := range msgs {
-		ws[i] = s.publish(ctx, m.Exchange, m.RoutingKey, amqp.Publishing{
-			DeliveryMode: amqp.Persistent,
-			MessageId:    m.MessageID,
-			Timestamp:    now,
-			Headers:      amqp.Table{"x-due-ms": m.DueMs},
-			Body:         m.Body,
-		}, m.MessageID)
+		ws[i] = s.publish(ctx, m.Exchange, m.RoutingKey, publishing(m, now))
 	}
-	timeout := time.NewTimer(p.opt.ConfirmTimeout)
-	defer timeout.Stop()
+	// Collect what is settled; give up on the rest at the timeout or stop.
+	var giveUp error
 	for i, w := range ws {
-		select {
-		case <-w.done:
-			errs[i] = w.err
-			continue
-		default:
+		if giveUp == nil {
+			select {
+			case <-w.done:
+			case <-timeout.C:
+				giveUp = ErrTimeout
+			case <-ctx.Done():
+				giveUp = ErrStopped
+			}
 		}
 		select {
 		case <-w.done:
 			errs[i] = w.err
-		case <-timeout.C:
-			errs[i] = ErrTimeout
+		default:
+			errs[i] = giveUp
 			s.forget(w)
-			for j := i + 1; j < len(ws); j++ {
-				select {
-				case <-ws[j].done:
-					errs[j] = ws[j].err
-				default:
-					errs[j] = ErrTimeout
-					s.forget(ws[j])
-				}
-			}
-			return errs
-		case <-ctx.Done():
-			for j := i; j < len(ws); j++ {
-				select {
-				case <-ws[j].done:
-					errs[j] = ws[j].err
-				default:
-					errs[j] = ErrStopped
-					s.forget(ws[j])
-				}
-			}
-			return errs
 		}
 	}
 	return errs
+}
+
+func publishing(m Message, now time.Time) amqp.Publishing {
+	return amqp.Publishing{
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.MessageID,
+		Timestamp:    now,
+		Headers:      amqp.Table{"x-due-ms": m.DueMs},
+		Body:         m.Body,
+	}
+}
+
+// PublishAlone publishes one message on a channel of its own and waits for
+// the outcome. A message the broker refuses closes only that channel, so
+// the refusal is surely this message's and no other publish suffers.
+func (p *Publisher) PublishAlone(ctx context.Context, m Message) error {
+	s, _ := p.session()
+	if s == nil {
+		return ErrNotConnected
+	}
+	ch, err := s.conn.Channel()
+	if err != nil {
+		return &LostError{Reason: err.Error()}
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return &LostError{Reason: err.Error()}
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, publishing(m, time.Now())); err != nil {
+		return &LostError{Reason: err.Error()}
+	}
+	timeout := time.NewTimer(p.opt.ConfirmTimeout)
+	defer timeout.Stop()
+	select {
+	case c, ok := <-confirms:
+		if !ok {
+			return channelError(s.conn, <-closed)
+		}
+		if !c.Ack {
+			return ErrNacked
+		}
+		// A return is sent before the ack and buffered, so it is here now.
+		select {
+		case r := <-returns:
+			return &ReturnedError{Code: r.ReplyCode, Reason: r.ReplyText}
+		default:
+			return nil
+		}
+	case e := <-closed:
+		return channelError(s.conn, e)
+	case <-timeout.C:
+		return ErrTimeout
+	case <-ctx.Done():
+		return ErrStopped
+	}
+}
+
+func channelError(conn *amqp.Connection, e *amqp.Error) error {
+	if e == nil || conn.IsClosed() {
+		return &LostError{Reason: "channel closed"}
+	}
+	return &LostError{Code: e.Code, Reason: e.Reason, Refused: e.Code == amqp.PreconditionFailed}
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

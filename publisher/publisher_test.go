@@ -48,7 +48,9 @@ func TestConfirmedAndReturned(t *testing.T) {
 		if i%10 == 0 {
 			key = "nobody-listens" // unroutable: the broker returns it
 		}
-		msgs = append(msgs, Message{Exchange: ex, RoutingKey: key, Body: []byte(fmt.Sprint(i)), MessageID: fmt.Sprint("id-", i), DueMs: 1})
+		// One message_id for all: two queues may well publish the same
+		// member due at the same time, and returns must still be told apart.
+		msgs = append(msgs, Message{Exchange: ex, RoutingKey: key, Body: []byte(fmt.Sprint(i)), MessageID: "same-id", DueMs: 1})
 	}
 	errs := p.Publish(context.Background(), msgs)
 	for i, err := range errs {
@@ -89,6 +91,22 @@ func TestDeclaresMissingExchangeAndKeepsExisting(t *testing.T) {
 	runPublisher(t, missing, existing)
 	if err := ch.ExchangeDeclarePassive(missing, "direct", true, false, false, false, nil); err != nil {
 		t.Fatalf("missing exchange not declared: %v", err)
+	}
+}
+
+func TestPublishAlone(t *testing.T) {
+	conn := testenv.AMQP(t)
+	ex := testenv.Name(t)
+	testenv.Consumer(t, conn, ex, "bound")
+	p := runPublisher(t, ex)
+	if err := p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "bound", Body: []byte("x")}); err != nil {
+		t.Fatalf("routable: %v", err)
+	}
+	if err := p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "nobody", Body: []byte("x")}); Kind(err) != "returned" {
+		t.Fatalf("unroutable: %v", err)
+	}
+	if !p.Ready() {
+		t.Fatal("the shared channel suffered")
 	}
 }
 

@@ -57,7 +57,7 @@ func (s *Scanner) dispatch(work context.Context, b batch) {
 			s.met.late(float64(publishedAt-t.DueMs) / 1000)
 		case kind == "refused" && errors.As(err, &le):
 			fails = append(fails, failed{t.Entry, "poison", "broker refused it: " + le.Error()})
-		case kind == "nack" || kind == "returned" || kind == "timeout":
+		case kind == "nack" || kind == "returned" || kind == "timeout" || kind == "channel":
 			fails = append(fails, failed{t.Entry, "retry", err.Error()})
 		default: // lost, not_connected, stopped: not the task's fault
 			released = append(released, t.Entry)
@@ -97,11 +97,11 @@ func (s *Scanner) message(t Task) publisher.Message {
 	}
 }
 
-// isolateRefused publishes alone each message that failed because the
-// broker closed the channel over something it refused: one poison message
-// takes down everything in flight on that channel, its own batch and other
-// batches alike, and only a message refused again on its own counts as
-// poison.
+// isolateRefused publishes again, each on a channel of its own, the
+// messages that failed because the broker closed the shared channel over
+// something it refused: one poison message takes down everything in
+// flight on that channel, and only a message refused on its own channel
+// is surely the poison.
 func (s *Scanner) isolateRefused(work context.Context, msgs []publisher.Message, errs []error) {
 	for n, err := range errs {
 		if publisher.Kind(err) != "refused" {
@@ -114,7 +114,7 @@ func (s *Scanner) isolateRefused(work context.Context, msgs []publisher.Message,
 			errs[n] = publisher.ErrNotConnected
 			continue
 		}
-		errs[n] = s.pub.Publish(work, msgs[n:n+1])[0]
+		errs[n] = s.pub.PublishAlone(work, msgs[n])
 	}
 }
 

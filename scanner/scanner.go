@@ -25,6 +25,7 @@ import (
 // Publisher is what the scanner needs of the broker side.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []publisher.Message) []error
+	PublishAlone(ctx context.Context, msg publisher.Message) error
 	WaitReady(ctx context.Context) error
 }
 
@@ -116,7 +117,14 @@ func (s *Scanner) Run(ctx context.Context) error {
 	case <-t.C:
 		s.log.Warn("confirms still outstanding at shutdown timeout; returning those tasks to pending")
 		stopWork()
-		<-done
+		// A publish stuck writing to a broker that stopped reading ignores
+		// its context; do not wait for it forever. Its tasks stay in flight
+		// and their lease brings them back.
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			s.log.Warn("abandoning publishes stuck in the broker connection; their leases will return them")
+		}
 	}
 	return nil
 }
@@ -138,6 +146,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				errDelay = s.redisTrouble(ctx, err, errDelay)
 				continue
 			}
+			errDelay = 0
 		}
 
 		// Hold as many publish slots as are free (at least one).
