@@ -141,10 +141,7 @@ func (s *Scanner) ack(ctx context.Context, i int, entries []string) error {
 	if len(entries) == 0 {
 		return nil
 	}
-	args := make([]any, len(entries))
-	for n, e := range entries {
-		args[n] = e
-	}
+	args := anys(entries)
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZRem(ctx, s.keys.Inflight(i), args...)
 		p.HDel(ctx, s.keys.Attempts(i), entries...)
@@ -181,14 +178,18 @@ func (s *Scanner) release(ctx context.Context, i int, entries []string) error {
 	if len(entries) == 0 {
 		return nil
 	}
-	args := make([]any, len(entries))
-	for n, e := range entries {
-		args[n] = e
-	}
-	n, err := releaseScript.Run(ctx, s.rdb, []string{s.keys.Inflight(i), s.keys.Pending(i)}, args...).Int()
+	n, err := releaseScript.Run(ctx, s.rdb, []string{s.keys.Inflight(i), s.keys.Pending(i)}, anys(entries)...).Int()
 	if err != nil {
 		return fmt.Errorf("return %d tasks to %s: %w", len(entries), s.keys.Pending(i), err)
 	}
 	s.met.returned(n)
 	return nil
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }

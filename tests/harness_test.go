@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -183,7 +184,7 @@ func (h *harness) env() map[string]string {
 	}
 	for _, q := range h.queues {
 		names = append(names, q.Name)
-		p := "DISPATCHER_QUEUE_" + envName(q.Name) + "_"
+		p := config.QueuePrefix(q.Name) + "_"
 		env[p+"SHARDS"] = fmt.Sprint(q.Shards)
 		env[p+"EXCHANGE"] = q.Exchange
 		env[p+"ROUTING_KEY"] = q.RoutingKey
@@ -193,16 +194,6 @@ func (h *harness) env() map[string]string {
 		env[k] = v
 	}
 	return env
-}
-
-func envName(q string) string {
-	b := []byte(strings.ToUpper(q))
-	for i, c := range b {
-		if (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
-			b[i] = '_'
-		}
-	}
-	return string(b)
 }
 
 func (h *harness) start() *proc { return start(h.t, h.env()) }
