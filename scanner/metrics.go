@@ -41,48 +41,55 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// queueMetrics are the Metrics curried to one queue.
+// queueMetrics are the Metrics of one queue, with the label looked up once
+// rather than on every task. The zero value records nothing.
 type queueMetrics struct {
-	m     *Metrics
-	queue string
+	on                                               bool
+	queue                                            string
+	nDispatched, nReturned, nRetried, nReaped, nDead prometheus.Counter
+	errors                                           *prometheus.CounterVec
+	batch, lateness                                  prometheus.Observer
 }
 
-func (q queueMetrics) add(c func(*Metrics) *prometheus.CounterVec, n int) {
-	if q.m != nil && n > 0 {
-		c(q.m).WithLabelValues(q.queue).Add(float64(n))
+func (m *Metrics) forQueue(queue string) queueMetrics {
+	if m == nil {
+		return queueMetrics{}
+	}
+	return queueMetrics{
+		on: true, queue: queue, errors: m.errors,
+		nDispatched: m.dispatched.WithLabelValues(queue), nReturned: m.returned.WithLabelValues(queue),
+		nRetried: m.retried.WithLabelValues(queue), nReaped: m.reaped.WithLabelValues(queue),
+		nDead: m.dead.WithLabelValues(queue),
+		batch: m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
 	}
 }
 
-func (q queueMetrics) dispatched(n int) {
-	q.add(func(m *Metrics) *prometheus.CounterVec { return m.dispatched }, n)
-}
-func (q queueMetrics) returned(n int) {
-	q.add(func(m *Metrics) *prometheus.CounterVec { return m.returned }, n)
-}
-func (q queueMetrics) retried(n int) {
-	q.add(func(m *Metrics) *prometheus.CounterVec { return m.retried }, n)
-}
-func (q queueMetrics) reaped(n int) {
-	q.add(func(m *Metrics) *prometheus.CounterVec { return m.reaped }, n)
-}
-func (q queueMetrics) dead(n int) {
-	q.add(func(m *Metrics) *prometheus.CounterVec { return m.dead }, n)
+func (q queueMetrics) add(c prometheus.Counter, n int) {
+	if q.on && n > 0 {
+		c.Add(float64(n))
+	}
 }
 
+func (q queueMetrics) dispatched(n int) { q.add(q.nDispatched, n) }
+func (q queueMetrics) returned(n int)   { q.add(q.nReturned, n) }
+func (q queueMetrics) retried(n int)    { q.add(q.nRetried, n) }
+func (q queueMetrics) reaped(n int)     { q.add(q.nReaped, n) }
+func (q queueMetrics) dead(n int)       { q.add(q.nDead, n) }
+
 func (q queueMetrics) error(kind string, n int) {
-	if q.m != nil && n > 0 {
-		q.m.errors.WithLabelValues(q.queue, kind).Add(float64(n))
+	if q.on && n > 0 {
+		q.errors.WithLabelValues(q.queue, kind).Add(float64(n))
 	}
 }
 
 func (q queueMetrics) batchSize(n int) {
-	if q.m != nil {
-		q.m.batch.WithLabelValues(q.queue).Observe(float64(n))
+	if q.on {
+		q.batch.Observe(float64(n))
 	}
 }
 
 func (q queueMetrics) late(seconds float64) {
-	if q.m != nil {
-		q.m.lateness.WithLabelValues(q.queue).Observe(seconds)
+	if q.on {
+		q.lateness.Observe(seconds)
 	}
 }

@@ -82,7 +82,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		bal:      balancer.New(rdb, keys.Counter(), opt.Shards),
 		log:      log,
 		lim:      newLogLimiter(log, 10*time.Second),
-		met:      queueMetrics{m: opt.Metrics, queue: opt.Queue},
+		met:      opt.Metrics.forQueue(opt.Queue),
 		wake:     make(chan struct{}, 1),
 		known:    map[int]int64{},
 		badUntil: map[int]time.Time{},
@@ -275,7 +275,8 @@ func (s *Scanner) dueShards(n int) []int {
 }
 
 // sweep reads every shard's next due time and lease deadline in one
-// pipelined round trip.
+// pipelined round trip: the claim script with a batch of 0 claims and
+// reaps nothing.
 func (s *Scanner) sweep(ctx context.Context) error {
 	now := time.Now()
 	var shards []int
@@ -287,27 +288,8 @@ func (s *Scanner) sweep(ctx context.Context) error {
 	if len(shards) == 0 {
 		return nil
 	}
-	cmds, before, after, err := s.evalPipeline(ctx, peekScript, shards, func(i int) ([]string, []any) {
-		return []string{s.keys.Pending(i), s.keys.Inflight(i)}, nil
-	})
-	if err != nil {
-		return err
-	}
-	for n, cmd := range cmds {
-		i := shards[n]
-		vals, err := cmd.Slice()
-		if err != nil {
-			s.shardTrouble(i, err)
-			continue
-		}
-		if n == 0 {
-			if ms, ok := vals[0].(int64); ok {
-				s.observeClock(ms, before, after)
-			}
-		}
-		s.noteNext(i, vals[1], vals[2])
-	}
-	return nil
+	_, err := s.claimShards(ctx, shards, 0)
+	return err
 }
 
 // noteNext records when shard i next needs a claim.
@@ -349,26 +331,17 @@ type batch struct {
 // claim runs the claim script on each target shard in one pipelined round
 // trip. full reports whether any shard gave a whole batch (more is due).
 func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, error) {
-	cmds, before, after, err := s.evalPipeline(ctx, claimScript, targets, func(i int) ([]string, []any) {
-		return []string{s.keys.Pending(i), s.keys.Inflight(i), s.keys.Attempts(i)},
-			[]any{s.opt.BatchSize, s.opt.Lease.Milliseconds()}
-	})
+	results, err := s.claimShards(ctx, targets, s.opt.BatchSize)
 	if err != nil {
 		return nil, false, err
 	}
 	var out []batch
 	full := false
-	for n, cmd := range cmds {
-		i := targets[n]
-		vals, err := cmd.Slice()
-		if err != nil {
-			s.shardTrouble(i, err)
+	for n, vals := range results {
+		if vals == nil {
 			continue
 		}
-		if ms, ok := vals[0].(int64); ok && n == 0 {
-			s.observeClock(ms, before, after)
-		}
-		s.noteNext(i, vals[1], vals[2])
+		i := targets[n]
 		if reaped, _ := vals[3].(int64); reaped > 0 {
 			s.met.reaped(int(reaped))
 			s.lim.Warn("reaped", "returned tasks with expired leases to pending", "shard", i, "tasks", reaped)
@@ -394,30 +367,49 @@ func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, erro
 	return out, full, nil
 }
 
-// evalPipeline runs script once per shard in one pipeline, loading the
-// script first if the server does not know it (new or restarted Redis).
-func (s *Scanner) evalPipeline(ctx context.Context, script *redis.Script, shards []int,
-	args func(i int) ([]string, []any)) ([]*redis.Cmd, time.Time, time.Time, error) {
+// claimShards runs the claim script with batch limit on each shard in one
+// pipeline, loading the script first if the server does not know it (new
+// or restarted Redis). It notes each shard's next due time and the server
+// clock; results[n] is nil where shards[n] failed on its own (handled by
+// shardTrouble), and err is set only if the whole round trip failed.
+func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([][]any, error) {
 	for attempt := 0; ; attempt++ {
 		before := time.Now()
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(shards))
 		for n, i := range shards {
-			keys, argv := args(i)
-			cmds[n] = script.EvalSha(ctx, pipe, keys, argv...)
+			cmds[n] = claimScript.EvalSha(ctx, pipe,
+				[]string{s.keys.Pending(i), s.keys.Inflight(i), s.keys.Attempts(i)},
+				limit, s.opt.Lease.Milliseconds())
 		}
 		_, err := pipe.Exec(ctx)
 		after := time.Now()
 		if err != nil && attempt == 0 && noScript(cmds) {
-			if err := script.Load(ctx, s.rdb).Err(); err != nil {
-				return nil, before, after, fmt.Errorf("load script: %w", err)
+			if err := claimScript.Load(ctx, s.rdb).Err(); err != nil {
+				return nil, fmt.Errorf("load claim script: %w", err)
 			}
 			continue
 		}
 		if err != nil && !perShard(cmds) {
-			return nil, before, after, err
+			return nil, err
 		}
-		return cmds, before, after, nil
+		results := make([][]any, len(cmds))
+		clocked := false
+		for n, cmd := range cmds {
+			i := shards[n]
+			vals, err := cmd.Slice()
+			if err != nil {
+				s.shardTrouble(i, err)
+				continue
+			}
+			if ms, ok := vals[0].(int64); ok && !clocked {
+				s.observeClock(ms, before, after)
+				clocked = true
+			}
+			s.noteNext(i, vals[1], vals[2])
+			results[n] = vals
+		}
+		return results, nil
 	}
 }
 

@@ -19,7 +19,10 @@ import "github.com/redis/go-redis/v9"
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] attempts hash P:{Q:i}:attempts
-// ARGV[1] most tasks to claim (also the most leases to reap)
+// ARGV[1] most tasks to claim (also the most leases to reap); 0 only reads
+//
+//	when the shard next needs attention, changing nothing
+//
 // ARGV[2] lease in ms
 // Returns {now_ms, next_pending_score|"", next_lease_deadline|"", reaped, entry...};
 // reaped counts only leases of tasks that had no failed attempt, i.e. whose
@@ -56,22 +59,6 @@ if #items > 0 then
   -- The claimed tasks are exactly the lowest ranks.
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #items / 2 - 1)
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if first[2] then out[2] = first[2] end
-local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if lease[2] then out[3] = lease[2] end
-return out
-`)
-
-// peekScript reads when a shard next needs attention, changing nothing.
-//
-// KEYS[1] pending shard
-// KEYS[2] in-flight set
-// Returns {now_ms, next_pending_score|"", next_lease_deadline|""}.
-var peekScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {now, '', ''}
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] then out[2] = first[2] end
 local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')

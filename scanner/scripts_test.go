@@ -245,7 +245,7 @@ func TestPeekChangesNothing(t *testing.T) {
 	ctx := context.Background()
 	now := serverMs(t, rdb)
 	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 5), Member: "due"})
-	v, err := peekScript.Run(ctx, rdb, []string{k.Pending(0), k.Inflight(0)}).Slice()
+	v, err := claimScript.Run(ctx, rdb, []string{k.Pending(0), k.Inflight(0), k.Attempts(0)}, 0, 30000).Slice()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -123,7 +123,7 @@ func closeConnections(t *testing.T, pid int) int {
 		return 0
 	}
 	n := 0
-	needle := "pid " + itoa(pid) + "\""
+	needle := "pid " + strconv.Itoa(pid) + "\""
 	for _, line := range strings.Split(string(out), "\n") {
 		if !strings.Contains(line, needle) {
 			continue
@@ -135,8 +135,6 @@ func closeConnections(t *testing.T, pid int) int {
 	}
 	return n
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 // TestSIGTERMStopsCleanly stops a dispatcher with SIGTERM under traffic:
 // it exits 0 and leaves nothing in flight; a new one delivers the rest.
