@@ -9,6 +9,7 @@ type Metrics struct {
 	retried    *prometheus.CounterVec
 	reaped     *prometheus.CounterVec
 	dead       *prometheus.CounterVec
+	seconds    *prometheus.CounterVec
 	errors     *prometheus.CounterVec
 	batch      *prometheus.HistogramVec
 	lateness   *prometheus.HistogramVec
@@ -27,6 +28,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		retried:    counter("dispatcher_tasks_retried_total", "Failed publishes (nack, unroutable, timeout, refused) scheduled for a retry with backoff.", "queue"),
 		reaped:     counter("dispatcher_tasks_reaped_total", "Tasks whose lease ran out (their instance died) returned to pending.", "queue"),
 		dead:       counter("dispatcher_tasks_dead_lettered_total", "Tasks moved to the dead-letter set.", "queue"),
+		seconds:    counter("dispatcher_tasks_seconds_scores_total", "Tasks whose score looks like seconds, not milliseconds, since the epoch (dispatched at once, as due).", "queue"),
 		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, not_connected, stopped, too_large, ack, other.", "queue", "kind"),
 		batch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dispatcher_claim_batch_size", Help: "Tasks taken per claim that took any.",
@@ -47,6 +49,7 @@ type queueMetrics struct {
 	on                                               bool
 	queue                                            string
 	nDispatched, nReturned, nRetried, nReaped, nDead prometheus.Counter
+	nSeconds                                         prometheus.Counter
 	errors                                           *prometheus.CounterVec
 	batch, lateness                                  prometheus.Observer
 }
@@ -59,7 +62,7 @@ func (m *Metrics) forQueue(queue string) queueMetrics {
 		on: true, queue: queue, errors: m.errors,
 		nDispatched: m.dispatched.WithLabelValues(queue), nReturned: m.returned.WithLabelValues(queue),
 		nRetried: m.retried.WithLabelValues(queue), nReaped: m.reaped.WithLabelValues(queue),
-		nDead: m.dead.WithLabelValues(queue),
+		nDead: m.dead.WithLabelValues(queue), nSeconds: m.seconds.WithLabelValues(queue),
 		batch: m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
 	}
 }
@@ -70,11 +73,12 @@ func (q queueMetrics) add(c prometheus.Counter, n int) {
 	}
 }
 
-func (q queueMetrics) dispatched(n int) { q.add(q.nDispatched, n) }
-func (q queueMetrics) returned(n int)   { q.add(q.nReturned, n) }
-func (q queueMetrics) retried(n int)    { q.add(q.nRetried, n) }
-func (q queueMetrics) reaped(n int)     { q.add(q.nReaped, n) }
-func (q queueMetrics) dead(n int)       { q.add(q.nDead, n) }
+func (q queueMetrics) dispatched(n int)   { q.add(q.nDispatched, n) }
+func (q queueMetrics) returned(n int)     { q.add(q.nReturned, n) }
+func (q queueMetrics) retried(n int)      { q.add(q.nRetried, n) }
+func (q queueMetrics) reaped(n int)       { q.add(q.nReaped, n) }
+func (q queueMetrics) dead(n int)         { q.add(q.nDead, n) }
+func (q queueMetrics) secondsScore(n int) { q.add(q.nSeconds, n) }
 
 func (q queueMetrics) error(kind string, n int) {
 	if q.on && n > 0 {

@@ -49,6 +49,11 @@ type Options struct {
 
 	Logger  *slog.Logger
 	Metrics *Metrics
+
+	// Now is the local clock (time.Now if nil). Only the difference to
+	// Redis's TIME matters, so a skewed local clock changes nothing; tests
+	// skew it to prove that.
+	Now func() time.Time
 }
 
 // Scanner dispatches one queue. Run it once.
@@ -74,6 +79,9 @@ type Scanner struct {
 func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
 	}
 	log := opt.Logger.With("queue", opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
@@ -223,7 +231,7 @@ func (s *Scanner) redisTrouble(ctx context.Context, err error, prev time.Duratio
 }
 
 // serverNow estimates the Redis server's clock in ms.
-func (s *Scanner) serverNow() int64 { return time.Now().UnixMilli() + s.offset.Load() }
+func (s *Scanner) serverNow() int64 { return s.opt.Now().UnixMilli() + s.offset.Load() }
 
 // observeClock updates the clock offset from a server time read between
 // before and after.
@@ -374,7 +382,7 @@ func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, erro
 // shardTrouble), and err is set only if the whole round trip failed.
 func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([][]any, error) {
 	for attempt := 0; ; attempt++ {
-		before := time.Now()
+		before := s.opt.Now()
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(shards))
 		for n, i := range shards {
@@ -383,7 +391,7 @@ func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([][
 				limit, s.opt.Lease.Milliseconds())
 		}
 		_, err := pipe.Exec(ctx)
-		after := time.Now()
+		after := s.opt.Now()
 		if err != nil && attempt == 0 && noScript(cmds) {
 			if err := claimScript.Load(ctx, s.rdb).Err(); err != nil {
 				return nil, fmt.Errorf("load claim script: %w", err)

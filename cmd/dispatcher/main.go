@@ -50,6 +50,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dispatcher: %v\n", err)
 		return exitSettings
 	}
+	clock, err := testClock(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatcher: %v\n", err)
+		return exitSettings
+	}
 	log := newLogger(cfg, stderr)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -112,7 +117,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			PollInterval: cfg.PollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
 			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
-			Logger: log.With("component", "scanner"), Metrics: smet,
+			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock,
 		})
 		scanners.Add(1)
 		go func() { defer scanners.Done(); _ = sc.Run(ctx) }()
@@ -180,4 +185,20 @@ func startChecks(ctx context.Context, rdb *redis.Client, cfg *config.Settings, l
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// testClock returns the local clock, shifted by DISPATCHER_TEST_CLOCK_SKEW
+// (a Go duration) when set: the fault tests run instances whose clocks are
+// minutes apart to show that only Redis's clock decides.
+func testClock(w io.Writer) (func() time.Time, error) {
+	v := os.Getenv("DISPATCHER_TEST_CLOCK_SKEW")
+	if v == "" {
+		return time.Now, nil
+	}
+	skew, err := time.ParseDuration(v)
+	if err != nil {
+		return nil, fmt.Errorf("DISPATCHER_TEST_CLOCK_SKEW=%q: %w", v, err)
+	}
+	fmt.Fprintf(w, "test: local clock skewed by %s\n", skew)
+	return func() time.Time { return time.Now().Add(skew) }, nil
 }
