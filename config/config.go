@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/tlsfiles"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -27,6 +28,12 @@ const Prefix = "DISPATCHER"
 type Settings struct {
 	RedisURL        string        `envconfig:"DISPATCHER_REDIS_URL" default:"redis://localhost:6379/0" desc:"Redis URL (redis:// or rediss://); the password in it is never logged"`
 	AMQPURL         string        `envconfig:"DISPATCHER_AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL (amqp:// or amqps://); the password in it is never logged"`
+	RedisCAFile     string        `envconfig:"DISPATCHER_REDIS_CA_FILE" default:"" desc:"PEM file of the CA(s) to trust for rediss:// (default: the system's)"`
+	RedisCertFile   string        `envconfig:"DISPATCHER_REDIS_CERT_FILE" default:"" desc:"PEM client certificate for rediss://, with DISPATCHER_REDIS_KEY_FILE"`
+	RedisKeyFile    string        `envconfig:"DISPATCHER_REDIS_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_REDIS_CERT_FILE"`
+	AMQPCAFile      string        `envconfig:"DISPATCHER_AMQP_CA_FILE" default:"" desc:"PEM file of the CA(s) to trust for amqps:// (default: the system's)"`
+	AMQPCertFile    string        `envconfig:"DISPATCHER_AMQP_CERT_FILE" default:"" desc:"PEM client certificate for amqps://, with DISPATCHER_AMQP_KEY_FILE"`
+	AMQPKeyFile     string        `envconfig:"DISPATCHER_AMQP_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_AMQP_CERT_FILE"`
 	KeyPrefix       string        `envconfig:"DISPATCHER_KEY_PREFIX" default:"dq" desc:"prefix P of every Redis key: shard i of queue Q is P:{Q:i}"`
 	Queues          []string      `envconfig:"DISPATCHER_QUEUES" required:"true" desc:"comma-separated queue names this instance serves"`
 	Lease           time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again; must exceed DISPATCHER_CONFIRM_TIMEOUT"`
@@ -206,6 +213,12 @@ func (s *Settings) Validate() error {
 	if err := validAMQPURL(s.AMQPURL); err != nil {
 		return &Error{Var: v("AMQP_URL"), Value: s.AMQPURL, Reason: urlReason(s.AMQPURL, err)}
 	}
+	if err := validTLS("REDIS", s.RedisURL, "rediss://", s.RedisTLSFiles()); err != nil {
+		return err
+	}
+	if err := validTLS("AMQP", s.AMQPURL, "amqps://", s.AMQPTLSFiles()); err != nil {
+		return err
+	}
 	if !validPrefix(s.KeyPrefix) {
 		return &Error{Var: v("KEY_PREFIX"), Value: s.KeyPrefix, Reason: "want 1 to 64 characters without {, } or whitespace"}
 	}
@@ -264,6 +277,43 @@ func (s *Settings) Validate() error {
 		if len(q.RoutingKey) > 255 {
 			return &Error{Var: p + "ROUTING_KEY", Value: q.RoutingKey, Reason: "longer than 255 bytes"}
 		}
+	}
+	return nil
+}
+
+// RedisTLSFiles are the TLS files for the Redis connection.
+func (s *Settings) RedisTLSFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: s.RedisCAFile, Cert: s.RedisCertFile, Key: s.RedisKeyFile}
+}
+
+// AMQPTLSFiles are the TLS files for the broker connection.
+func (s *Settings) AMQPTLSFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: s.AMQPCAFile, Cert: s.AMQPCertFile, Key: s.AMQPKeyFile}
+}
+
+// validTLS checks that TLS files go with a TLS URL and can be loaded, so a
+// bad path fails at start rather than at the first connection.
+func validTLS(name, url, scheme string, f tlsfiles.Files) error {
+	if f.Empty() {
+		return nil
+	}
+	v := func(suffix string) string { return Prefix + "_" + name + "_" + suffix }
+	first, value := v("CA_FILE"), f.CA
+	switch {
+	case f.Cert != "":
+		first, value = v("CERT_FILE"), f.Cert
+	case f.Key != "":
+		first, value = v("KEY_FILE"), f.Key
+	}
+	if !strings.HasPrefix(strings.ToLower(url), scheme) {
+		return &Error{Var: first, Value: value,
+			Reason: fmt.Sprintf("TLS files are set but %s is not a %s URL", v("URL"), scheme)}
+	}
+	if (f.Cert == "") != (f.Key == "") {
+		return &Error{Var: first, Value: value, Reason: fmt.Sprintf("%s and %s must be set together", v("CERT_FILE"), v("KEY_FILE"))}
+	}
+	if _, err := f.Config(); err != nil {
+		return &Error{Var: first, Value: value, Reason: err.Error()}
 	}
 	return nil
 }

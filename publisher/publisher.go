@@ -4,6 +4,7 @@ package publisher
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ type Message struct {
 // Options configure a Publisher.
 type Options struct {
 	URL            string        // amqp:// or amqps://; never logged
+	TLS            *tls.Config   // for amqps://: CA and client certificate; nil uses the system's CAs
 	Exchanges      []string      // declared durable direct if missing, used as they are otherwise
 	ConfirmTimeout time.Duration // how long one publish may wait for its confirm
 	Logger         *slog.Logger
@@ -172,6 +174,10 @@ func (p *Publisher) connect(ctx context.Context) (*session, error) {
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": p.opt.ConnectionName},
 		Dial:       amqp.DefaultDial(10 * time.Second),
+	}
+	if p.opt.TLS != nil {
+		// Cloned per dial: the amqp library sets ServerName on it.
+		cfg.TLSClientConfig = p.opt.TLS.Clone()
 	}
 	conn, err := amqp.DialConfig(p.opt.URL, cfg)
 	if err != nil {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -65,6 +66,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dispatcher: DISPATCHER_REDIS_URL: %v\n", redact.Error(err))
 		return exitSettings
 	}
+	if f := cfg.RedisTLSFiles(); !f.Empty() {
+		if ropt.TLSConfig, err = f.Apply(ropt.TLSConfig); err != nil { // Load validated it; kept for safety
+			fmt.Fprintf(stderr, "dispatcher: Redis TLS: %v\n", err)
+			return exitSettings
+		}
+	}
+	var amqpTLS *tls.Config
+	if f := cfg.AMQPTLSFiles(); !f.Empty() {
+		if amqpTLS, err = f.Config(); err != nil {
+			fmt.Fprintf(stderr, "dispatcher: AMQP TLS: %v\n", err)
+			return exitSettings
+		}
+	}
 	rdb := redis.NewClient(ropt)
 	defer rdb.Close()
 
@@ -84,6 +98,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	pub := publisher.New(publisher.Options{
 		URL:            cfg.AMQPURL,
+		TLS:            amqpTLS,
 		Exchanges:      exchanges,
 		ConfirmTimeout: cfg.ConfirmTimeout,
 		Logger:         log.With("component", "publisher"),
