@@ -157,7 +157,15 @@ type harness struct {
 
 func newHarness(t testing.TB, queues ...queueSpec) *harness {
 	t.Helper()
-	h := &harness{t: t, prefix: testenv.Name(t), rdb: testenv.Redis(t), conn: testenv.AMQP(t),
+	return newHarnessOn(t, testenv.Redis(t), queues...)
+}
+
+// newHarnessOn is newHarness with producing, leftovers and clean-up on rdb,
+// e.g. a private Redis server a fault test breaks; the test points the
+// dispatcher at that server with h.extra["DISPATCHER_REDIS_URL"].
+func newHarnessOn(t testing.TB, rdb *redis.Client, queues ...queueSpec) *harness {
+	t.Helper()
+	h := &harness{t: t, prefix: testenv.Name(t), rdb: rdb, conn: testenv.AMQP(t),
 		got: map[string]<-chan amqp.Delivery{}, extra: map[string]string{}}
 	testenv.CleanRedis(t, h.rdb, h.prefix)
 	for _, q := range queues {

@@ -1,0 +1,284 @@
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisOptions configure a private redis-server. The zero value is a plain
+// server without persistence.
+type RedisOptions struct {
+	// AOF turns on appendonly; AppendFsync is "always" (the default: every
+	// acknowledged write survives a SIGKILL) or "everysec".
+	AOF         bool
+	AppendFsync string
+	// MaxMemory (e.g. "8mb") and MaxMemoryPolicy (e.g. "noeviction").
+	MaxMemory       string
+	MaxMemoryPolicy string
+	// TLS, when set, makes the server speak TLS only (port 0, tls-port)
+	// with these certificates; TLSAuthClients demands a client certificate.
+	TLS            *Certs
+	TLSAuthClients bool
+	// Users are ACL file lines ("user app on >pw ~app:* +get"). When any is
+	// given, an extra user "admin" with every right is added for Client.
+	Users []string
+	// Args are extra config lines, e.g. "enable-debug-command local".
+	Args []string
+}
+
+// RedisServer is a redis-server process owned by one test, in a temporary
+// directory, on a free port. Tests may kill and restart it; it is always
+// stopped when the test ends.
+type RedisServer struct {
+	t        testing.TB
+	opt      RedisOptions
+	Dir      string
+	Port     int
+	conf     string
+	adminPwd string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartRedis starts a private redis-server and waits until it answers.
+func StartRedis(t testing.TB, opt RedisOptions) *RedisServer {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatalf("redis-server not installed (scripts/dev.sh installs it): %v", err)
+	}
+	_, port, _ := net.SplitHostPort(FreeAddr(t))
+	s := &RedisServer{t: t, opt: opt, Dir: t.TempDir(), adminPwd: "admin-" + randomHex()}
+	s.Port, _ = strconv.Atoi(port)
+	s.conf = filepath.Join(s.Dir, "redis.conf")
+	if err := os.WriteFile(s.conf, []byte(s.config()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if len(opt.Users) > 0 {
+		users := append([]string{"user admin on >" + s.adminPwd + " ~* &* +@all"}, opt.Users...)
+		if err := os.WriteFile(filepath.Join(s.Dir, "users.acl"), []byte(strings.Join(users, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(s.stop)
+	s.launch()
+	s.WaitLoaded(20 * time.Second)
+	return s
+}
+
+func randomHex() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (s *RedisServer) config() string {
+	o := s.opt
+	lines := []string{
+		"bind 127.0.0.1",
+		"dir " + s.Dir,
+		"logfile " + filepath.Join(s.Dir, "redis.log"),
+		"daemonize no",
+		`save ""`,
+		"appendonly no",
+	}
+	if o.TLS != nil {
+		auth := "no"
+		if o.TLSAuthClients {
+			auth = "yes"
+		}
+		lines = append(lines, "port 0", "tls-port "+strconv.Itoa(s.Port),
+			"tls-cert-file "+o.TLS.ServerCert, "tls-key-file "+o.TLS.ServerKey,
+			"tls-ca-cert-file "+o.TLS.CA, "tls-auth-clients "+auth)
+	} else {
+		lines = append(lines, "port "+strconv.Itoa(s.Port))
+	}
+	if o.AOF {
+		fsync := o.AppendFsync
+		if fsync == "" {
+			fsync = "always"
+		}
+		lines = append(lines, "appendonly yes", "appendfsync "+fsync)
+	}
+	if o.MaxMemory != "" {
+		lines = append(lines, "maxmemory "+o.MaxMemory)
+	}
+	if o.MaxMemoryPolicy != "" {
+		lines = append(lines, "maxmemory-policy "+o.MaxMemoryPolicy)
+	}
+	if len(o.Users) > 0 {
+		lines = append(lines, "aclfile "+filepath.Join(s.Dir, "users.acl"))
+	}
+	lines = append(lines, o.Args...)
+	return strings.Join(lines, "\n") + "\n"
+}
+
+func (s *RedisServer) launch() {
+	s.t.Helper()
+	// Config errors go to stderr, before the log file is open.
+	out, err := os.OpenFile(filepath.Join(s.Dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command("redis-server", s.conf)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		s.t.Fatalf("start redis-server: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); out.Close(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+}
+
+// Addr is the server's host:port.
+func (s *RedisServer) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// URL is the server's URL for the admin (or, without ACL users, default)
+// user: redis:// or, with TLS, rediss://.
+func (s *RedisServer) URL() string {
+	return s.URLFor("admin", s.adminPwd)
+}
+
+// URLFor is the server's URL for user with password; user "" means the
+// default user without a password.
+func (s *RedisServer) URLFor(user, password string) string {
+	scheme := "redis"
+	if s.opt.TLS != nil {
+		scheme = "rediss"
+	}
+	if user == "" || (user == "admin" && len(s.opt.Users) == 0) {
+		return scheme + "://" + s.Addr() + "/0"
+	}
+	return scheme + "://" + user + ":" + password + "@" + s.Addr() + "/0"
+}
+
+// Client returns an admin client of the server (TLS and ACL handled),
+// closed when the test ends.
+func (s *RedisServer) Client() *redis.Client {
+	s.t.Helper()
+	opt, err := redis.ParseURL(s.URL())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if s.opt.TLS != nil {
+		opt.TLSConfig = s.clientTLS()
+	}
+	c := redis.NewClient(opt)
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (s *RedisServer) clientTLS() *tls.Config {
+	s.t.Helper()
+	ca, err := os.ReadFile(s.opt.TLS.CA)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	cfg := &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+	pair, err := tls.LoadX509KeyPair(s.opt.TLS.ClientCert, s.opt.TLS.ClientKey)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cfg.Certificates = []tls.Certificate{pair}
+	return cfg
+}
+
+// Kill stops the server with SIGKILL, as a crash would, and waits for it.
+func (s *RedisServer) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// Restart starts the server again on the same port and directory, so it
+// loads what it persisted. It waits only until the server answers at all:
+// a LOADING reply counts; use WaitLoaded to wait for the data.
+func (s *RedisServer) Restart() {
+	s.t.Helper()
+	s.Kill()
+	s.launch()
+	s.waitUp(20*time.Second, false)
+}
+
+// WaitLoaded waits until the server answers PING with PONG.
+func (s *RedisServer) WaitLoaded(timeout time.Duration) { s.t.Helper(); s.waitUp(timeout, true) }
+
+func (s *RedisServer) waitUp(timeout time.Duration, loaded bool) {
+	s.t.Helper()
+	opt, err := redis.ParseURL(s.URL())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if s.opt.TLS != nil {
+		opt.TLSConfig = s.clientTLS()
+	}
+	opt.MaxRetries = -1
+	c := redis.NewClient(opt)
+	defer c.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err = c.Ping(ctx).Err()
+		cancel()
+		if err == nil || (!loaded && redis.HasErrorPrefix(err, "LOADING")) {
+			return
+		}
+		s.mu.Lock()
+		done := s.done
+		s.mu.Unlock()
+		select {
+		case <-done:
+			s.t.Fatalf("redis-server exited: %s", s.LogTail(2000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redis-server on %s not up after %s (%v): %s", s.Addr(), timeout, err, s.LogTail(2000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// LogTail returns the last n bytes of the server's log file.
+func (s *RedisServer) LogTail(n int) string {
+	b, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+func (s *RedisServer) stop() {
+	s.Kill()
+	if s.t.Failed() {
+		s.t.Logf("private redis-server %s log:\n%s", s.Addr(), s.LogTail(3000))
+	}
+}
+
+// String names the server in messages.
+func (s *RedisServer) String() string { return fmt.Sprintf("redis-server %s", s.Addr()) }
