@@ -11,6 +11,7 @@ type Metrics struct {
 	dead       *prometheus.CounterVec
 	seconds    *prometheus.CounterVec
 	errors     *prometheus.CounterVec
+	sweeper    *prometheus.GaugeVec
 	batch      *prometheus.HistogramVec
 	lateness   *prometheus.HistogramVec
 }
@@ -30,6 +31,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		dead:       counter("dispatcher_tasks_dead_lettered_total", "Tasks moved to the dead-letter set.", "queue"),
 		seconds:    counter("dispatcher_tasks_seconds_scores_total", "Tasks whose score looks like seconds, not milliseconds, since the epoch (dispatched at once, as due).", "queue"),
 		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, not_connected, stopped, too_large, ack, other.", "queue", "kind"),
+		sweeper: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dispatcher_sweeper", Help: "1 while this instance holds the queue's sweeper role (polls the shards for new tasks).",
+		}, []string{"queue"}),
 		batch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dispatcher_claim_batch_size", Help: "Tasks taken per claim that took any.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
@@ -39,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300},
 		}, []string{"queue"}),
 	}
-	reg.MustRegister(m.batch, m.lateness)
+	reg.MustRegister(m.sweeper, m.batch, m.lateness)
 	return m
 }
 
@@ -52,6 +56,7 @@ type queueMetrics struct {
 	nSeconds                                         prometheus.Counter
 	errors                                           *prometheus.CounterVec
 	batch, lateness                                  prometheus.Observer
+	sweeping                                         prometheus.Gauge
 }
 
 func (m *Metrics) forQueue(queue string) queueMetrics {
@@ -64,6 +69,7 @@ func (m *Metrics) forQueue(queue string) queueMetrics {
 		nRetried: m.retried.WithLabelValues(queue), nReaped: m.reaped.WithLabelValues(queue),
 		nDead: m.dead.WithLabelValues(queue), nSeconds: m.seconds.WithLabelValues(queue),
 		batch: m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
+		sweeping: m.sweeper.WithLabelValues(queue),
 	}
 }
 
@@ -95,5 +101,15 @@ func (q queueMetrics) batchSize(n int) {
 func (q queueMetrics) late(seconds float64) {
 	if q.on {
 		q.lateness.Observe(seconds)
+	}
+}
+
+func (q queueMetrics) sweeper(on bool) {
+	if q.on {
+		v := 0.0
+		if on {
+			v = 1
+		}
+		q.sweeping.Set(v)
 	}
 }

@@ -50,6 +50,10 @@ type Options struct {
 	Logger  *slog.Logger
 	Metrics *Metrics
 
+	// InstanceID names this process in the queue's sweeper role
+	// (NewInstanceID if empty).
+	InstanceID string
+
 	// Now is the local clock (time.Now if nil). Only the difference to
 	// Redis's TIME matters, so a skewed local clock changes nothing; tests
 	// skew it to prove that.
@@ -58,21 +62,25 @@ type Options struct {
 
 // Scanner dispatches one queue. Run it once.
 type Scanner struct {
-	rdb  redis.UniversalClient
-	pub  Publisher
-	opt  Options
-	keys shard.Keys
-	bal  *balancer.Balancer
-	log  *slog.Logger
-	lim  *logLimiter
-	met  queueMetrics
-	wake chan struct{}
+	rdb   redis.UniversalClient
+	pub   Publisher
+	opt   Options
+	keys  shard.Keys
+	bal   *balancer.Balancer
+	log   *slog.Logger
+	lim   *logLimiter
+	met   queueMetrics
+	wake  chan struct{}
+	notes notes
 
 	offset atomic.Int64 // Redis server clock minus local clock, ms
 
 	// Owned by Run's goroutine.
 	known    map[int]int64 // shard -> server ms at which it next needs a claim
 	badUntil map[int]time.Time
+	leader   bool      // this instance holds the sweeper role
+	lastLead time.Time // last renewal of or bid for the role
+	lastBusy time.Time // last time this instance told the others of a backlog
 }
 
 // New returns a scanner for one queue.
@@ -82,6 +90,9 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
+	}
+	if opt.InstanceID == "" {
+		opt.InstanceID = NewInstanceID()
 	}
 	log := opt.Logger.With("queue", opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
@@ -114,7 +125,17 @@ func (s *Scanner) Run(ctx context.Context) error {
 	defer stopWork()
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, s.opt.Pipeline)
+	listenCtx, stopListen := context.WithCancel(ctx)
+	var listening sync.WaitGroup
+	listening.Add(1)
+	go func() { defer listening.Done(); s.listen(listenCtx) }()
 	s.loop(ctx, work, &wg, slots)
+	stopListen()
+	listening.Wait()
+	if s.leader {
+		s.stepDown()
+		s.met.sweeper(false)
+	}
 
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -148,7 +169,11 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		if errDelay > 0 && !s.sleep(ctx, errDelay) {
 			return
 		}
-		if !busy && time.Since(lastSweep) >= s.opt.PollInterval {
+		if err := s.takeNotes(ctx, &busy); err != nil {
+			errDelay = s.redisTrouble(ctx, err, errDelay)
+			continue
+		}
+		if s.leader && !busy && time.Since(lastSweep) >= s.opt.PollInterval {
 			lastSweep = time.Now()
 			if err := s.sweep(ctx); err != nil {
 				errDelay = s.redisTrouble(ctx, err, errDelay)
@@ -205,6 +230,12 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		}
 		errDelay = 0
 		busy = full
+		if full {
+			s.announceBusy(ctx)
+		} else if !s.leader {
+			// What a helper learnt while busy is the sweeper's business.
+			clear(s.known)
+		}
 		for _, b := range batches {
 			held--
 			wg.Add(1)
@@ -216,6 +247,55 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		for ; held > 0; held-- {
 			<-slots
 		}
+	}
+}
+
+// takeNotes applies the wake-ups received since the last turn and renews
+// or bids for the sweeper role when that is due.
+func (s *Scanner) takeNotes(ctx context.Context, busy *bool) error {
+	wasBusy, free, soon := s.notes.take()
+	if wasBusy {
+		*busy = true
+	}
+	if free {
+		s.lastLead = time.Time{}
+	}
+	if time.Since(s.lastLead) >= s.leadEvery(s.leader) {
+		leader, err := s.lead(ctx)
+		if err != nil {
+			return err
+		}
+		s.lastLead = time.Now()
+		if leader != s.leader {
+			s.log.Debug("sweeper role", "held", leader)
+			s.met.sweeper(leader)
+			if !leader {
+				clear(s.known)
+			}
+		}
+		s.leader = leader
+	}
+	if !s.leader {
+		return nil
+	}
+	for i, at := range soon {
+		if cur, ok := s.known[i]; !ok || at < cur {
+			s.known[i] = at
+		}
+	}
+	return nil
+}
+
+// announceBusy tells every instance that this one found a backlog, so they
+// all claim (spread by the balancer) until it is gone. At most once per
+// poll interval: helpers that ran dry go back to idle in between.
+func (s *Scanner) announceBusy(ctx context.Context) {
+	if time.Since(s.lastBusy) < s.opt.PollInterval {
+		return
+	}
+	s.lastBusy = time.Now()
+	if err := s.rdb.Publish(ctx, s.keys.Wake(), shard.WakeBusy).Err(); err != nil {
+		s.lim.Warn("announce", "cannot tell other instances of the backlog", "err", err)
 	}
 }
 
@@ -241,9 +321,13 @@ func (s *Scanner) observeClock(serverMs int64, before, after time.Time) {
 }
 
 // idleDelay is how long to sleep when no shard needs a claim: until the
-// earliest known due time or the next sweep, whichever is first.
+// earliest known due time, the next sweep or the next turn at the sweeper
+// role, whichever is first.
 func (s *Scanner) idleDelay(lastSweep time.Time) time.Duration {
-	d := time.Until(lastSweep.Add(s.opt.PollInterval))
+	d := time.Until(s.lastLead.Add(s.leadEvery(s.leader)))
+	if s.leader {
+		d = min(d, time.Until(lastSweep.Add(s.opt.PollInterval)))
+	}
 	now := s.serverNow()
 	for _, at := range s.known {
 		if w := time.Duration(at-now) * time.Millisecond; w < d {

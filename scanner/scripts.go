@@ -35,7 +35,10 @@ local limit = tonumber(ARGV[1])
 -- A lease that ran out belongs to an instance that died or gave up.
 -- NX: if the producer rescheduled the member meanwhile, its new time wins.
 local reaped = 0
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+local expired = {}
+if limit > 0 then
+  expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+end
 for _, e in ipairs(expired) do
   local sep = string.find(e, ':', 1, true)
   redis.call('ZREM', KEYS[2], e)
@@ -48,7 +51,10 @@ for _, e in ipairs(expired) do
 end
 
 local out = {now, '', '', reaped}
-local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local items = {}
+if limit > 0 then
+  items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+end
 if #items > 0 then
   local deadline = now + tonumber(ARGV[2])
   for i = 1, #items, 2 do

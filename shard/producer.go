@@ -22,10 +22,16 @@ type Task struct {
 
 // Producer schedules tasks of one queue. It is safe for concurrent use.
 type Producer struct {
-	rdb    redis.UniversalClient
-	keys   Keys
-	shards int
+	rdb        redis.UniversalClient
+	keys       Keys
+	shards     int
+	wakeWithin time.Duration
 }
+
+// DefaultWakeWithin: a task due sooner than this after it is scheduled also
+// wakes the dispatchers, in the same round trip; later ones are found by
+// their regular poll in good time.
+const DefaultWakeWithin = time.Second
 
 // NewProducer returns a producer for queue with m shards under prefix.
 // m must equal the dispatcher's DISPATCHER_QUEUE_<NAME>_SHARDS.
@@ -39,8 +45,13 @@ func NewProducer(rdb redis.UniversalClient, prefix, queue string, m int) (*Produ
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	return &Producer{rdb: rdb, keys: Keys{Prefix: prefix, Queue: queue}, shards: m}, nil
+	return &Producer{rdb: rdb, keys: Keys{Prefix: prefix, Queue: queue}, shards: m, wakeWithin: DefaultWakeWithin}, nil
 }
+
+// SetWakeWithin sets how soon a task must be due for scheduling it to wake
+// the dispatchers (DefaultWakeWithin); 0 turns wake-ups off, leaving only
+// ZADDs, like any producer in another language.
+func (p *Producer) SetWakeWithin(d time.Duration) { p.wakeWithin = d }
 
 // Keys returns the key builder of the producer's queue.
 func (p *Producer) Keys() Keys { return p.keys }
@@ -48,11 +59,31 @@ func (p *Producer) Keys() Keys { return p.keys }
 // DueMs converts a due time to the contract's score: integer ms since epoch.
 func DueMs(t time.Time) int64 { return t.UnixMilli() }
 
+// wakeSoon reports whether a task due at dueMs should wake the dispatchers.
+func (p *Producer) wakeSoon(dueMs int64) bool {
+	return p.wakeWithin > 0 && dueMs <= time.Now().Add(p.wakeWithin).UnixMilli()
+}
+
 // Schedule adds a task due at due. Scheduling a member that is already
-// pending moves it to the new due time (see Reschedule).
+// pending moves it to the new due time (see Reschedule). A task due soon
+// also wakes the dispatchers, in the same round trip.
 func (p *Producer) Schedule(ctx context.Context, member []byte, due time.Time) error {
-	key := p.keys.Shard(member, p.shards)
-	if err := p.rdb.ZAdd(ctx, key, redis.Z{Score: float64(DueMs(due)), Member: member}).Err(); err != nil {
+	i := Index(member, p.shards)
+	key := p.keys.Pending(i)
+	z := redis.Z{Score: float64(DueMs(due)), Member: member}
+	if !p.wakeSoon(DueMs(due)) {
+		if err := p.rdb.ZAdd(ctx, key, z).Err(); err != nil {
+			return fmt.Errorf("schedule on %s: %w", key, err)
+		}
+		return nil
+	}
+	pipe := p.rdb.Pipeline()
+	zadd := pipe.ZAdd(ctx, key, z)
+	// The wake-up's own error is ignored: a lost one costs a poll interval,
+	// and a producer whose ACL forbids PUBLISH must still schedule.
+	pipe.Publish(ctx, p.keys.Wake(), WakeDue(i, DueMs(due)))
+	_, _ = pipe.Exec(ctx)
+	if err := zadd.Err(); err != nil {
 		return fmt.Errorf("schedule on %s: %w", key, err)
 	}
 	return nil
@@ -63,17 +94,29 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	if len(tasks) == 0 {
 		return nil
 	}
-	byKey := make(map[string][]redis.Z)
+	byShard := make(map[int][]redis.Z)
+	earliest := make(map[int]int64)
 	for _, t := range tasks {
-		key := p.keys.Shard(t.Member, p.shards)
-		byKey[key] = append(byKey[key], redis.Z{Score: float64(DueMs(t.Due)), Member: t.Member})
+		i := Index(t.Member, p.shards)
+		due := DueMs(t.Due)
+		byShard[i] = append(byShard[i], redis.Z{Score: float64(due), Member: t.Member})
+		if e, ok := earliest[i]; !ok || due < e {
+			earliest[i] = due
+		}
 	}
 	pipe := p.rdb.Pipeline()
-	for key, zs := range byKey {
-		pipe.ZAdd(ctx, key, zs...)
+	var zadds []*redis.IntCmd
+	for i, zs := range byShard {
+		zadds = append(zadds, pipe.ZAdd(ctx, p.keys.Pending(i), zs...))
+		if p.wakeSoon(earliest[i]) {
+			pipe.Publish(ctx, p.keys.Wake(), WakeDue(i, earliest[i]))
+		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("schedule %d tasks on queue %s: %w", len(tasks), p.keys.Queue, err)
+	_, _ = pipe.Exec(ctx) // wake-up errors are ignored, as in Schedule
+	for _, z := range zadds {
+		if err := z.Err(); err != nil {
+			return fmt.Errorf("schedule %d tasks on queue %s: %w", len(tasks), p.keys.Queue, err)
+		}
 	}
 	return nil
 }

@@ -69,3 +69,12 @@ func (k Keys) ShardCount() string { return k.Prefix + ":{" + k.Queue + "}:shards
 
 // Shard returns the pending key of the shard a member belongs to.
 func (k Keys) Shard(member []byte, m int) string { return k.Pending(Index(member, m)) }
+
+// Sweeper names the instance that currently sweeps the queue's shards for
+// newly scheduled tasks (string with a TTL), so idle polling costs the same
+// whatever the number of instances.
+func (k Keys) Sweeper() string { return k.Prefix + ":{" + k.Queue + "}:sweeper" }
+
+// Wake is the pub/sub channel on which producers and instances wake the
+// queue's dispatchers (see WakeDue, WakeBusy, WakeLead).
+func (k Keys) Wake() string { return k.Prefix + ":{" + k.Queue + "}:wake" }
