@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"sort"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -31,12 +32,17 @@ func benchBacklog(b *testing.B, tasks, instances int) {
 	h := newHarness(b, queueSpec{Name: "bench", Shards: 16})
 	prod := h.producer("bench")
 	want := scheduleSpread(b, prod, "bl", tasks, time.Now().Add(-time.Minute), time.Second)
+	var procs []*proc
 	for i := 0; i < instances; i++ {
-		h.start()
+		procs = append(procs, h.start())
 	}
 	begin := time.Now()
 	got := h.collect("bench", len(want), 5*time.Minute)
 	elapsed := time.Since(begin) - 500*time.Millisecond // collect's quiet period
+	for _, p := range procs {                           // a clean stop writes DISPATCHER_TEST_CPUPROFILE
+		p.signal(syscall.SIGTERM)
+		p.wait(20 * time.Second)
+	}
 	ids, dups := countIDs(got)
 	b.ReportMetric(float64(len(ids))/elapsed.Seconds(), "tasks/s")
 	b.ReportMetric(float64(dups), "duplicates")

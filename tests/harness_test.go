@@ -47,6 +47,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	testenv.StopPrivateRabbit() // its process watcher would count as a leak
 	// Every test's consumers, clients and processes are gone by now; a
 	// goroutine still running is a leak.
 	if err := goleak.Find(); err != nil && code == 0 {
@@ -89,7 +90,8 @@ func start(t testing.TB, env map[string]string) *proc {
 	t.Helper()
 	cmd := exec.Command(binary)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DISPATCHER_") {
+		// DISPATCHER_TEST_* are test knobs (e.g. a CPU profile): passed on.
+		if !strings.HasPrefix(kv, "DISPATCHER_") || strings.HasPrefix(kv, "DISPATCHER_TEST_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sync"
 	"syscall"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/bench"
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/redact"
 	"github.com/dispatcher/dispatcher/publisher"
@@ -41,6 +43,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case "-h", "-help", "--help", "help":
 			config.Usage(stdout)
 			return exitOK
+		case "bench": // measure this dispatcher against the raw broker
+			return bench.Main(args[1:], stdout, stderr)
 		default:
 			fmt.Fprintf(stderr, "dispatcher: unknown argument %q (see dispatcher --help)\n", args[0])
 			return exitSettings
@@ -55,6 +59,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "dispatcher: %v\n", err)
 		return exitSettings
+	}
+	if path := os.Getenv("DISPATCHER_TEST_CPUPROFILE"); path != "" {
+		// For profiling the daemon under a benchmark; written at exit.
+		if f, err := os.Create(path); err == nil && pprof.StartCPUProfile(f) == nil {
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
 	}
 	log := newLogger(cfg, stderr)
 
