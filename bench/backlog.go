@@ -1,0 +1,226 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// dueSpread: the due tasks of a backlog are due over this span before the
+// dispatchers start.
+const dueSpread = 3000 // ms
+
+// measurement is what the backlog and rate modes share: a point's keys,
+// consumer and instances.
+type measurement struct {
+	r     *runner
+	p     Point
+	res   *Result
+	keys  shard.Keys
+	rec   *recorder
+	sink  *sink
+	fleet fleet
+}
+
+func (r *runner) newMeasurement(p Point, expected int) (*measurement, error) {
+	name := r.name(p.Mode)
+	m := &measurement{
+		r: r, p: p, keys: shard.Keys{Prefix: name, Queue: benchQueue},
+		res: &Result{Point: p, Name: name, Scheduled: expected},
+		rec: newRecorder(expected, p.Shards, r.earlyUs),
+	}
+	sk, err := openSink(r.opt.AMQPURL, name, r.opt.QueueType, m.rec)
+	if err != nil {
+		return nil, err
+	}
+	m.sink = sk
+	return m, nil
+}
+
+func (m *measurement) spec() instanceSpec {
+	return instanceSpec{
+		binary: m.r.opt.Dispatcher, redisURL: m.r.opt.RedisURL, amqpURL: m.r.opt.AMQPURL,
+		prefix: m.keys.Prefix, exchange: m.keys.Prefix, shards: m.p.Shards, batch: m.p.Batch,
+		clientName: m.r.clientPrefix() + "-d",
+	}
+}
+
+// close stops whatever still runs and removes the point's keys, queue and
+// exchange.
+func (m *measurement) close() {
+	if m.fleet != nil {
+		if err := m.fleet.stop(); err != nil {
+			m.res.Errors = append(m.res.Errors, err.Error())
+		}
+		m.fleet = nil
+	}
+	if err := m.sink.close(); err != nil {
+		m.r.warnf("%s: delete queue and exchange: %v", m.p, err)
+	}
+	m.r.cleanKeys(m.keys, m.p.Shards)
+}
+
+// loadBacklog schedules the point's N tasks: the ones not due during the
+// run first (due in an hour), then the W due now, spread over the last
+// dueSpread ms, so that those are the newest when the dispatchers start.
+func (m *measurement) loadBacklog(ctx context.Context, n, w int) error {
+	var loaded atomic.Int64
+	stop := m.r.prog.start(func() string {
+		return fmt.Sprintf("%s: loading %s/%s", m.p, thousands(int(loaded.Load())), thousands(n))
+	})
+	defer stop()
+	begin := time.Now()
+	later := begin.Add(time.Hour).UnixMilli()
+	err := load(ctx, m.r.rdb, m.keys, m.p.Shards, m.p.Size, w, n,
+		func(i int) int64 { return later + int64(i%60000) }, &loaded)
+	if err != nil {
+		return err
+	}
+	now := time.Now().UnixMilli()
+	err = load(ctx, m.r.rdb, m.keys, m.p.Shards, m.p.Size, 0, w,
+		func(i int) int64 { return now - dueSpread + int64(i)*dueSpread/int64(w) }, &loaded)
+	m.res.LoadSeconds = time.Since(begin).Seconds()
+	return err
+}
+
+// wait waits for every expected task, with progress; a stall is recorded,
+// not returned.
+func (m *measurement) wait(ctx context.Context, extra func() string) error {
+	start := time.Now()
+	stop := m.r.prog.start(func() string {
+		got := m.rec.unique.Load()
+		line := fmt.Sprintf("%s: %s/%s received, %s/s", m.p, thousands(int(got)), thousands(m.rec.expected),
+			thousands(int(float64(got)/time.Since(start).Seconds())))
+		if d := m.rec.dups.Load(); d > 0 {
+			line += fmt.Sprintf(", %d duplicates", d)
+		}
+		if extra != nil {
+			line += extra()
+		}
+		return line
+	})
+	defer stop()
+	var gone *instance
+	err := m.r.waitFor(ctx, func() bool {
+		gone = m.fleet.exited()
+		return m.rec.missing() == 0 || gone != nil
+	}, received(m.rec))
+	if gone != nil {
+		return fmt.Errorf("dispatcher pid %d exited during the run (%v):\n%s", gone.cmd.Process.Pid, gone.err, gone.out.String())
+	}
+	if errors.Is(err, errStalled) {
+		m.res.Errors = append(m.res.Errors, fmt.Sprintf("no task arrived for %s; gave up with %d missing",
+			time.Duration(m.r.opt.Stall), m.rec.missing()))
+		return nil
+	}
+	return err
+}
+
+// finish settles the counts, reads Redis's and the instances' figures and
+// stops the instances; before is Redis's counts at the start, own what
+// the bench sent meanwhile, cpu0 the instances' CPU at the start (nil:
+// their whole life).
+func (m *measurement) finish(ctx context.Context, before cmdStats, own map[string]int64, cpu0 []float64, began time.Time) error {
+	res, rec := m.res, m.rec
+	if _, err := settle(ctx, m.fleet, rec.unique.Load()); err != nil {
+		return err
+	}
+	after, err := readCmdStats(ctx, m.r.rdb)
+	if err != nil {
+		return err
+	}
+	res.Redis = redisUse(before, after, own)
+	res.Redis.Seconds = time.Since(began).Seconds()
+	if res.Redis.OtherClients, err = otherClients(ctx, m.r.rdb, m.r.clientPrefix(), time.Since(began)); err != nil {
+		return err
+	}
+	if err := fleetUse(m.fleet, cpu0, res); err != nil {
+		return err
+	}
+	res.ClaimBatchMean = claimBatchMean(m.fleet)
+	if err := m.fleet.stop(); err != nil {
+		res.Errors = append(res.Errors, err.Error())
+	}
+	m.fleet = nil
+	m.sink.stop()
+
+	res.Delivered = int(rec.unique.Load())
+	res.Missing = rec.missing()
+	res.Duplicates, res.Unexpected = rec.dups.Load(), rec.unexpected.Load()
+	res.Early, res.BadID, res.Malformed = rec.early.Load(), rec.badID.Load(), rec.malformed.Load()
+	res.Seconds = rec.span().Seconds()
+	res.PerSec = perSec(res.Delivered, rec.span())
+	res.Lateness = distOf(rec.late)
+	res.ShardLateness = shardDists(rec.late, rec.shardOf, m.p.Shards)
+	res.ShardP99Median, res.ShardP99Worst, res.WorstShard = shardSpread(res.ShardLateness)
+	if res.Delivered > 0 {
+		res.CmdsPerTask = float64(res.Redis.Commands) / float64(res.Delivered)
+		res.ScriptsPerTask = float64(res.Redis.ScriptCalls) / float64(res.Delivered)
+		res.CPUPer10k = res.CPUSeconds / float64(res.Delivered) * 10000
+	}
+	return nil
+}
+
+// runBacklog: N tasks pending, W of them due, when K dispatchers start;
+// throughput over the W against the ceiling.
+func (r *runner) runBacklog(ctx context.Context, p Point) (*Result, error) {
+	c, err := r.ceiling(ctx, p.Size)
+	if err != nil {
+		return nil, err
+	}
+	m, err := r.newMeasurement(p, p.Window)
+	if err != nil {
+		return nil, err
+	}
+	defer m.close()
+	if err := m.loadBacklog(ctx, p.Backlog, p.Window); err != nil {
+		return m.res, err
+	}
+	before, err := readCmdStats(ctx, r.rdb)
+	if err != nil {
+		return m.res, err
+	}
+	began := time.Now()
+	if m.fleet, err = startFleet(ctx, m.spec(), p.Instances); err != nil {
+		return m.res, err
+	}
+	if err := m.wait(ctx, nil); err != nil {
+		return m.res, err
+	}
+	if first := m.rec.firstNs.Load(); first > 0 {
+		m.res.StartupMs = float64(first-began.UnixNano()) / 1e6
+	}
+	if err := m.finish(ctx, before, nil, nil, began); err != nil {
+		return m.res, err
+	}
+	m.res.Ceiling = c.PerSec
+	if c.PerSec > 0 {
+		m.res.Ratio = m.res.PerSec / c.PerSec
+	}
+	return m.res, nil
+}
+
+// ceiling returns the ceiling for a message size, measuring it first if
+// there is none yet (or always, with -ceiling-each).
+func (r *runner) ceiling(ctx context.Context, size int) (*Ceiling, error) {
+	if c := r.ceilings[size]; c != nil && !r.opt.CeilingEach {
+		return c, nil
+	}
+	c, err := r.measureCeiling(ctx, size)
+	if err != nil {
+		return nil, err
+	}
+	r.ceilings[size] = c
+	r.rep.Ceilings = append(r.rep.Ceilings, c)
+	r.prog.printf("ceiling size=%d %s: %s msgs/s at the consumer (%s confirmed/s), latency p50 %s ms p99 %s ms\n",
+		size, c.QueueType, thousands(int(c.PerSec)), thousands(int(c.ConfirmedPerSec)), fmtMs(c.Latency.P50), fmtMs(c.Latency.P99))
+	if c.Missing > 0 || c.Nacked > 0 || c.Returned > 0 {
+		r.rep.Failures = append(r.rep.Failures, fmt.Sprintf("ceiling size=%d: %d missing, %d nacked, %d returned",
+			size, c.Missing, c.Nacked, c.Returned))
+	}
+	return c, nil
+}

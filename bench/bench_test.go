@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+)
+
+var binary string
+
+// TestMain builds the dispatcher the bench starts as its instances.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "dispatcher-bench-test")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "dispatcher")
+	build := exec.Command("go", "build", "-o", binary, "../cmd/dispatcher")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build dispatcher:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// runBench runs `dispatcher bench` in-process against the test servers.
+func runBench(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	args = append([]string{"-redis", testenv.RedisURL(t), "-amqp", testenv.AMQPURL(t)}, args...)
+	var out, errOut bytes.Buffer
+	code = Main(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// A tiny bench of every mode end to end: one instance, a few thousand
+// tasks. The figures are not judged (the machine is shared), only that
+// they are there and sane, nothing went missing, and nothing was left.
+func TestBenchEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, svgPath := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
+	code, stdout, stderr := runBench(t,
+		"-mode", "backlog,rate,idle", "-backlog", "3000", "-window", "2000",
+		"-rate", "500", "-duration", "2s", "-idle-duration", "1s",
+		"-shards", "4", "-batch", "200", "-size", "100", "-queue-type", "transient",
+		"-ceiling-count", "2000", "-stall", "20s",
+		"-json", jsonPath, "-svg", svgPath, "-dispatcher", binary)
+	t.Logf("stdout:\n%s", stdout)
+	if code != exitOK {
+		t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
+	}
+	for _, want := range []string{"| pending N |", "| rate/s |", "| instances | shards | pending |", "Command: `dispatcher bench -redis"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("tables lack %q", want)
+		}
+	}
+	if !strings.Contains(stderr, "received") {
+		t.Errorf("no progress on stderr:\n%s", stderr)
+	}
+
+	var rep Report
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("JSON report: %v", err)
+	}
+	if len(rep.Failures) != 0 {
+		t.Errorf("failures: %q", rep.Failures)
+	}
+	if len(rep.Ceilings) != 1 || rep.Ceilings[0].PerSec <= 0 || rep.Ceilings[0].Missing != 0 || rep.Ceilings[0].Latency.Count != 2000 {
+		t.Errorf("ceilings: %+v", rep.Ceilings)
+	}
+	if len(rep.Results) != 2 || len(rep.Idle) != 1 {
+		t.Fatalf("%d results and %d idle results, want 2 and 1", len(rep.Results), len(rep.Idle))
+	}
+	backlog, rate := rep.Results[0], rep.Results[1]
+	checkResult(t, backlog, 2000)
+	checkResult(t, rate, 1000)
+	if backlog.Ratio <= 0 || backlog.Ceiling <= 0 || backlog.StartupMs <= 0 {
+		t.Errorf("backlog: ratio %v, ceiling %v, startup %v ms", backlog.Ratio, backlog.Ceiling, backlog.StartupMs)
+	}
+	// A backlog instance's CPU counts from its start, which alone takes
+	// more than the 10 ms /proc resolves.
+	if backlog.CPUSeconds <= 0 || backlog.CPUPer10k <= 0 {
+		t.Errorf("backlog CPU: %v s, %v s/10k", backlog.CPUSeconds, backlog.CPUPer10k)
+	}
+	idle := rep.Idle[0]
+	if idle.CmdsPerSec <= 0 || idle.ScriptsPerSec <= 0 || idle.Unexpected != 0 || idle.PeakRSSMB <= 0 {
+		t.Errorf("idle: %+v", idle)
+	}
+
+	// The picture is well-formed XML with a curve per point.
+	svg, err := os.ReadFile(svgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(svg))
+	curves := 0
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("SVG is not well-formed: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+			curves++
+		}
+	}
+	if curves != 3 { // ceiling, backlog, rate
+		t.Errorf("%d curves in the SVG, want 3", curves)
+	}
+
+	assertCleanedUp(t, rep.RunID, backlog.Name, rate.Name, idle.Name)
+}
+
+func checkResult(t *testing.T, r *Result, want int) {
+	t.Helper()
+	if r.Scheduled != want || r.Delivered != want || r.Missing != 0 || r.Duplicates != 0 || r.Unexpected != 0 ||
+		r.Early != 0 || r.BadID != 0 || r.Malformed != 0 || len(r.Errors) != 0 {
+		t.Errorf("%s: scheduled %d delivered %d missing %d dups %d unexpected %d early %d bad id %d malformed %d errors %q",
+			r.Point, r.Scheduled, r.Delivered, r.Missing, r.Duplicates, r.Unexpected, r.Early, r.BadID, r.Malformed, r.Errors)
+	}
+	l := r.Lateness
+	if l.Count != want || l.P50 > l.P99 || l.P99 > l.P999 || l.P999 > l.Max || l.Min < 0 || len(l.Curve) == 0 {
+		t.Errorf("%s: lateness %+v", r.Point, l)
+	}
+	sum := 0
+	for _, s := range r.ShardLateness {
+		sum += s.Count
+	}
+	if len(r.ShardLateness) != r.Shards || sum != want || r.ShardP99Worst < r.ShardP99Median {
+		t.Errorf("%s: per-shard lateness of %d shards covers %d tasks: %+v", r.Point, len(r.ShardLateness), sum, r.ShardLateness)
+	}
+	if r.PerSec <= 0 || r.CmdsPerTask <= 0 || r.ScriptsPerTask <= 0 || r.Redis.ByCommand["evalsha"] == 0 ||
+		r.PeakRSSMB <= 1 || len(r.RSSMB) != r.Instances || r.ClaimBatchMean <= 0 {
+		t.Errorf("%s: %.0f tasks/s, %.2f cmds/task, %.3f scripts/task, %v, RSS %v MB, batch mean %v",
+			r.Point, r.PerSec, r.CmdsPerTask, r.ScriptsPerTask, r.Redis.ByCommand, r.RSSMB, r.ClaimBatchMean)
+	}
+}
+
+// assertCleanedUp checks that no key of the run is left and that the
+// points' exchanges and queues are gone.
+func assertCleanedUp(t *testing.T, runID string, names ...string) {
+	t.Helper()
+	ctx := context.Background()
+	keys, _, err := testenv.Redis(t).Scan(ctx, 0, "dispatcher-bench-"+runID+"-*", 100000).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) > 0 {
+		t.Errorf("keys left behind: %q", keys)
+	}
+	conn := testenv.AMQP(t)
+	for _, n := range names {
+		for what, check := range map[string]func(*amqp.Channel) error{
+			"exchange": func(ch *amqp.Channel) error {
+				return ch.ExchangeDeclarePassive(n, "direct", true, false, false, false, nil)
+			},
+			"queue": func(ch *amqp.Channel) error {
+				_, err := ch.QueueDeclarePassive(n, true, false, false, false, nil)
+				return err
+			},
+		} {
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ae *amqp.Error
+			if err := check(ch); !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+				t.Errorf("%s %s still there (%v)", what, n, err)
+			}
+			ch.Close()
+		}
+	}
+}
+
+// A dispatcher that does not dispatch: every task goes missing, and the
+// bench says so with exit code 1 and still cleans up.
+func TestBenchFailsWhenTasksGoMissing(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "bench.json")
+	code, stdout, stderr := runBench(t, "-mode", "backlog", "-backlog", "100", "-ceiling-count", "100",
+		"-queue-type", "transient", "-stall", "1s", "-dispatcher", "/bin/true", "-json", jsonPath)
+	if code != exitFailure {
+		t.Fatalf("exit code %d, want %d; stdout:\n%s\nstderr:\n%s", code, exitFailure, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "FAILED") {
+		t.Errorf("no FAILED section:\n%s", stdout)
+	}
+	var rep Report
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Failures) == 0 {
+		t.Error("no failure in the JSON report")
+	}
+	assertCleanedUp(t, rep.RunID)
+}

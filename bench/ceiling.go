@@ -1,0 +1,148 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// Ceiling is the raw broker's pace: confirmed publishes of messages like
+// the dispatcher's (same size and properties, persistent, mandatory) to a
+// queue of the same type, with the same consumer consuming meanwhile.
+type Ceiling struct {
+	Size      int    `json:"size"`
+	QueueType string `json:"queue_type"`
+	Messages  int    `json:"messages"`
+	Window    int    `json:"window"`
+	// PerSec is received messages per second at the consumer, first to
+	// last receipt: measured like the dispatcher's figure.
+	PerSec float64 `json:"per_sec"`
+	// ConfirmedPerSec is confirms per second at the publisher, first
+	// publish to last confirm.
+	ConfirmedPerSec float64 `json:"confirmed_per_sec"`
+	Nacked          int64   `json:"nacked"`
+	Returned        int64   `json:"returned"`
+	Missing         int     `json:"missing"`
+	Duplicates      int64   `json:"duplicates"`
+	// Latency is consumer receipt minus publish time, under full load.
+	Latency Dist `json:"latency"`
+}
+
+// measureCeiling publishes count messages of size bytes on one confirm-
+// mode channel, keeping up to window unconfirmed: pipelined publishing is
+// the fastest a single publisher gets confirmed publishes.
+func (r *runner) measureCeiling(ctx context.Context, size int) (*Ceiling, error) {
+	count, window := r.opt.CeilingCount, r.opt.CeilingWindow
+	name := r.name("ceiling")
+	rec := newRecorder(count, 1, r.earlyUs)
+	sk, err := openSink(r.opt.AMQPURL, name, r.opt.QueueType, rec)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := sk.close(); err != nil {
+			r.warnf("ceiling: clean up: %v", err)
+		}
+	}()
+
+	conn, err := amqp.DialConfig(r.opt.AMQPURL, amqp.Config{
+		Properties: amqp.Table{"connection_name": "dispatcher bench raw publisher"},
+		Dial:       amqp.DefaultDial(10 * time.Second),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ceiling: dial broker: %w", redact.Error(err))
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("ceiling: open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return nil, fmt.Errorf("ceiling: confirm mode: %w", err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window+1))
+	returns := ch.NotifyReturn(make(chan amqp.Return, 64))
+	slots := make(chan struct{}, window)
+	var acked, nacked, returned atomic.Int64
+	var lastConfirm atomic.Int64
+	confirmDone := make(chan struct{})
+	go func() {
+		defer close(confirmDone)
+		for c := range confirms {
+			if !c.Ack {
+				nacked.Add(1)
+			}
+			lastConfirm.Store(time.Now().UnixNano())
+			acked.Add(1)
+			<-slots
+		}
+	}()
+	go func() {
+		for range returns {
+			returned.Add(1)
+		}
+	}()
+
+	stopProg := r.prog.start(func() string {
+		return fmt.Sprintf("ceiling size=%d: %s/%s confirmed, %s received", size,
+			thousands(int(acked.Load())), thousands(count), thousands(int(rec.unique.Load())))
+	})
+	defer stopProg()
+
+	body := make([]byte, 0, size)
+	begin := time.Now()
+	for i := 0; i < count; i++ {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		body = member(body, i, size)
+		now := time.Now()
+		due := now.UnixMilli()
+		err := ch.PublishWithContext(ctx, name, routingKey, true, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent,
+			MessageId:    shard.MessageID(body, due),
+			Timestamp:    now,
+			// The same headers as the dispatcher's messages.
+			Headers: amqp.Table{"x-due-ms": due, "x-dispatcher-seq": int64(i + 1)},
+			Body:    body,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("ceiling: publish: %w", err)
+		}
+	}
+	activity := func() int64 { return acked.Load() + received(rec)() }
+	if err := r.waitFor(ctx, func() bool { return acked.Load() == int64(count) }, activity); err != nil {
+		return nil, fmt.Errorf("ceiling: waiting for confirms: %w", err)
+	}
+	confirmedIn := time.Duration(lastConfirm.Load() - begin.UnixNano())
+	if err := r.waitFor(ctx, func() bool { return rec.missing() == 0 }, activity); err != nil {
+		r.warnf("ceiling: %v; %d messages did not arrive", err, rec.missing())
+	}
+	stopProg()
+	sk.stop()
+	c := &Ceiling{
+		Size: size, QueueType: r.opt.QueueType, Messages: count, Window: window,
+		PerSec:          perSec(int(rec.unique.Load()), rec.span()),
+		ConfirmedPerSec: perSec(count, confirmedIn),
+		Nacked:          nacked.Load(), Returned: returned.Load(),
+		Missing: rec.missing(), Duplicates: rec.dups.Load(),
+		Latency: distOf(rec.late),
+	}
+	return c, nil
+}
+
+// perSec is n events over d, counting the intervals between them.
+func perSec(n int, d time.Duration) float64 {
+	if n < 2 || d <= 0 {
+		return 0
+	}
+	return float64(n-1) / d.Seconds()
+}

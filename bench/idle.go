@@ -1,0 +1,93 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// runIdle: K ready dispatchers with nothing due (an empty queue, or only
+// tasks due in an hour) for the idle duration; what they cost Redis.
+func (r *runner) runIdle(ctx context.Context, p Point) (*IdleResult, error) {
+	// The consumer's queue is bound so that the exchange exists as the
+	// dispatcher expects; anything it receives was dispatched too early.
+	m, err := r.newMeasurement(p, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer m.close()
+	res := &IdleResult{Point: p, Name: m.keys.Prefix}
+	if p.Backlog > 0 {
+		if err := m.loadBacklog(ctx, p.Backlog, 0); err != nil {
+			return res, err
+		}
+	}
+	if m.fleet, err = startFleet(ctx, m.spec(), p.Instances); err != nil {
+		return res, err
+	}
+	if err := m.fleet.waitReady(ctx); err != nil {
+		return res, err
+	}
+	if !sleepCtx(ctx, 2*warmUp) {
+		return res, ctx.Err()
+	}
+	cpu0, _, err := m.fleet.usage()
+	if err != nil {
+		return res, err
+	}
+	before, err := readCmdStats(ctx, r.rdb)
+	if err != nil {
+		return res, err
+	}
+	began := time.Now()
+	stop := r.prog.start(func() string {
+		now, err := readCmdStats(ctx, r.rdb)
+		if err != nil {
+			return fmt.Sprintf("%s: %v", p, err)
+		}
+		u := redisUse(before, now, nil)
+		return fmt.Sprintf("%s: %.0f Redis commands/s", p, float64(u.Commands)/time.Since(began).Seconds())
+	})
+	ok := sleepCtx(ctx, time.Duration(r.opt.Idle))
+	stop()
+	if !ok {
+		return res, ctx.Err()
+	}
+	after, err := readCmdStats(ctx, r.rdb)
+	if err != nil {
+		return res, err
+	}
+	res.Seconds = time.Since(began).Seconds()
+	res.Redis = redisUse(before, after, nil)
+	res.Redis.Seconds = res.Seconds
+	if res.Redis.OtherClients, err = otherClients(ctx, r.rdb, r.clientPrefix(), time.Since(began)); err != nil {
+		return res, err
+	}
+	use := &Result{}
+	if err := fleetUse(m.fleet, cpu0, use); err != nil {
+		return res, err
+	}
+	res.CmdsPerSec = float64(res.Redis.Commands) / res.Seconds
+	res.CmdsPerSecPerInstance = res.CmdsPerSec / float64(p.Instances)
+	res.ScriptsPerSec = float64(res.Redis.ScriptCalls) / res.Seconds
+	res.CPUPercent = use.CPUSeconds / res.Seconds / float64(p.Instances) * 100
+	res.PeakRSSMB = use.PeakRSSMB
+	if err := m.fleet.stop(); err != nil {
+		res.Errors = append(res.Errors, err.Error())
+	}
+	m.fleet = nil
+	m.sink.stop()
+	res.Unexpected = m.rec.unexpected.Load() + m.rec.malformed.Load()
+	return res, nil
+}
+
+func (res *IdleResult) failures() []string {
+	var out []string
+	if res.Unexpected > 0 {
+		out = append(out, fmt.Sprintf("%s: %d tasks dispatched although none was due", res.Point, res.Unexpected))
+	}
+	for _, e := range res.Errors {
+		out = append(out, res.Point.String()+": "+e)
+	}
+	return out
+}

@@ -1,0 +1,155 @@
+// Package bench is `dispatcher bench`: it measures the dispatcher against
+// the raw broker on the user's own Redis and RabbitMQ. It starts the
+// dispatchers as child processes of the same binary, schedules tasks
+// through Redis as producers do, and consumes them with a plain AMQP
+// consumer; see Main's usage text for what it reports.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dispatcher/dispatcher/internal/redact"
+)
+
+// Exit codes, as the daemon's.
+const (
+	exitOK       = 0
+	exitFailure  = 1
+	exitSettings = 2
+)
+
+// Main runs `dispatcher bench` with args (after "bench") and returns the
+// exit code: tables on stdout, progress on stderr.
+func Main(args []string, stdout, stderr io.Writer) int {
+	opt, err := parseOptions(args, stderr)
+	if errors.Is(err, errHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatcher bench: %v\n", err)
+		return exitSettings
+	}
+	if opt.Dispatcher == "" {
+		if opt.Dispatcher, err = os.Executable(); err != nil {
+			fmt.Fprintf(stderr, "dispatcher bench: find this executable: %v (give -dispatcher)\n", err)
+			return exitSettings
+		}
+	}
+	points := plan(opt)
+
+	// Ctrl-C stops the run; what is finished is still reported, and every
+	// key, queue and exchange made is removed. A second Ctrl-C kills.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); stop() }()
+
+	rep := &Report{Version: 1, Command: commandLine(args), Started: time.Now(), Options: opt,
+		Ceilings: []*Ceiling{}, Results: []*Result{}, Idle: []*IdleResult{}, Failures: []string{}}
+	r, err := newRunner(ctx, opt, stderr, rep)
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatcher bench: %v\n", err)
+		return exitFailure
+	}
+	defer r.close()
+	fmt.Fprintf(stderr, "dispatcher bench %s: %d points; %s\n", r.runID, len(points), rep.Machine)
+
+	runErr := r.run(ctx, points)
+	rep.Finished = time.Now()
+	if runErr != nil {
+		rep.Failures = append(rep.Failures, runErr.Error())
+	}
+	writeTables(stdout, rep)
+	code := exitOK
+	if len(rep.Failures) > 0 {
+		code = exitFailure
+	}
+	if opt.JSONPath != "" {
+		if err := writeJSON(opt.JSONPath, rep); err != nil {
+			fmt.Fprintf(stderr, "dispatcher bench: %v\n", err)
+			code = exitFailure
+		}
+	}
+	if opt.SVGPath != "" {
+		if err := writeSVG(opt.SVGPath, rep); err != nil {
+			fmt.Fprintf(stderr, "dispatcher bench: %v\n", err)
+			code = exitFailure
+		}
+	}
+	return code
+}
+
+// run measures the points in order; it stops at the first error (an
+// interrupt, a server that went away), keeping what was measured.
+func (r *runner) run(ctx context.Context, points []Point) error {
+	for i, p := range points {
+		r.prog.printf("[%d/%d] %s\n", i+1, len(points), p)
+		began := time.Now()
+		var err error
+		switch p.Mode {
+		case modeIdle:
+			var res *IdleResult
+			res, err = r.runIdle(ctx, p)
+			if res != nil && err == nil {
+				r.rep.Idle = append(r.rep.Idle, res)
+				r.rep.Failures = append(r.rep.Failures, res.failures()...)
+				r.prog.printf("  => %.0f Redis commands/s (%.0f per instance), %.0f script calls/s, CPU %.2f%% per instance [%.0fs]\n",
+					res.CmdsPerSec, res.CmdsPerSecPerInstance, res.ScriptsPerSec, res.CPUPercent, time.Since(began).Seconds())
+			}
+		default:
+			var res *Result
+			if p.Mode == modeBacklog {
+				res, err = r.runBacklog(ctx, p)
+			} else {
+				res, err = r.runRate(ctx, p)
+			}
+			if res != nil && err == nil {
+				r.rep.Results = append(r.rep.Results, res)
+				r.rep.Failures = append(r.rep.Failures, res.failures()...)
+				r.prog.printf("  => %s tasks/s%s, lateness p50 %s p99 %s max %s ms, %.2f Redis cmds/task, %.2f CPU s/10k, %.0f MB, %d dups, %d missing [%.0fs]\n",
+					thousands(int(res.PerSec)), ratioText(res), fmtMs(res.Lateness.P50), fmtMs(res.Lateness.P99),
+					fmtMs(res.Lateness.Max), res.CmdsPerTask, res.CPUPer10k, res.PeakRSSMB, res.Duplicates, res.Missing,
+					time.Since(began).Seconds())
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("interrupted during %s", p)
+			}
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func ratioText(res *Result) string {
+	if res.Ratio == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%.2f of the ceiling)", res.Ratio)
+}
+
+// commandLine is the run's command as a user would type it again.
+func commandLine(args []string) string {
+	parts := []string{"dispatcher", "bench"}
+	for _, a := range args {
+		// Hide a URL's password, whether given as -redis=URL or -redis URL.
+		if k, v, ok := strings.Cut(a, "="); ok && strings.Contains(v, "://") {
+			a = k + "=" + redact.URL(v)
+		} else if strings.Contains(a, "://") {
+			a = redact.URL(a)
+		}
+		if strings.ContainsAny(a, " '\"$`\\*?") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
+}

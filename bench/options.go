@@ -1,0 +1,273 @@
+package bench
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Options are the bench's settings, from its flags.
+type Options struct {
+	RedisURL   string `json:"-"` // may hold a password: never written out
+	AMQPURL    string `json:"-"`
+	Dispatcher string `json:"-"` // executable started as the instances
+
+	Modes     []string `json:"modes"`
+	Backlogs  []int    `json:"backlogs"`
+	Window    int      `json:"window"`
+	Drain     bool     `json:"drain"`
+	Rates     []int    `json:"rates"`
+	Duration  Duration `json:"duration"`
+	Idle      Duration `json:"idle_duration"`
+	IdleTasks int      `json:"idle_pending"`
+	Instances []int    `json:"instances"`
+	Shards    []int    `json:"shards"`
+	Batches   []int    `json:"batches"`
+	Sizes     []int    `json:"sizes"`
+	QueueType string   `json:"queue_type"`
+	Cross     bool     `json:"cross"`
+
+	CeilingCount  int  `json:"ceiling_count"`
+	CeilingWindow int  `json:"ceiling_window"`
+	CeilingEach   bool `json:"ceiling_each"`
+
+	Stall    Duration `json:"stall"`
+	JSONPath string   `json:"-"`
+	SVGPath  string   `json:"-"`
+}
+
+// Duration is a time.Duration written as Go syntax in JSON.
+type Duration time.Duration
+
+// MarshalText writes d as "1.5s".
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText reads what MarshalText wrote, so reports can be read back.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	*d = Duration(v)
+	return err
+}
+
+// Modes the bench knows.
+const (
+	modeBacklog = "backlog"
+	modeRate    = "rate"
+	modeIdle    = "idle"
+)
+
+// Queue types of the consumer's queue.
+const (
+	queueClassic   = "classic"   // durable classic queue
+	queueQuorum    = "quorum"    // quorum queue (always durable)
+	queueTransient = "transient" // exclusive, non-durable, auto-delete
+)
+
+// Limits of the flags; the instance limits are the dispatcher's own.
+const (
+	minSize     = 16 // room for the task index the consumer reads back
+	maxSize     = 16 << 20
+	maxBacklog  = 100_000_000
+	maxShards   = 4096
+	maxBatch    = 10000
+	maxInstance = 64
+)
+
+var errHelp = errors.New("help requested")
+
+// parseOptions reads the flags. Errors name the flag and its value.
+func parseOptions(args []string, stderr io.Writer) (*Options, error) {
+	o := &Options{}
+	fs := flag.NewFlagSet("dispatcher bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var modes, backlogs, rates, instances, shards, batches, sizes string
+	var duration, idle, stall time.Duration
+	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s with nothing due)")
+	fs.StringVar(&backlogs, "backlog", "100000", "backlog mode: tasks pending when the dispatchers start (list; 1e6, 10^6, 1M and 1000000 all work)")
+	fs.IntVar(&o.Window, "window", 200000, "backlog mode: how many of the pending tasks are due now; the rest are due in 1 hour")
+	fs.BoolVar(&o.Drain, "drain", false, "backlog mode: make every pending task due now and drain them all")
+	fs.StringVar(&rates, "rate", "2000", "rate mode: tasks per second, each scheduled 1s ahead of its due time (list)")
+	fs.DurationVar(&duration, "duration", 20*time.Second, "rate mode: how long tasks are scheduled")
+	fs.DurationVar(&idle, "idle-duration", 10*time.Second, "idle mode: how long Redis commands are counted")
+	fs.IntVar(&o.IdleTasks, "idle-pending", 0, "idle mode: tasks pending meanwhile, all due in 1 hour")
+	fs.StringVar(&instances, "instances", "1", "dispatcher processes (list)")
+	fs.StringVar(&shards, "shards", "16", "shard count M (list)")
+	fs.StringVar(&batches, "batch", "500", "DISPATCHER_BATCH_SIZE (list)")
+	fs.StringVar(&sizes, "size", "200", "message (member) size in bytes (list)")
+	fs.StringVar(&o.QueueType, "queue-type", queueClassic, "consumer queue: classic (durable), quorum, or transient (exclusive, non-durable)")
+	fs.BoolVar(&o.Cross, "cross", false, "run every combination of the lists; by default each list is swept on its own, the others held at their first value")
+	fs.IntVar(&o.CeilingCount, "ceiling-count", 100000, "messages published raw to measure the ceiling")
+	fs.IntVar(&o.CeilingWindow, "ceiling-window", 1000, "unconfirmed publishes the raw publisher keeps outstanding")
+	fs.BoolVar(&o.CeilingEach, "ceiling-each", false, "measure the ceiling before every backlog point (default: once per message size)")
+	fs.DurationVar(&stall, "stall", 45*time.Second, "give up on a point when no task arrives for this long")
+	fs.StringVar(&o.JSONPath, "json", "", "write every figure to this JSON file")
+	fs.StringVar(&o.SVGPath, "svg", "", "write the lateness distributions to this SVG file")
+	// The defaults are resolved after parsing so that -h never shows a
+	// password from the environment.
+	fs.StringVar(&o.RedisURL, "redis", "", "Redis URL (default $DISPATCHER_REDIS_URL, else redis://localhost:6379/0)")
+	fs.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL (default $DISPATCHER_AMQP_URL, else amqp://guest:guest@localhost:5672/)")
+	fs.StringVar(&o.Dispatcher, "dispatcher", "", "dispatcher executable to start (default: this one)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHead)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, errHelp
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	o.Duration, o.Idle, o.Stall = Duration(duration), Duration(idle), Duration(stall)
+	if o.RedisURL == "" {
+		o.RedisURL = envOr("DISPATCHER_REDIS_URL", "redis://localhost:6379/0")
+	}
+	if o.AMQPURL == "" {
+		o.AMQPURL = envOr("DISPATCHER_AMQP_URL", "amqp://guest:guest@localhost:5672/")
+	}
+
+	var err error
+	o.Modes = splitList(modes)
+	for _, m := range o.Modes {
+		if m != modeBacklog && m != modeRate && m != modeIdle {
+			return nil, fmt.Errorf("-mode %q: want backlog, rate or idle", modes)
+		}
+	}
+	if len(o.Modes) == 0 {
+		return nil, fmt.Errorf("-mode %q: empty", modes)
+	}
+	lists := []struct {
+		name     string
+		raw      string
+		dst      *[]int
+		min, max int
+	}{
+		{"backlog", backlogs, &o.Backlogs, 1, maxBacklog},
+		{"rate", rates, &o.Rates, 1, 1_000_000},
+		{"instances", instances, &o.Instances, 1, maxInstance},
+		{"shards", shards, &o.Shards, 1, maxShards},
+		{"batch", batches, &o.Batches, 1, maxBatch},
+		{"size", sizes, &o.Sizes, minSize, maxSize},
+	}
+	for _, l := range lists {
+		if *l.dst, err = parseInts(l.raw, l.min, l.max); err != nil {
+			return nil, fmt.Errorf("-%s %q: %w", l.name, l.raw, err)
+		}
+	}
+	switch {
+	case o.Window < 1:
+		return nil, fmt.Errorf("-window %d: must be at least 1", o.Window)
+	case duration < time.Second:
+		return nil, fmt.Errorf("-duration %s: must be at least 1s", duration)
+	case idle < time.Second:
+		return nil, fmt.Errorf("-idle-duration %s: must be at least 1s", idle)
+	case o.IdleTasks < 0 || o.IdleTasks > maxBacklog:
+		return nil, fmt.Errorf("-idle-pending %d: must be 0 to %d", o.IdleTasks, maxBacklog)
+	case o.CeilingCount < 1:
+		return nil, fmt.Errorf("-ceiling-count %d: must be at least 1", o.CeilingCount)
+	case o.CeilingWindow < 1 || o.CeilingWindow > 100000:
+		return nil, fmt.Errorf("-ceiling-window %d: must be 1 to 100000", o.CeilingWindow)
+	case stall < time.Second:
+		return nil, fmt.Errorf("-stall %s: must be at least 1s", stall)
+	case o.QueueType != queueClassic && o.QueueType != queueQuorum && o.QueueType != queueTransient:
+		return nil, fmt.Errorf("-queue-type %q: want classic, quorum or transient", o.QueueType)
+	}
+	for _, r := range o.Rates {
+		if int64(r)*int64(duration/time.Second) > maxBacklog {
+			return nil, fmt.Errorf("-rate %d for -duration %s: more than %d tasks", r, duration, maxBacklog)
+		}
+	}
+	return o, nil
+}
+
+const usageHead = `Usage: dispatcher bench [flags]
+
+Measures this dispatcher against raw RabbitMQ on the given Redis and broker:
+the raw confirmed-publish ceiling, dispatched tasks/s and its ratio to it,
+lateness percentiles (overall and per shard), Redis commands per task, CPU
+and memory of the dispatcher processes, and the idle Redis load. It starts
+the dispatchers as child processes on a queue and exchange of its own and
+removes every key, queue and exchange it made when it ends (Ctrl-C too).
+Redis's INFO commandstats is server-wide: run it where nobody else uses Redis.
+Exit code 0 if every task arrived once, 1 if any went missing, arrived twice
+or early, or something failed, 2 for bad flags.
+
+Flags:
+`
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func splitList(s string) []string {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// parseInts parses a comma-separated list of counts, each within [lo, hi].
+func parseInts(s string, lo, hi int) ([]int, error) {
+	fields := splitList(s)
+	if len(fields) == 0 {
+		return nil, errors.New("empty list")
+	}
+	out := make([]int, 0, len(fields))
+	for _, f := range fields {
+		n, err := parseCount(f)
+		if err != nil {
+			return nil, err
+		}
+		if n < lo || n > hi {
+			return nil, fmt.Errorf("%s: must be %d to %d", f, lo, hi)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// parseCount reads 1000, 1e3, 10^3, 1k or 1M.
+func parseCount(f string) (int, error) {
+	orig := f
+	if n, err := strconv.Atoi(f); err == nil {
+		return n, nil
+	}
+	if base, exp, ok := strings.Cut(f, "^"); ok {
+		b, err1 := strconv.Atoi(base)
+		e, err2 := strconv.Atoi(exp)
+		if err1 != nil || err2 != nil || e < 0 || e > 18 {
+			return 0, fmt.Errorf("%s: not a count", f)
+		}
+		v := math.Pow(float64(b), float64(e))
+		if v > math.MaxInt32*4 {
+			return 0, fmt.Errorf("%s: too large", f)
+		}
+		return int(v), nil
+	}
+	mult := 1.0
+	switch {
+	case strings.HasSuffix(f, "k"), strings.HasSuffix(f, "K"):
+		mult, f = 1e3, f[:len(f)-1]
+	case strings.HasSuffix(f, "M"):
+		mult, f = 1e6, f[:len(f)-1]
+	}
+	v, err := strconv.ParseFloat(f, 64)
+	if err != nil || v < 0 || v*mult > math.MaxInt32*4 || v*mult != math.Trunc(v*mult) {
+		return 0, fmt.Errorf("%s: not a count", orig)
+	}
+	return int(v * mult), nil
+}

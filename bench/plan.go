@@ -1,0 +1,110 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Point is one measurement: a mode and the settings it runs with.
+type Point struct {
+	Mode      string `json:"mode"`
+	Backlog   int    `json:"backlog,omitempty"` // tasks pending at the start (backlog, idle)
+	Window    int    `json:"window,omitempty"`  // of which due now (backlog)
+	Rate      int    `json:"rate,omitempty"`    // tasks/s (rate)
+	Instances int    `json:"instances"`
+	Shards    int    `json:"shards"`
+	Batch     int    `json:"batch,omitempty"`
+	Size      int    `json:"size"`
+}
+
+func (p Point) String() string {
+	switch p.Mode {
+	case modeBacklog:
+		return fmt.Sprintf("backlog N=%s due=%s instances=%d shards=%d batch=%d size=%d",
+			thousands(p.Backlog), thousands(p.Window), p.Instances, p.Shards, p.Batch, p.Size)
+	case modeRate:
+		return fmt.Sprintf("rate %s/s instances=%d shards=%d batch=%d size=%d",
+			thousands(p.Rate), p.Instances, p.Shards, p.Batch, p.Size)
+	default:
+		return fmt.Sprintf("idle instances=%d shards=%d pending=%s", p.Instances, p.Shards, thousands(p.Backlog))
+	}
+}
+
+// plan lists the points to measure, mode by mode. Without cross, the
+// first value of every list is the base point, and each list with more
+// values is swept on its own with the others held at their base; with
+// cross, every combination is run.
+func plan(o *Options) []Point {
+	var out []Point
+	for _, mode := range o.Modes {
+		var dims [][]int
+		switch mode {
+		case modeBacklog:
+			dims = [][]int{o.Backlogs, o.Instances, o.Shards, o.Batches, o.Sizes}
+		case modeRate:
+			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes}
+		case modeIdle:
+			dims = [][]int{o.Instances, o.Shards}
+		}
+		for _, c := range combos(dims, o.Cross) {
+			p := Point{Mode: mode}
+			switch mode {
+			case modeBacklog:
+				p.Backlog, p.Instances, p.Shards, p.Batch, p.Size = c[0], c[1], c[2], c[3], c[4]
+				p.Window = p.Backlog
+				if !o.Drain {
+					p.Window = min(p.Backlog, o.Window)
+				}
+			case modeRate:
+				p.Rate, p.Instances, p.Shards, p.Batch, p.Size = c[0], c[1], c[2], c[3], c[4]
+			case modeIdle:
+				p.Instances, p.Shards = c[0], c[1]
+				p.Backlog, p.Batch, p.Size = o.IdleTasks, o.Batches[0], o.Sizes[0]
+			}
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// combos returns the value combinations of dims: all of them with cross,
+// otherwise the base (every first value) and then one dimension varied at
+// a time. Repeats are dropped.
+func combos(dims [][]int, cross bool) [][]int {
+	base := make([]int, len(dims))
+	for i, d := range dims {
+		base[i] = d[0]
+	}
+	out := [][]int{}
+	add := func(c []int) {
+		for _, o := range out {
+			if slices.Equal(o, c) {
+				return
+			}
+		}
+		out = append(out, slices.Clone(c))
+	}
+	if cross {
+		var walk func(i int, cur []int)
+		walk = func(i int, cur []int) {
+			if i == len(dims) {
+				add(cur)
+				return
+			}
+			for _, v := range dims[i] {
+				walk(i+1, append(cur, v))
+			}
+		}
+		walk(0, nil)
+		return out
+	}
+	add(base)
+	for i, d := range dims {
+		for _, v := range d[1:] {
+			c := slices.Clone(base)
+			c[i] = v
+			add(c)
+		}
+	}
+	return out
+}

@@ -1,0 +1,77 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// warmUp lets freshly started instances finish their first sweep before
+// anything is measured.
+const warmUp = 500 * time.Millisecond
+
+// runRate: K ready dispatchers, a producer that only ZADDs rate tasks a
+// second, each a second ahead of its due time; lateness is the headline.
+func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
+	d := time.Duration(r.opt.Duration)
+	total := int(int64(p.Rate) * d.Milliseconds() / 1000)
+	m, err := r.newMeasurement(p, total)
+	if err != nil {
+		return nil, err
+	}
+	defer m.close()
+	if m.fleet, err = startFleet(ctx, m.spec(), p.Instances); err != nil {
+		return m.res, err
+	}
+	if err := m.fleet.waitReady(ctx); err != nil {
+		return m.res, err
+	}
+	if !sleepCtx(ctx, warmUp) {
+		return m.res, ctx.Err()
+	}
+	cpu0, _, err := m.fleet.usage()
+	if err != nil {
+		return m.res, err
+	}
+	before, err := readCmdStats(ctx, r.rdb)
+	if err != nil {
+		return m.res, err
+	}
+	began := time.Now()
+	var scheduled atomic.Int64
+	type produced struct {
+		zadds int64
+		err   error
+	}
+	done := make(chan produced, 1)
+	go func() {
+		z, err := produce(ctx, r.rdb, m.keys, p.Shards, p.Size, p.Rate, d, began, &scheduled)
+		done <- produced{z, err}
+	}()
+	waitErr := m.wait(ctx, func() string {
+		return fmt.Sprintf(", %s scheduled", thousands(int(scheduled.Load())))
+	})
+	out := <-done
+	if out.err != nil {
+		return m.res, out.err
+	}
+	if waitErr != nil {
+		return m.res, waitErr
+	}
+	if err := m.finish(ctx, before, map[string]int64{"zadd": out.zadds}, cpu0, began); err != nil {
+		return m.res, err
+	}
+	return m.res, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,104 @@
+package bench
+
+import "time"
+
+// Report is everything one bench run measured; it is what -json writes.
+type Report struct {
+	Version       int           `json:"version"`
+	RunID         string        `json:"run_id"`
+	Command       string        `json:"command"`
+	Started       time.Time     `json:"started"`
+	Finished      time.Time     `json:"finished"`
+	Options       *Options      `json:"options"`
+	Machine       Machine       `json:"machine"`
+	ClockOffsetUs int64         `json:"redis_clock_offset_us"` // Redis's clock minus ours
+	ClockRTTUs    int64         `json:"redis_rtt_us"`
+	Ceilings      []*Ceiling    `json:"ceilings"`
+	Results       []*Result     `json:"results"`
+	Idle          []*IdleResult `json:"idle"`
+	Failures      []string      `json:"failures"`
+}
+
+// Result is one backlog or rate point.
+type Result struct {
+	Point
+	Name string `json:"name"` // key prefix, exchange and queue
+
+	Scheduled  int   `json:"scheduled"` // tasks expected at the consumer
+	Delivered  int   `json:"delivered"` // of those, received at least once
+	Missing    int   `json:"missing"`
+	Duplicates int64 `json:"duplicates"`
+	Unexpected int64 `json:"unexpected"` // tasks not due during the run, or not the bench's
+	Early      int64 `json:"early"`      // received before their due time by Redis's clock
+	BadID      int64 `json:"bad_message_id"`
+	Malformed  int64 `json:"malformed"`
+
+	LoadSeconds float64 `json:"load_seconds"`
+	// StartupMs is from starting the instances to the first receipt
+	// (backlog mode).
+	StartupMs float64 `json:"startup_ms,omitempty"`
+	// Seconds is from the first to the last receipt; PerSec the tasks
+	// received per second over it.
+	Seconds float64 `json:"seconds"`
+	PerSec  float64 `json:"per_sec"`
+	Ceiling float64 `json:"ceiling_per_sec,omitempty"`
+	Ratio   float64 `json:"ratio,omitempty"`
+
+	// Lateness is consumer receipt minus due time.
+	Lateness       Dist        `json:"lateness"`
+	ShardLateness  []ShardDist `json:"shard_lateness"`
+	ShardP99Median float64     `json:"shard_p99_median_ms"`
+	ShardP99Worst  float64     `json:"shard_p99_worst_ms"`
+	WorstShard     int         `json:"worst_shard"`
+
+	Redis          RedisUse `json:"redis"`
+	CmdsPerTask    float64  `json:"redis_cmds_per_task"`
+	ScriptsPerTask float64  `json:"redis_script_calls_per_task"`
+
+	// CPUSeconds is user + system time of all instances: over their
+	// whole life in backlog mode, from ready to the end in rate mode.
+	CPUSeconds     float64   `json:"cpu_seconds"`
+	CPUPer10k      float64   `json:"cpu_seconds_per_10k"`
+	PeakRSSMB      float64   `json:"peak_rss_mb"` // the largest VmHWM of any instance
+	RSSMB          []float64 `json:"rss_mb"`      // VmHWM of each
+	ClaimBatchMean float64   `json:"claim_batch_mean"`
+
+	Errors []string `json:"errors,omitempty"`
+}
+
+// IdleResult is one idle point: K instances with nothing due.
+type IdleResult struct {
+	Point
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+	// CmdsPerSec is every command Redis ran per second (inside scripts
+	// too); ScriptsPerSec the script calls among them.
+	CmdsPerSec            float64  `json:"redis_cmds_per_sec"`
+	CmdsPerSecPerInstance float64  `json:"redis_cmds_per_sec_per_instance"`
+	ScriptsPerSec         float64  `json:"redis_script_calls_per_sec"`
+	CPUPercent            float64  `json:"cpu_percent_per_instance"`
+	PeakRSSMB             float64  `json:"peak_rss_mb"`
+	Redis                 RedisUse `json:"redis"`
+	Unexpected            int64    `json:"unexpected"` // tasks dispatched although none was due
+	Errors                []string `json:"errors,omitempty"`
+}
+
+// failures lists what makes the run fail.
+func (res *Result) failures() []string {
+	var out []string
+	add := func(n int64, what string) {
+		if n > 0 {
+			out = append(out, res.Point.String()+": "+thousands(int(n))+" "+what)
+		}
+	}
+	add(int64(res.Missing), "missing")
+	add(res.Duplicates, "duplicates")
+	add(res.Unexpected, "unexpected (not due yet, or not the bench's)")
+	add(res.Early, "early (before their due time by Redis's clock)")
+	add(res.BadID, "with a message_id that does not match the contract")
+	add(res.Malformed, "malformed")
+	for _, e := range res.Errors {
+		out = append(out, res.Point.String()+": "+e)
+	}
+	return out
+}
