@@ -49,9 +49,17 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *pu
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
-	ln, err := net.Listen("tcp", addr)
+	bind, loopback, err := listenAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("listen on DISPATCHER_HTTP_ADDR=%s: %w", addr, err)
+	}
+	if loopback {
+		log.Info("DISPATCHER_HTTP_ADDR names no host: serving on 127.0.0.1 only; give one, e.g. 0.0.0.0, to serve other machines",
+			"DISPATCHER_HTTP_ADDR", addr)
 	}
 	h := &httpServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, done: make(chan struct{})}
 	go func() {
@@ -69,4 +77,19 @@ func (h *httpServer) stop() {
 	defer cancel()
 	_ = h.srv.Shutdown(ctx)
 	<-h.done
+}
+
+// listenAddr is where the endpoint listens. An address without a host
+// (":9090") would bind every interface and expose the metrics to the
+// network by accident, so it means loopback only; a host given explicitly,
+// 0.0.0.0 and [::] included, is used as it is.
+func listenAddr(addr string) (bind string, loopback bool, err error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", false, fmt.Errorf("DISPATCHER_HTTP_ADDR=%q: want host:port or :port: %w", addr, err)
+	}
+	if host != "" {
+		return addr, false, nil
+	}
+	return net.JoinHostPort("127.0.0.1", port), true, nil
 }
