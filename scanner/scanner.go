@@ -198,6 +198,15 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				break fill
 			}
 		}
+		// The broker may have blocked the connection (connection.blocked)
+		// while this loop waited for a slot: claiming now would only take
+		// more tasks into flight that cannot be confirmed until it unblocks.
+		if err := s.pub.WaitReady(ctx); err != nil {
+			for ; held > 0; held-- {
+				<-slots
+			}
+			return
+		}
 
 		var targets []int
 		var err error

@@ -1,0 +1,440 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// rabbitServer is the real start script; /usr/sbin/rabbitmq-server only
+// wraps it with su and redirects its output to the shared node's log.
+const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+// RabbitNode is a private RabbitMQ node for destructive tests (stopping
+// the broker, alarms): the shared broker on 5672 serves every test running
+// on the machine and must never be touched. It listens on 127.0.0.1 with
+// plain AMQP and with AMQPS that requires a client certificate signed by
+// Certs.CA. The default user guest/guest may log in (from loopback only).
+type RabbitNode struct {
+	Name    string // Erlang node name, for rabbitmqctl -n
+	Port    int    // AMQP port
+	TLSPort int    // AMQPS port (verify_peer, fail_if_no_peer_cert)
+	Certs   Certs  // the node's CA, server certificate and a client certificate for it
+
+	dir  string
+	env  []string
+	cmd  *exec.Cmd
+	out  *os.File
+	done chan struct{}
+	stop sync.Once
+}
+
+var (
+	sharedNodeOnce sync.Once
+	sharedNode     *RabbitNode
+	sharedNodeErr  error
+	nodeSeq        atomic.Int64
+)
+
+// PrivateRabbit returns the private node shared by the tests of this test
+// binary, starting it on first use (7-10 s). Tests run one after another
+// on it, so when the test ends its cleanup puts the node back the way the
+// next test expects it: application running, no alarm. Call
+// StopPrivateRabbit from TestMain after m.Run; if the test binary dies
+// first, the kernel kills the node (parent-death signal).
+func PrivateRabbit(t testing.TB) *RabbitNode {
+	t.Helper()
+	sharedNodeOnce.Do(func() { sharedNode, sharedNodeErr = startRabbitNode(t) })
+	if sharedNodeErr != nil {
+		t.Fatalf("private RabbitMQ node: %v", sharedNodeErr)
+	}
+	n := sharedNode
+	t.Cleanup(func() {
+		if err := n.restore(); err != nil {
+			t.Errorf("restore private RabbitMQ node %s: %v", n.Name, err)
+		}
+	})
+	return n
+}
+
+// StopPrivateRabbit stops the node PrivateRabbit started, if any.
+func StopPrivateRabbit() {
+	if sharedNode != nil {
+		sharedNode.Stop()
+	}
+}
+
+// NewRabbitNode starts a node of the test's own, stopped when it ends.
+func NewRabbitNode(t testing.TB) *RabbitNode {
+	t.Helper()
+	n, err := startRabbitNode(t)
+	if err != nil {
+		t.Fatalf("private RabbitMQ node: %v", err)
+	}
+	t.Cleanup(n.Stop)
+	return n
+}
+
+// AMQPURL is the node's plain AMQP URL.
+func (n *RabbitNode) AMQPURL() string {
+	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.Port)
+}
+
+// AMQPSURL is the node's AMQPS URL for user and password; the host is
+// localhost, the name in the server certificate.
+func (n *RabbitNode) AMQPSURL(user, password string) string {
+	return fmt.Sprintf("amqps://%s:%s@localhost:%d/", user, password, n.TLSPort)
+}
+
+// Dial connects to the node over plain AMQP; the test closes it.
+func (n *RabbitNode) Dial() (*amqp.Connection, error) {
+	return amqp.DialConfig(n.AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
+}
+
+// Ctl runs rabbitmqctl against this node only and returns its output.
+func (n *RabbitNode) Ctl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q", "-n", n.Name}, args...)...)
+	cmd.Env = n.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		// Only the command is named: its arguments may hold a password.
+		return string(out), fmt.Errorf("rabbitmqctl %s on %s: %w: %s", args[0], n.Name, err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// StopApp stops the RabbitMQ application; the Erlang node stays up and
+// every client connection is closed.
+func (n *RabbitNode) StopApp() error {
+	_, err := n.Ctl("stop_app")
+	return err
+}
+
+// StartApp starts the application again and waits until it accepts AMQP
+// connections.
+func (n *RabbitNode) StartApp() error {
+	if _, err := n.Ctl("start_app"); err != nil {
+		return err
+	}
+	return n.waitAMQP(60 * time.Second)
+}
+
+// SetMemoryAlarm lowers the memory watermark below what the node uses, so
+// its memory alarm fires and it blocks publishing connections
+// (connection.blocked), the way a node short of memory does.
+func (n *RabbitNode) SetMemoryAlarm() error {
+	_, err := n.Ctl("set_vm_memory_high_watermark", "absolute", "1")
+	return err
+}
+
+// ClearMemoryAlarm puts the watermark back to RabbitMQ's default.
+func (n *RabbitNode) ClearMemoryAlarm() error {
+	_, err := n.Ctl("set_vm_memory_high_watermark", "0.4")
+	return err
+}
+
+// Alarms lists the node's resource alarms in effect ("memory", "disk").
+func (n *RabbitNode) Alarms() ([]string, error) {
+	out, err := n.Ctl("eval", `[R || {{resource_limit, R, _}, _} <- rabbit_alarm:get_alarms()].`)
+	if err != nil {
+		return nil, err
+	}
+	s := strings.Trim(strings.TrimSpace(out), "[]")
+	if s == "" {
+		return nil, nil
+	}
+	return strings.Split(s, ","), nil
+}
+
+// AddUser adds a user with full permissions on the default vhost, deleted
+// when the test ends.
+func (n *RabbitNode) AddUser(t testing.TB, name, password string) {
+	t.Helper()
+	if _, err := n.Ctl("add_user", name, password); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = n.Ctl("delete_user", name) })
+	if _, err := n.Ctl("set_permissions", "-p", "/", name, ".*", ".*", ".*"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// restore brings the node back to its normal state after a test: the
+// application running and no alarm.
+func (n *RabbitNode) restore() error {
+	if err := n.ping(); err != nil {
+		if err := n.StartApp(); err != nil {
+			return err
+		}
+	}
+	alarms, err := n.Alarms()
+	if err != nil {
+		return err
+	}
+	if len(alarms) > 0 {
+		if err := n.ClearMemoryAlarm(); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for len(alarms) > 0 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("alarms %v still set", alarms)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if alarms, err = n.Alarms(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Stop stops the node, kills it if it does not stop within 10 s, and
+// removes its files. It may be called more than once.
+func (n *RabbitNode) Stop() {
+	n.stop.Do(func() {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM) // erl stops cleanly on SIGTERM
+		select {
+		case <-n.done:
+		case <-time.After(10 * time.Second):
+			_ = n.cmd.Process.Kill()
+			<-n.done
+		}
+		n.out.Close()
+		os.RemoveAll(n.dir)
+	})
+}
+
+// startRabbitNode starts a node in a new directory that user rabbitmq can
+// write (the server and rabbitmqctl run as that user), listening on free
+// ports, and waits until it accepts AMQP connections.
+func startRabbitNode(t testing.TB) (*RabbitNode, error) {
+	if _, err := os.Stat(rabbitServer); err != nil {
+		return nil, fmt.Errorf("rabbitmq-server is not installed: %w", err)
+	}
+	cred, err := rabbitCredential()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "dispatcher-rabbit")
+	if err != nil {
+		return nil, err
+	}
+	n := &RabbitNode{dir: dir, done: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(dir)
+		}
+	}()
+	if err := os.Chmod(dir, 0o777); err != nil {
+		return nil, err
+	}
+	n.Name = fmt.Sprintf("dispatcher-test-%d-%d@localhost", os.Getpid(), nodeSeq.Add(1))
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	n.Port, n.TLSPort = ports[0], ports[1]
+	if n.Certs, err = copyCerts(NewCerts(t), filepath.Join(dir, "certs")); err != nil {
+		return nil, err
+	}
+	conf := fmt.Sprintf(`listeners.tcp.default = 127.0.0.1:%d
+listeners.ssl.default = 127.0.0.1:%d
+ssl_options.cacertfile = %s
+ssl_options.certfile = %s
+ssl_options.keyfile = %s
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = true
+vm_memory_high_watermark.relative = 0.4
+log.file.level = info
+log.console = false
+`, n.Port, n.TLSPort, n.Certs.CA, n.Certs.ServerCert, n.Certs.ServerKey)
+	files := map[string]string{
+		"rabbitmq.conf":   conf,
+		"enabled_plugins": "[].\n",
+		// Replaces /etc/rabbitmq/rabbitmq-env.conf, whose NODENAME is the
+		// shared node's.
+		"rabbitmq-env.conf": "ERL_EPMD_ADDRESS=127.0.0.1\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	n.env = append(cleanEnv(),
+		"HOME=/var/lib/rabbitmq", // the Erlang cookie rabbitmqctl uses too
+		"RABBITMQ_CONF_ENV_FILE="+filepath.Join(dir, "rabbitmq-env.conf"),
+		"RABBITMQ_NODENAME="+n.Name,
+		"RABBITMQ_DIST_PORT="+strconv.Itoa(ports[2]),
+		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq.conf"),
+		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(dir, "advanced.config"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"),
+		"RABBITMQ_PID_FILE="+filepath.Join(dir, "pid"),
+		"ERL_EPMD_ADDRESS=127.0.0.1",
+	)
+	if n.out, err = os.Create(filepath.Join(dir, "console.log")); err != nil {
+		return nil, err
+	}
+	// RABBITMQ_ALLOW_INPUT makes the script exec erl in the foreground, so
+	// the process started here is the node itself and the parent-death
+	// signal reaches it; -noinput then keeps it from reading stdin.
+	n.cmd = exec.Command(rabbitServer)
+	n.cmd.Dir = dir
+	n.cmd.Env = append(n.env, "RABBITMQ_ALLOW_INPUT=1",
+		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-noinput -kernel inet_dist_use_interface {127,0,0,1}")
+	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := n.cmd.Start(); err != nil {
+		n.out.Close()
+		return nil, fmt.Errorf("start %s: %w", rabbitServer, err)
+	}
+	go func() { _ = n.cmd.Wait(); close(n.done) }()
+	started := time.Now()
+	if err := n.waitAMQP(90 * time.Second); err != nil {
+		n.Stop()
+		return nil, fmt.Errorf("node %s did not come up: %w\n%s", n.Name, err, n.logTail())
+	}
+	t.Logf("private RabbitMQ node %s up in %s: amqp 127.0.0.1:%d, amqps 127.0.0.1:%d",
+		n.Name, time.Since(started).Round(time.Millisecond), n.Port, n.TLSPort)
+	ok = true
+	return n, nil
+}
+
+// rabbitCredential is who the node runs as: user rabbitmq, whose home
+// holds the Erlang cookie that rabbitmqctl presents.
+func rabbitCredential() (*syscall.Credential, error) {
+	u, err := user.Lookup("rabbitmq")
+	if err != nil {
+		return nil, fmt.Errorf("no user rabbitmq (is rabbitmq-server installed?): %w", err)
+	}
+	if cur := strconv.Itoa(os.Geteuid()); cur == u.Uid {
+		return nil, nil
+	} else if cur != "0" {
+		return nil, errors.New("a private RabbitMQ node needs root or user rabbitmq to run its server")
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// cleanEnv is this process's environment without RabbitMQ or Erlang
+// settings that would leak into the node.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "RABBITMQ_") || strings.HasPrefix(k, "ERL_") || k == "HOME" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+func (n *RabbitNode) ping() error {
+	c, err := n.Dial()
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+func (n *RabbitNode) waitAMQP(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := n.ping()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-n.done:
+			return errors.New("the node exited")
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no AMQP on port %d after %s: %w", n.Port, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (n *RabbitNode) logTail() string {
+	var b strings.Builder
+	for _, f := range []string{filepath.Join(n.dir, "console.log"), filepath.Join(n.dir, "log", n.Name+".log")} {
+		data, _ := os.ReadFile(f)
+		fmt.Fprintf(&b, "--- %s:\n%s\n", f, tail(string(data), 3000))
+	}
+	return b.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// freePorts returns n distinct free ports on 127.0.0.1.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// copyCerts copies c's files into dir, which lives as long as the node
+// (NewCerts removes its own when the test that made them ends).
+func copyCerts(c Certs, dir string) (Certs, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Certs{}, err
+	}
+	out := Certs{Dir: dir}
+	for _, f := range []struct {
+		src string
+		dst *string
+	}{
+		{c.CA, &out.CA}, {c.ServerCert, &out.ServerCert}, {c.ServerKey, &out.ServerKey},
+		{c.ClientCert, &out.ClientCert}, {c.ClientKey, &out.ClientKey},
+	} {
+		data, err := os.ReadFile(f.src)
+		if err != nil {
+			return Certs{}, err
+		}
+		*f.dst = filepath.Join(dir, filepath.Base(f.src))
+		if err := os.WriteFile(*f.dst, data, 0o644); err != nil {
+			return Certs{}, err
+		}
+	}
+	return out, nil
+}

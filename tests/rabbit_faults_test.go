@@ -1,0 +1,277 @@
+package tests
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+)
+
+// RabbitMQ faults run on a private node (testenv.PrivateRabbit): stopping
+// the shared broker or setting off its alarms would break every other test
+// running on the machine.
+
+// newNodeHarness is newHarness with the dispatcher and the consumers on
+// node instead of the shared broker.
+func newNodeHarness(t testing.TB, node *testenv.RabbitNode, queues ...queueSpec) *harness {
+	t.Helper()
+	h := newHarness(t)
+	h.extra["DISPATCHER_AMQP_URL"] = node.AMQPURL()
+	for _, q := range queues {
+		q.Exchange = cmp.Or(q.Exchange, h.prefix+"."+q.Name)
+		q.RoutingKey = cmp.Or(q.RoutingKey, q.Name)
+		h.queues = append(h.queues, q)
+		h.got[q.Name] = nodeConsumer(t, node, q.Exchange, q.RoutingKey, h.prefix+"."+q.Name)
+	}
+	return h
+}
+
+// nodeConsumer consumes exchange/key on node through a durable queue and
+// goes on consuming across the node's restarts: stop_app closes every
+// connection, and the durable queue keeps the persistent messages
+// published while the consumer was away. Each delivery is acked once it is
+// handed over. A broker redelivery (Redelivered set) of a message_id
+// already handed over is dropped and only counted: it is the broker sending
+// one publish again because a cut connection lost the consumer's ack, not
+// a second publish by the dispatcher, which is what the tests count.
+func nodeConsumer(t testing.TB, node *testenv.RabbitNode, exchange, key, queue string) <-chan amqp.Delivery {
+	t.Helper()
+	subscribe := func() (*amqp.Connection, <-chan amqp.Delivery, error) {
+		conn, err := node.Dial()
+		if err != nil {
+			return nil, nil, err
+		}
+		d, err := func() (<-chan amqp.Delivery, error) {
+			ch, err := conn.Channel()
+			if err != nil {
+				return nil, err
+			}
+			if err := ch.ExchangeDeclare(exchange, "direct", true, false, false, false, nil); err != nil {
+				return nil, fmt.Errorf("declare exchange %s: %w", exchange, err)
+			}
+			if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+				return nil, fmt.Errorf("declare queue %s: %w", queue, err)
+			}
+			if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
+				return nil, fmt.Errorf("bind queue %s: %w", queue, err)
+			}
+			if err := ch.Qos(500, 0, false); err != nil {
+				return nil, err
+			}
+			return ch.Consume(queue, "", false, false, false, false, nil)
+		}()
+		if err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
+		return conn, d, nil
+	}
+	// The first subscription is made now, so nothing published from here
+	// on is unroutable.
+	conn, d, err := subscribe()
+	if err != nil {
+		t.Fatalf("consumer on private node: %v", err)
+	}
+	out := make(chan amqp.Delivery, 1<<16)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var reconnects, redelivered int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		seen := map[string]bool{}
+		for {
+			select {
+			case <-ctx.Done():
+				conn.Close()
+				return
+			case m, ok := <-d:
+				if ok {
+					if !m.Redelivered || !seen[m.MessageId] {
+						seen[m.MessageId] = true
+						select {
+						case out <- m:
+						case <-ctx.Done():
+						}
+					} else {
+						redelivered++
+					}
+					_ = m.Ack(false)
+					continue
+				}
+			}
+			// The node closed the connection: subscribe again once it is back.
+			conn.Close()
+			for {
+				if conn, d, err = subscribe(); err == nil {
+					reconnects++
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		t.Logf("consumer of %s: %d reconnects, %d broker redeliveries of messages already seen dropped", queue, reconnects, redelivered)
+		c, err := node.Dial()
+		if err != nil {
+			t.Logf("delete queue %s: %v", queue, err)
+			return
+		}
+		defer c.Close()
+		if ch, err := c.Channel(); err == nil {
+			_, _ = ch.QueueDelete(queue, false, false, false)
+			_ = ch.ExchangeDelete(exchange, false, false)
+		}
+	})
+	return out
+}
+
+// TestRabbitAppRestart stops and starts the broker application twice
+// (rabbitmqctl stop_app / start_app) under steady traffic: the node closes
+// every connection and refuses new ones for a while; the dispatcher
+// returns what it had not got confirmed to pending, reconnects, and every
+// task arrives.
+func TestRabbitAppRestart(t *testing.T) {
+	node := testenv.PrivateRabbit(t)
+	h := newNodeHarness(t, node, queueSpec{Name: "restart", Shards: 8})
+	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "2s"
+	h.extra["DISPATCHER_LEASE"] = "5s"
+	p := h.start()
+	waitLogged(t, p, "broker connected", 15*time.Second)
+	want := scheduleSpread(t, h.producer("restart"), "r", 20000, time.Now().Add(200*time.Millisecond), 8*time.Second)
+
+	restarts := 0
+	restarting := make(chan struct{})
+	go func() {
+		defer close(restarting)
+		for range 2 {
+			time.Sleep(1500 * time.Millisecond)
+			if err := node.StopApp(); err != nil {
+				t.Errorf("stop_app: %v", err)
+				return
+			}
+			time.Sleep(time.Second)
+			if err := node.StartApp(); err != nil {
+				t.Errorf("start_app: %v", err)
+				return
+			}
+			restarts++
+		}
+	}()
+	// Duplicates come only from publishes the broker took but whose
+	// confirm the closed connection lost: at most what was in flight.
+	h.verify("restart", want, 60*time.Second, 2*500*4)
+	<-restarting
+	if restarts != 2 {
+		t.Fatalf("%d of 2 restarts done", restarts)
+	}
+	if !strings.Contains(p.out.String(), "reconnecting") {
+		t.Errorf("no lost connection logged")
+	}
+	if !p.running() {
+		t.Fatal("dispatcher exited")
+	}
+	eventually(t, 10*time.Second, "nothing left in Redis", func() bool {
+		pending, inflight, dead := h.leftovers(h.queues[0])
+		return pending+inflight+dead == 0
+	})
+}
+
+// TestRabbitMemoryAlarm sets off the node's memory alarm under steady
+// traffic. The broker blocks the dispatcher's connection
+// (connection.blocked) and stops reading from it; the dispatcher must stop
+// claiming instead of taking batch after batch into flight that can never
+// be confirmed: while blocked, pending stops shrinking, the in-flight set
+// holds about BATCH_SIZE × PIPELINE tasks at most, and /readyz says not
+// ready. Once the alarm clears, everything goes out.
+func TestRabbitMemoryAlarm(t *testing.T) {
+	const batch, pipeline = 100, 2
+	node := testenv.PrivateRabbit(t)
+	h := newNodeHarness(t, node, queueSpec{Name: "alarm", Shards: 8})
+	addr := testenv.FreeAddr(t)
+	h.extra["DISPATCHER_HTTP_ADDR"] = addr
+	h.extra["DISPATCHER_BATCH_SIZE"] = fmt.Sprint(batch)
+	h.extra["DISPATCHER_PIPELINE"] = fmt.Sprint(pipeline)
+	// Short, so that several confirm timeouts pass while blocked: each one
+	// frees publish slots that a dispatcher ignoring the block would fill.
+	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "1s"
+	h.extra["DISPATCHER_LEASE"] = "5s"
+	p := h.start()
+	waitLogged(t, p, "broker connected", 15*time.Second)
+	want := scheduleSpread(t, h.producer("alarm"), "m", 12000, time.Now().Add(200*time.Millisecond), 8*time.Second)
+
+	time.Sleep(1500 * time.Millisecond)
+	alarmAt := time.Now()
+	if err := node.SetMemoryAlarm(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "/readyz to report the blocked broker", func() bool { return readyStatus(addr) == http.StatusServiceUnavailable })
+	blockedAt := time.Now()
+	q := h.queues[0]
+	// Watch Redis for 4 confirm timeouts of being blocked.
+	pendingAtBlock, _, _ := h.leftovers(q)
+	var maxInflight, pendingAtEnd int64
+	for time.Since(blockedAt) < 4*time.Second {
+		pending, inflight, _ := h.leftovers(q)
+		maxInflight = max(maxInflight, inflight)
+		pendingAtEnd = pending
+		time.Sleep(50 * time.Millisecond)
+	}
+	stillBlocked := readyStatus(addr) == http.StatusServiceUnavailable
+	if err := node.ClearMemoryAlarm(); err != nil {
+		t.Fatal(err)
+	}
+	clearedAt := time.Now()
+	t.Logf("blocked %s after rabbitmqctl was called; over %s blocked: in flight at most %d (batch %d × pipeline %d = %d), pending %d -> %d",
+		blockedAt.Sub(alarmAt).Round(time.Millisecond), clearedAt.Sub(blockedAt).Round(time.Millisecond),
+		maxInflight, batch, pipeline, batch*pipeline, pendingAtBlock, pendingAtEnd)
+	if maxInflight > batch*pipeline {
+		t.Errorf("%d tasks in flight while blocked, more than batch × pipeline = %d", maxInflight, batch*pipeline)
+	}
+	if pendingAtEnd < pendingAtBlock {
+		t.Errorf("pending shrank from %d to %d while the broker blocked the dispatcher: it went on claiming", pendingAtBlock, pendingAtEnd)
+	}
+	if !stillBlocked {
+		t.Errorf("/readyz said ready while the alarm was still on")
+	}
+	eventually(t, 10*time.Second, "/readyz to report ready after the alarm cleared", func() bool { return readyStatus(addr) == http.StatusOK })
+	// Publishes the broker took while blocked but confirmed only after
+	// their confirm timeout were retried: those are the duplicates.
+	h.verify("alarm", want, 60*time.Second, batch*pipeline)
+	if !p.running() {
+		t.Fatal("dispatcher exited")
+	}
+}
+
+// readyStatus returns the status code of the dispatcher's /readyz at addr, 0 if
+// it does not answer.
+func readyStatus(addr string) int {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// waitLogged waits until the dispatcher's output holds s.
+func waitLogged(t testing.TB, p *proc, s string, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, fmt.Sprintf("dispatcher to log %q", s), func() bool { return strings.Contains(p.out.String(), s) })
+}
