@@ -1,0 +1,109 @@
+package bench
+
+import (
+	"io"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseCount(t *testing.T) {
+	for in, want := range map[string]int{"1000": 1000, "1e3": 1000, "10^7": 10_000_000, "1k": 1000, "2.5M": 2_500_000, "0": 0} {
+		if got, err := parseCount(in); err != nil || got != want {
+			t.Errorf("parseCount(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "1.5", "10^x", "-1e3", "1e30"} {
+		if got, err := parseCount(in); err == nil {
+			t.Errorf("parseCount(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
+func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
+	for args, want := range map[string]string{
+		"-mode fast":           `-mode "fast"`,
+		"-shards 0":            `-shards "0"`,
+		"-shards 16,5000":      `-shards "16,5000": 5000: must be 1 to 4096`,
+		"-size 8":              `-size "8"`,
+		"-backlog 1e3,x":       `-backlog "1e3,x"`,
+		"-queue-type stream":   `-queue-type "stream"`,
+		"-duration 10ms":       `-duration 10ms`,
+		"-ceiling-window 0":    `-ceiling-window 0`,
+		"-instances 1,2,4,100": `-instances "1,2,4,100"`,
+		"stray":                `unexpected argument "stray"`,
+	} {
+		_, err := parseOptions(strings.Fields(args), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want one containing %s", args, err, want)
+		}
+	}
+	o, err := parseOptions([]string{"-backlog", "10^3,10^7", "-instances", "1,2,4"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.Backlogs, []int{1000, 10_000_000}) || !slices.Equal(o.Instances, []int{1, 2, 4}) ||
+		!slices.Equal(o.Modes, []string{"backlog", "rate"}) || o.Window != 200000 || o.QueueType != "classic" {
+		t.Errorf("options %+v", o)
+	}
+}
+
+func TestPlanSweepsOneListAtATime(t *testing.T) {
+	o, err := parseOptions([]string{"-mode", "backlog,idle", "-backlog", "1e5,1e3,1e7", "-instances", "1,2,4", "-window", "200000"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := plan(o)
+	var got []string
+	for _, p := range ps {
+		got = append(got, p.String())
+	}
+	want := []string{
+		"backlog N=100,000 due=100,000 instances=1 shards=16 batch=500 size=200",
+		"backlog N=1,000 due=1,000 instances=1 shards=16 batch=500 size=200",
+		"backlog N=10,000,000 due=200,000 instances=1 shards=16 batch=500 size=200",
+		"backlog N=100,000 due=100,000 instances=2 shards=16 batch=500 size=200",
+		"backlog N=100,000 due=100,000 instances=4 shards=16 batch=500 size=200",
+		"idle instances=1 shards=16 pending=0",
+		"idle instances=2 shards=16 pending=0",
+		"idle instances=4 shards=16 pending=0",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	o.Cross, o.Drain, o.Modes = true, true, []string{"backlog"}
+	ps = plan(o)
+	if len(ps) != 9 {
+		t.Errorf("cross product: %d points, want 9", len(ps))
+	}
+	for _, p := range ps {
+		if p.Window != p.Backlog {
+			t.Errorf("-drain: %s", p)
+		}
+	}
+}
+
+func TestMemberRoundTrip(t *testing.T) {
+	for _, i := range []int{0, 7, 123456, 99_999_999} {
+		m := member(nil, i, 16)
+		if len(m) != 16 {
+			t.Errorf("member(%d) has %d bytes", i, len(m))
+		}
+		if got, ok := memberIndex(m); !ok || got != i {
+			t.Errorf("memberIndex(%q) = %d, %v", m, got, ok)
+		}
+	}
+	for _, body := range []string{"", ":", "x1:", "12", "12345678901:x"} {
+		if _, ok := memberIndex([]byte(body)); ok {
+			t.Errorf("memberIndex(%q) accepted a body the bench did not write", body)
+		}
+	}
+}
+
+func TestCommandLineHidesPasswords(t *testing.T) {
+	got := commandLine([]string{"-redis", "redis://:s3cret@host:6379/0", "-amqp=amqp://u:pa55@h/", "-backlog", "1e3"})
+	if strings.Contains(got, "s3cret") || strings.Contains(got, "pa55") || !strings.Contains(got, "-backlog 1e3") {
+		t.Errorf("commandLine = %s", got)
+	}
+}

@@ -1,0 +1,97 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDistPercentiles(t *testing.T) {
+	// 1..1000 ms in µs, shuffled by a stride.
+	var s []int32
+	for i := 0; i < 1000; i++ {
+		s = append(s, int32((i*7919)%1000+1)*1000)
+	}
+	d := distOf(s)
+	if d.Count != 1000 || d.Min != 1 || d.P50 != 500 || d.P90 != 900 || d.P99 != 990 || d.P999 != 999 || d.Max != 1000 || d.Mean != 500.5 {
+		t.Errorf("dist %+v", d)
+	}
+	if s[0] != 1000 {
+		t.Error("distOf sorted its input in place")
+	}
+	last := d.Curve[len(d.Curve)-1]
+	if d.Curve[0].P != 0 || d.Curve[0].Ms != 1 || last.P != 1 || last.Ms != 1000 {
+		t.Errorf("curve ends %+v %+v", d.Curve[0], last)
+	}
+	for i := 1; i < len(d.Curve); i++ {
+		if d.Curve[i].P < d.Curve[i-1].P || d.Curve[i].Ms < d.Curve[i-1].Ms {
+			t.Fatalf("curve not monotonic at %d: %+v", i, d.Curve[i-1:i+1])
+		}
+	}
+	if e := distOf(nil); e.Count != 0 || e.Curve != nil {
+		t.Error("empty dist")
+	}
+}
+
+func TestShardDists(t *testing.T) {
+	late := []int32{1000, 2000, 3000, 50000}
+	shards := []uint16{0, 0, 2, 2}
+	sd := shardDists(late, shards, 3)
+	if len(sd) != 3 || sd[0].Count != 2 || sd[0].Max != 2 || sd[1].Count != 0 || sd[2].P50 != 3 || sd[2].Max != 50 {
+		t.Errorf("shard dists %+v", sd)
+	}
+	median, worst, shard := shardSpread(sd)
+	if median != 2 || worst != 50 || shard != 2 {
+		t.Errorf("spread: median %v worst %v shard %d", median, worst, shard)
+	}
+}
+
+func TestCmdStats(t *testing.T) {
+	before := parseCmdStats("# Commandstats\r\ncmdstat_zadd:calls=10,usec=5,usec_per_call=0.5,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=3,usec=1\r\n")
+	after := parseCmdStats("cmdstat_zadd:calls=110,usec=50\r\ncmdstat_evalsha:calls=7,usec=9\r\ncmdstat_info:calls=9,usec=2\r\n" +
+		"cmdstat_client|list:calls=1,usec=2\r\n")
+	u := redisUse(before, after, map[string]int64{"zadd": 40})
+	if u.Commands != 67 || u.ScriptCalls != 7 || u.ByCommand["zadd"] != 60 || u.ByCommand["info"] != 0 {
+		t.Errorf("use %+v", u)
+	}
+}
+
+func TestCountOthers(t *testing.T) {
+	list := "id=1 addr=a name=dispatcher-bench-ab-bench age=9 idle=0 cmd=client|list\n" +
+		"id=2 addr=b name=dispatcher-bench-ab-d-0 age=9 idle=0 cmd=evalsha\n" +
+		"id=3 addr=c name= age=99 idle=2 cmd=get\n" +
+		"id=4 addr=d name=other age=99 idle=50 cmd=get\n"
+	if n := countOthers(list, "dispatcher-bench-ab", 10*time.Second); n != 1 {
+		t.Errorf("countOthers = %d, want 1", n)
+	}
+}
+
+func TestProcParsing(t *testing.T) {
+	stat := "4242 (dispatcher (x)) S 1 4242 4242 0 -1 4194304 500 0 0 0 250 130 0 0 20 0 9 0 100 0 0"
+	if cpu, err := parseStatCPU(stat); err != nil || cpu != 3.8 {
+		t.Errorf("parseStatCPU = %v, %v; want 3.8", cpu, err)
+	}
+	if hwm, err := parseHWM("Name:\tdispatcher\nVmPeak:\t 9 kB\nVmHWM:\t   20480 kB\n"); err != nil || hwm != 20<<20 {
+		t.Errorf("parseHWM = %d, %v", hwm, err)
+	}
+	m, err := parseMetrics(strings.NewReader("# HELP x\ndispatcher_tasks_dispatched_total{queue=\"a\"} 5\n"+
+		"dispatcher_tasks_dispatched_total{queue=\"b\"} 7\ndispatcher_tasks_dispatched_totalx 100\n"+
+		"dispatcher_claim_batch_size_sum{queue=\"a\"} 1.5e3\n"),
+		[]string{"dispatcher_tasks_dispatched_total", "dispatcher_claim_batch_size_sum"})
+	if err != nil || m["dispatcher_tasks_dispatched_total"] != 12 || m["dispatcher_claim_batch_size_sum"] != 1500 {
+		t.Errorf("parseMetrics = %v, %v", m, err)
+	}
+}
+
+func TestSVGLabels(t *testing.T) {
+	for n, want := range map[float64]string{0: "0%", 1: "90%", 2: "99%", 3: "99.9%", 5: "99.999%"} {
+		if got := ninesLabel(n); got != want {
+			t.Errorf("ninesLabel(%v) = %q, want %q", n, got, want)
+		}
+	}
+	svg := string(renderSVG([]panel{{title: "a < b", series: []series{{"x=1 & y", distOf([]int32{0, 500, 20000})}}}}))
+	if !strings.Contains(svg, "a &lt; b") || !strings.Contains(svg, "x=1 &amp; y") || strings.Count(svg, "<polyline") != 1 {
+		t.Errorf("svg:\n%s", svg)
+	}
+}
