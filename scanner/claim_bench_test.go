@@ -1,0 +1,77 @@
+package scanner
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// BenchmarkClaim measures the claim script on the real Redis: each call
+// moves batch due members of 200 bytes from a big pending set (b.N×batch
+// due members plus 100,000 due in an hour) to the in-flight set. Run it
+// with
+//
+//	go test -run '^$' -bench Claim ./scanner/
+//
+// members/s is what one shard drains at, Redis's side only (the round
+// trip is one call, so it counts too).
+func BenchmarkClaim(b *testing.B) {
+	for _, batch := range []int{500, 1000} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) { benchClaim(b, batch) })
+	}
+}
+
+func benchClaim(b *testing.B, batch int) {
+	ctx := context.Background()
+	rdb := testenv.Redis(b)
+	k := shard.Keys{Prefix: testenv.Name(b), Queue: "q"}
+	testenv.CleanRedis(b, rdb, k.Prefix)
+	keys := []string{k.Pending(0), k.Inflight(0), k.Attempts(0)}
+
+	now := time.Now().UnixMilli()
+	pad := strings.Repeat("x", 190)
+	fill := func(from, to int, score func(i int) int64) {
+		for start := from; start < to; start += 1000 {
+			pipe := rdb.Pipeline()
+			args := []any{"zadd", k.Pending(0)}
+			for i := start; i < min(start+1000, to); i++ {
+				args = append(args, score(i), strconv.Itoa(i)+":"+pad)
+			}
+			pipe.Do(ctx, args...)
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	due := b.N * batch
+	fill(0, due, func(i int) int64 { return now - 600_000 + int64(i/1000) })
+	fill(due, due+100_000, func(int) int64 { return now + 3_600_000 })
+	if err := claimScript.Load(ctx, rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+
+	b.ResetTimer()
+	for range b.N {
+		v, err := claimScript.EvalSha(ctx, rdb, keys, batch, 30_000).Slice()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := len(v) - 4; got != batch {
+			b.Fatalf("claimed %d members, want %d", got, batch)
+		}
+		// The dispatcher forgets confirmed entries; keep the in-flight
+		// set small as it does, outside the measured time.
+		b.StopTimer()
+		if err := rdb.Del(ctx, k.Inflight(0)).Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "members/s")
+}
