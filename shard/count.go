@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -22,13 +23,18 @@ func (e *ShardCountError) Error() string {
 }
 
 // EnsureShardCount records m as the queue's shard count if none is recorded
-// yet, and returns a *ShardCountError if a different one is.
+// yet, and returns a *ShardCountError if a different one is. It reads
+// before it writes, so that a Redis refusing writes (out of memory, a
+// read-only replica) does not stop a queue whose count is recorded.
 func EnsureShardCount(ctx context.Context, rdb redis.UniversalClient, keys Keys, m int) error {
 	key := keys.ShardCount()
-	if err := rdb.SetNX(ctx, key, m, 0).Err(); err != nil {
-		return fmt.Errorf("record shard count at %s: %w", key, err)
-	}
 	got, err := rdb.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		if err := rdb.SetNX(ctx, key, m, 0).Err(); err != nil {
+			return fmt.Errorf("record shard count at %s: %w", key, err)
+		}
+		got, err = rdb.Get(ctx, key).Result()
+	}
 	if err != nil {
 		return fmt.Errorf("read shard count at %s: %w", key, err)
 	}
