@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -67,9 +66,10 @@ func TestWrongTypeShardDoesNotStopOthers(t *testing.T) {
 	}
 }
 
+// get returns the body of a GET, whatever its status.
 func get(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := httpClient.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
