@@ -37,7 +37,7 @@ type Settings struct {
 	KeyPrefix       string        `envconfig:"DISPATCHER_KEY_PREFIX" default:"dq" desc:"prefix P of every Redis key: shard i of queue Q is P:{Q:i}"`
 	Queues          []string      `envconfig:"DISPATCHER_QUEUES" required:"true" desc:"comma-separated queue names this instance serves"`
 	Lease           time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again; must exceed DISPATCHER_CONFIRM_TIMEOUT"`
-	HTTPAddr        string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; empty turns it off"`
+	HTTPAddr        string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; a port alone (:9090) binds 127.0.0.1 only, 0.0.0.0:9090 every IPv4 interface; empty turns it off"`
 	BatchSize       int           `envconfig:"DISPATCHER_BATCH_SIZE" default:"500" desc:"most tasks taken from one shard in one claim (1 to 10000)"`
 	Pipeline        int           `envconfig:"DISPATCHER_PIPELINE" default:"4" desc:"claimed batches per queue being published at once (1 to 64)"`
 	PollInterval    time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often the queue's sweeping instance looks at every shard for newly scheduled tasks; known due times are waited for exactly"`

@@ -8,6 +8,7 @@ import (
 	"go/token"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -167,4 +169,105 @@ func TestScriptsHaveNoDynamicCode(t *testing.T) {
 	if scripts < 4 {
 		t.Fatalf("found only %d scripts; the search is broken", scripts)
 	}
+}
+
+// externalIPv4 is an address of this machine outside loopback, or "".
+func externalIPv4() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	return ""
+}
+
+// TestHTTPBindsLoopbackUnlessTold: DISPATCHER_HTTP_ADDR with a port only
+// binds 127.0.0.1 (and says so); an explicit host is used as given, so
+// 0.0.0.0 and [::] serve every interface, 127.0.0.2 only itself, and an
+// address the machine does not have fails the start, naming the variable.
+func TestHTTPBindsLoopbackUnlessTold(t *testing.T) {
+	h := newHarness(t, queueSpec{Name: "bind", Shards: 1})
+	ext := externalIPv4()
+	t.Logf("non-loopback address of this machine: %q", ext)
+	freePort := func() string {
+		_, p, _ := net.SplitHostPort(testenv.FreeAddr(t))
+		return p
+	}
+	serve := func(t *testing.T, addr string) *proc {
+		env := h.env()
+		env["DISPATCHER_HTTP_ADDR"] = addr
+		p := start(t, env)
+		eventually(t, 20*time.Second, "the endpoint to start", func() bool {
+			return strings.Contains(p.out.String(), "serving /healthz") || !p.running()
+		})
+		return p
+	}
+	reaches := func(hostPort string) bool {
+		_, err := httpGet("http://" + hostPort + "/healthz")
+		return err == nil
+	}
+	expect := func(t *testing.T, hostPort string, want bool) {
+		t.Helper()
+		if got := reaches(hostPort); got != want {
+			t.Errorf("GET http://%s/healthz answered: %v, want %v", hostPort, got, want)
+		}
+	}
+
+	t.Run("port only", func(t *testing.T) {
+		port := freePort()
+		p := serve(t, ":"+port)
+		out := p.out.String()
+		if !strings.Contains(out, "addr=127.0.0.1:"+port) || !strings.Contains(out, "serving on 127.0.0.1 only") {
+			t.Fatalf("log does not say it serves on 127.0.0.1 only:\n%s", out)
+		}
+		expect(t, "127.0.0.1:"+port, true)
+		expect(t, "[::1]:"+port, false)
+		if ext != "" {
+			expect(t, ext+":"+port, false)
+		}
+	})
+	t.Run("0.0.0.0", func(t *testing.T) {
+		port := freePort()
+		p := serve(t, "0.0.0.0:"+port)
+		if out := p.out.String(); !strings.Contains(out, "addr=0.0.0.0:"+port) || strings.Contains(out, "127.0.0.1 only") {
+			t.Fatalf("log:\n%s", out)
+		}
+		expect(t, "127.0.0.1:"+port, true)
+		expect(t, "[::1]:"+port, false) // IPv4 only, as written
+		if ext != "" {
+			expect(t, ext+":"+port, true)
+		}
+	})
+	t.Run("[::]", func(t *testing.T) {
+		port := freePort()
+		p := serve(t, "[::]:"+port)
+		if out := p.out.String(); !strings.Contains(out, "addr=[::]:"+port) {
+			t.Fatalf("log:\n%s", out)
+		}
+		expect(t, "[::1]:"+port, true)
+		if ext != "" {
+			expect(t, ext+":"+port, true) // every interface
+		}
+	})
+	t.Run("127.0.0.2", func(t *testing.T) {
+		port := freePort()
+		serve(t, "127.0.0.2:"+port)
+		expect(t, "127.0.0.2:"+port, true)
+		expect(t, "127.0.0.1:"+port, false)
+	})
+	t.Run("address not on this machine", func(t *testing.T) {
+		port := freePort()
+		p := serve(t, "10.1.2.3:"+port)
+		if code := p.wait(10 * time.Second); code != 1 {
+			t.Fatalf("exit code %d, want 1", code)
+		}
+		out := p.out.String()
+		if !strings.Contains(out, "DISPATCHER_HTTP_ADDR=10.1.2.3:"+port) || !strings.Contains(out, "cannot assign requested address") {
+			t.Fatalf("output does not name the variable and the reason:\n%s", out)
+		}
+	})
 }

@@ -49,11 +49,11 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *pu
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
-	bind, loopback, err := listenAddr(addr)
+	network, bind, loopback, err := listenAddr(addr)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", bind)
+	ln, err := net.Listen(network, bind)
 	if err != nil {
 		return nil, fmt.Errorf("listen on DISPATCHER_HTTP_ADDR=%s: %w", addr, err)
 	}
@@ -82,14 +82,18 @@ func (h *httpServer) stop() {
 // listenAddr is where the endpoint listens. An address without a host
 // (":9090") would bind every interface and expose the metrics to the
 // network by accident, so it means loopback only; a host given explicitly,
-// 0.0.0.0 and [::] included, is used as it is.
-func listenAddr(addr string) (bind string, loopback bool, err error) {
+// 0.0.0.0 and [::] included, is used as it is. An IPv4 address listens on
+// IPv4 only: Go would serve 0.0.0.0 on IPv6 too.
+func listenAddr(addr string) (network, bind string, loopback bool, err error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", false, fmt.Errorf("DISPATCHER_HTTP_ADDR=%q: want host:port or :port: %w", addr, err)
+		return "", "", false, fmt.Errorf("DISPATCHER_HTTP_ADDR=%q: want host:port or :port: %w", addr, err)
 	}
-	if host != "" {
-		return addr, false, nil
+	if host == "" {
+		return "tcp4", net.JoinHostPort("127.0.0.1", port), true, nil
 	}
-	return net.JoinHostPort("127.0.0.1", port), true, nil
+	if ip := net.ParseIP(host); ip != nil && ip.To4() != nil {
+		return "tcp4", addr, false, nil
+	}
+	return "tcp", addr, false, nil
 }
