@@ -216,11 +216,13 @@ func (r *runner) ceiling(ctx context.Context, size int) (*Ceiling, error) {
 	}
 	r.ceilings[size] = c
 	r.rep.Ceilings = append(r.rep.Ceilings, c)
-	r.prog.printf("ceiling size=%d %s: %s msgs/s at the consumer (%s confirmed/s), latency p50 %s ms p99 %s ms\n",
-		size, c.QueueType, thousands(int(c.PerSec)), thousands(int(c.ConfirmedPerSec)), fmtMs(c.Latency.P50), fmtMs(c.Latency.P99))
-	if c.Missing > 0 || c.Nacked > 0 || c.Returned > 0 {
-		r.rep.Failures = append(r.rep.Failures, fmt.Sprintf("ceiling size=%d: %d missing, %d nacked, %d returned",
-			size, c.Missing, c.Nacked, c.Returned))
+	for _, t := range c.Tried {
+		r.prog.printf("ceiling size=%d %s window=%d: %s msgs/s at the consumer (%s confirmed/s), latency p50 %s ms p99 %s ms\n",
+			size, c.QueueType, t.Window, thousands(int(t.PerSec)), thousands(int(t.ConfirmedPerSec)), fmtMs(t.Latency.P50), fmtMs(t.Latency.P99))
+		if t.Missing > 0 || t.Nacked > 0 || t.Returned > 0 || t.Duplicates > 0 {
+			r.rep.Failures = append(r.rep.Failures, fmt.Sprintf("ceiling size=%d window=%d: %d missing, %d nacked, %d returned, %d duplicates",
+				size, t.Window, t.Missing, t.Nacked, t.Returned, t.Duplicates))
+		}
 	}
 	return c, nil
 }

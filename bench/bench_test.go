@@ -58,7 +58,7 @@ func TestBenchEndToEnd(t *testing.T) {
 		"-mode", "backlog,rate,idle", "-backlog", "3000", "-window", "2000",
 		"-rate", "500", "-duration", "2s", "-idle-duration", "1s",
 		"-shards", "4", "-batch", "200", "-size", "100", "-queue-type", "transient",
-		"-ceiling-count", "2000", "-stall", "20s",
+		"-ceiling-count", "2000", "-ceiling-window", "100,1000", "-stall", "20s",
 		"-json", jsonPath, "-svg", svgPath, "-dispatcher", binary)
 	t.Logf("stdout:\n%s", stdout)
 	if code != exitOK {
@@ -84,8 +84,13 @@ func TestBenchEndToEnd(t *testing.T) {
 	if len(rep.Failures) != 0 {
 		t.Errorf("failures: %q", rep.Failures)
 	}
-	if len(rep.Ceilings) != 1 || rep.Ceilings[0].PerSec <= 0 || rep.Ceilings[0].Missing != 0 || rep.Ceilings[0].Latency.Count != 2000 {
-		t.Errorf("ceilings: %+v", rep.Ceilings)
+	if len(rep.Ceilings) != 1 || len(rep.Ceilings[0].Tried) != 2 {
+		t.Fatalf("ceilings: %+v", rep.Ceilings)
+	}
+	for _, run := range rep.Ceilings[0].Tried {
+		if run.PerSec <= 0 || run.Missing != 0 || run.Latency.Count != 2000 || run.PerSec > rep.Ceilings[0].PerSec {
+			t.Errorf("ceiling run %+v of %+v", run, rep.Ceilings[0])
+		}
 	}
 	if len(rep.Results) != 2 || len(rep.Idle) != 1 {
 		t.Fatalf("%d results and %d idle results, want 2 and 1", len(rep.Results), len(rep.Idle))

@@ -33,9 +33,9 @@ type Options struct {
 	QueueType string   `json:"queue_type"`
 	Cross     bool     `json:"cross"`
 
-	CeilingCount  int  `json:"ceiling_count"`
-	CeilingWindow int  `json:"ceiling_window"`
-	CeilingEach   bool `json:"ceiling_each"`
+	CeilingCount   int   `json:"ceiling_count"`
+	CeilingWindows []int `json:"ceiling_windows"`
+	CeilingEach    bool  `json:"ceiling_each"`
 
 	Stall    Duration `json:"stall"`
 	JSONPath string   `json:"-"`
@@ -103,7 +103,8 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.QueueType, "queue-type", queueClassic, "consumer queue: classic (durable), quorum, or transient (exclusive, non-durable)")
 	fs.BoolVar(&o.Cross, "cross", false, "run every combination of the lists; by default each list is swept on its own, the others held at their first value")
 	fs.IntVar(&o.CeilingCount, "ceiling-count", 100000, "messages published raw to measure the ceiling")
-	fs.IntVar(&o.CeilingWindow, "ceiling-window", 1000, "unconfirmed publishes the raw publisher keeps outstanding")
+	var ceilingWindows string
+	fs.StringVar(&ceilingWindows, "ceiling-window", "300,1000,3000", "unconfirmed publishes the raw publisher keeps outstanding (list: each is measured, the fastest is the ceiling)")
 	fs.BoolVar(&o.CeilingEach, "ceiling-each", false, "measure the ceiling before every backlog point (default: once per message size)")
 	fs.DurationVar(&stall, "stall", 45*time.Second, "give up on a point when no task arrives for this long")
 	fs.StringVar(&o.JSONPath, "json", "", "write every figure to this JSON file")
@@ -156,6 +157,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		{"shards", shards, &o.Shards, 1, maxShards},
 		{"batch", batches, &o.Batches, 1, maxBatch},
 		{"size", sizes, &o.Sizes, minSize, maxSize},
+		{"ceiling-window", ceilingWindows, &o.CeilingWindows, 1, 100000},
 	}
 	for _, l := range lists {
 		if *l.dst, err = parseInts(l.raw, l.min, l.max); err != nil {
@@ -173,8 +175,6 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("-idle-pending %d: must be 0 to %d", o.IdleTasks, maxBacklog)
 	case o.CeilingCount < 1:
 		return nil, fmt.Errorf("-ceiling-count %d: must be at least 1", o.CeilingCount)
-	case o.CeilingWindow < 1 || o.CeilingWindow > 100000:
-		return nil, fmt.Errorf("-ceiling-window %d: must be 1 to 100000", o.CeilingWindow)
 	case stall < time.Second:
 		return nil, fmt.Errorf("-stall %s: must be at least 1s", stall)
 	case o.QueueType != queueClassic && o.QueueType != queueQuorum && o.QueueType != queueTransient:

@@ -29,7 +29,7 @@ func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
 		"-backlog 1e3,x":       `-backlog "1e3,x"`,
 		"-queue-type stream":   `-queue-type "stream"`,
 		"-duration 10ms":       `-duration 10ms`,
-		"-ceiling-window 0":    `-ceiling-window 0`,
+		"-ceiling-window 0":    `-ceiling-window "0"`,
 		"-instances 1,2,4,100": `-instances "1,2,4,100"`,
 		"stray":                `unexpected argument "stray"`,
 	} {

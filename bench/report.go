@@ -14,12 +14,14 @@ func writeTables(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "Command: `%s`\n", rep.Command)
 
 	if len(rep.Ceilings) > 0 {
-		fmt.Fprintf(w, "\nCeiling: raw confirmed publishes (persistent, mandatory, %s queue, one channel, %d unconfirmed at most), consumer running\n\n",
-			rep.Options.QueueType, rep.Options.CeilingWindow)
-		table(w, []string{"size B", "messages", "received/s", "confirmed/s", "latency p50 ms", "p99 ms"}, func(add func(...string)) {
+		fmt.Fprintf(w, "\nCeiling: raw confirmed publishes (persistent, mandatory, %s queue, one channel, up to a window of unconfirmed ones), consumer running\n\n",
+			rep.Options.QueueType)
+		table(w, []string{"size B", "messages", "window", "received/s", "confirmed/s", "latency p50 ms", "p99 ms"}, func(add func(...string)) {
 			for _, c := range rep.Ceilings {
-				add(itoa(c.Size), thousands(c.Messages), thousands(int(c.PerSec)), thousands(int(c.ConfirmedPerSec)),
-					fmtMs(c.Latency.P50), fmtMs(c.Latency.P99))
+				for _, t := range c.Tried {
+					add(itoa(c.Size), thousands(t.Messages), itoa(t.Window), thousands(int(t.PerSec)), thousands(int(t.ConfirmedPerSec)),
+						fmtMs(t.Latency.P50), fmtMs(t.Latency.P99))
+				}
 			}
 		})
 	}

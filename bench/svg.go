@@ -148,10 +148,10 @@ func renderPanel(b *bytes.Buffer, p panel, top float64) {
 		color := palette[i%len(palette)]
 		text := fmt.Sprintf("%s  (p50 %s, p99 %s, max %s ms)", s.label, fmtMs(s.dist.P50), fmtMs(s.dist.P99), fmtMs(s.dist.Max))
 		ly := y1 - 10 - float64(len(p.series)-1-i)*16
-		w := 6.5*float64(len(text)) + 30 // rough width of the text at 12px
-		fmt.Fprintf(b, `<rect x="%.1f" y="%g" width="%.1f" height="16" fill="white" fill-opacity="0.85"/>`+"\n", x1-8-w, ly-12, w)
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="%s" stroke-width="3"/>`+"\n", x1-8-w+4, ly-4, x1-8-w+22, ly-4, color)
-		fmt.Fprintf(b, `<text x="%g" y="%g" text-anchor="end">%s</text>`+"\n", x1-8, ly, esc(text))
+		w := 7*float64(len(text)) + 40 // generous width of the text at 12px, and the line
+		fmt.Fprintf(b, `<rect x="%.1f" y="%g" width="%.1f" height="16" fill="white" fill-opacity="0.85"/>`+"\n", x1-4-w, ly-12, w)
+		fmt.Fprintf(b, `<text x="%g" y="%g" text-anchor="end">%s</text>`+"\n", x1-36, ly, esc(text))
+		fmt.Fprintf(b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="%s" stroke-width="3"/>`+"\n", x1-30, ly-4, x1-10, ly-4, color)
 	}
 }
 
