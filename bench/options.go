@@ -190,15 +190,41 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 
 const usageHead = `Usage: dispatcher bench [flags]
 
-Measures this dispatcher against raw RabbitMQ on the given Redis and broker:
-the raw confirmed-publish ceiling, dispatched tasks/s and its ratio to it,
-lateness percentiles (overall and per shard), Redis commands per task, CPU
-and memory of the dispatcher processes, and the idle Redis load. It starts
-the dispatchers as child processes on a queue and exchange of its own and
-removes every key, queue and exchange it made when it ends (Ctrl-C too).
-Redis's INFO commandstats is server-wide: run it where nobody else uses Redis.
-Exit code 0 if every task arrived once, 1 if any went missing, arrived twice
-or early, or something failed, 2 for bad flags.
+Measures this dispatcher against the raw broker on the given Redis and
+RabbitMQ. It starts the dispatchers as child processes (DISPATCHER_* from
+the environment, e.g. DISPATCHER_PIPELINE, are passed on) on a key prefix,
+queue and exchange of its own, schedules tasks with plain ZADDs as any
+producer may, and consumes them with a plain AMQP consumer (auto-ack) from a
+queue bound to the exchange. Every key, queue and exchange it made is
+removed at the end, on Ctrl-C too.
+
+Modes:
+  backlog  N tasks pending (-backlog), W of them due (-window; -drain: all),
+           when K instances (-instances) start. Before the first point of
+           each message size, the ceiling: -ceiling-count raw confirmed
+           publishes (persistent, mandatory, one channel, -ceiling-window
+           unconfirmed at most) of that size to a queue of the same type,
+           consumed meanwhile; the fastest window counts.
+  rate     -rate tasks/s for -duration, each ZADDed 1s before it is due.
+  idle     K ready instances, nothing due, for -idle-duration.
+Each list flag is swept on its own around the first values (-cross: every
+combination).
+
+Figures:
+  tasks/s          tasks received, first to last receipt; the ceiling alike
+  lateness         consumer receipt minus due time (x-due-ms), ms; also per
+                   shard (message_id hash mod M)
+  Redis cmds/task  INFO commandstats calls over the run (server-wide!) per
+                   task, commands run inside Lua scripts included (Redis
+                   counts them: it is the server's work); the bench's own
+                   INFO/CLIENT LIST and, in rate mode, its ZADDs left out.
+                   scripts/task: the EVALSHA calls among them.
+  CPU s/10k tasks  utime+stime of all instances (/proc), per 10,000 tasks;
+                   backlog: whole life, rate and idle: from ready on
+  peak RSS         the largest VmHWM of the instances
+Redis figures include other clients' commands: a note says when any were
+active. Exit code 0 if every task arrived exactly once and none early, 1
+otherwise or when something failed, 2 for bad flags.
 
 Flags:
 `
