@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +36,9 @@ type RabbitNode struct {
 	Port    int    // AMQP port
 	TLSPort int    // AMQPS port (verify_peer, fail_if_no_peer_cert)
 	Certs   Certs  // the node's CA, server certificate and a client certificate for it
+
+	mu        sync.Mutex
+	alarmsSet map[string]bool // by SetAlarm, cleared by restore
 
 	dir  string
 	env  []string
@@ -135,18 +140,50 @@ func (n *RabbitNode) StartApp() error {
 	return n.waitAMQP(60 * time.Second)
 }
 
-// SetMemoryAlarm lowers the memory watermark below what the node uses, so
-// its memory alarm fires and it blocks publishing connections
-// (connection.blocked), the way a node short of memory does.
-func (n *RabbitNode) SetMemoryAlarm() error {
-	_, err := n.Ctl("set_vm_memory_high_watermark", "absolute", "1")
-	return err
+// SetAlarm sets off the node's "memory" or "disk" alarm the way a node
+// short of either sees it: the limit is moved past what the node has, so
+// the node blocks publishing connections (connection.blocked).
+func (n *RabbitNode) SetAlarm(resource string) error {
+	args, err := alarmArgs(resource, true)
+	if err != nil {
+		return err
+	}
+	if _, err = n.Ctl(args...); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.alarmsSet[resource] = true
+	n.mu.Unlock()
+	return nil
 }
 
-// ClearMemoryAlarm puts the watermark back to RabbitMQ's default.
-func (n *RabbitNode) ClearMemoryAlarm() error {
-	_, err := n.Ctl("set_vm_memory_high_watermark", "0.4")
-	return err
+// ClearAlarm puts the limit of resource back to RabbitMQ's default.
+func (n *RabbitNode) ClearAlarm(resource string) error {
+	args, err := alarmArgs(resource, false)
+	if err != nil {
+		return err
+	}
+	if _, err = n.Ctl(args...); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	delete(n.alarmsSet, resource)
+	n.mu.Unlock()
+	return nil
+}
+
+func alarmArgs(resource string, set bool) ([]string, error) {
+	switch {
+	case resource == "memory" && set:
+		return []string{"set_vm_memory_high_watermark", "absolute", "1"}, nil
+	case resource == "memory":
+		return []string{"set_vm_memory_high_watermark", "0.4"}, nil
+	case resource == "disk" && set:
+		return []string{"set_disk_free_limit", "1000000GB"}, nil
+	case resource == "disk":
+		return []string{"set_disk_free_limit", "50MB"}, nil
+	}
+	return nil, fmt.Errorf("no alarm %q: want memory or disk", resource)
 }
 
 // Alarms lists the node's resource alarms in effect ("memory", "disk").
@@ -183,26 +220,28 @@ func (n *RabbitNode) restore() error {
 			return err
 		}
 	}
-	alarms, err := n.Alarms()
-	if err != nil {
-		return err
+	n.mu.Lock()
+	set := slices.Collect(maps.Keys(n.alarmsSet))
+	n.mu.Unlock()
+	if len(set) == 0 {
+		return nil
 	}
-	if len(alarms) > 0 {
-		if err := n.ClearMemoryAlarm(); err != nil {
+	for _, a := range set {
+		if err := n.ClearAlarm(a); err != nil {
 			return err
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for len(alarms) > 0 {
-			if time.Now().After(deadline) {
-				return fmt.Errorf("alarms %v still set", alarms)
-			}
-			time.Sleep(100 * time.Millisecond)
-			if alarms, err = n.Alarms(); err != nil {
-				return err
-			}
-		}
 	}
-	return nil
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		alarms, err := n.Alarms()
+		if err != nil || len(alarms) == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("alarms %v still set", alarms)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Stop stops the node, kills it if it does not stop within 10 s, and
@@ -236,7 +275,7 @@ func startRabbitNode(t testing.TB) (*RabbitNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &RabbitNode{dir: dir, done: make(chan struct{})}
+	n := &RabbitNode{dir: dir, done: make(chan struct{}), alarmsSet: map[string]bool{}}
 	ok := false
 	defer func() {
 		if !ok {
