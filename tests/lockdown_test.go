@@ -10,6 +10,8 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -270,4 +272,148 @@ func TestHTTPBindsLoopbackUnlessTold(t *testing.T) {
 			t.Fatalf("output does not name the variable and the reason:\n%s", out)
 		}
 	})
+}
+
+// keyLines are the base64 lines of a PEM private key file: none may ever
+// appear in any output.
+func keyLines(t *testing.T, file string) []string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); len(l) >= 16 && !strings.HasPrefix(l, "-----") {
+			out = append(out, l)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no key material in %s", file)
+	}
+	return out
+}
+
+// TestSecretsNeverShown runs the dispatcher against a private Redis (ACL
+// user with a password, TLS with a client certificate) and a private
+// RabbitMQ node (amqps, own user and password, client certificate), at
+// debug level. It delivers, and neither password nor any line of either
+// private key appears in its logs, /metrics, /readyz or /healthz; nor in
+// --help, the error of a bad setting, or the logs, /metrics and /readyz of
+// runs with a wrong password (text and JSON logs). Key file paths may show.
+func TestSecretsNeverShown(t *testing.T) {
+	const redisPW, amqpPW = "RedisPW-s3cr3t-7f1", "AmqpPW-s3cr3t-9c2"
+	certs := testenv.NewCerts(t)
+	srv := testenv.StartRedis(t, testenv.RedisOptions{TLS: &certs, TLSAuthClients: true,
+		Users: []string{"user app on >" + redisPW + " ~* &* +@all"}})
+	node := testenv.PrivateRabbit(t)
+	node.AddUser(t, "app", amqpPW)
+	secrets := append([]string{redisPW, amqpPW}, keyLines(t, certs.ClientKey)...)
+	secrets = append(secrets, keyLines(t, node.Certs.ClientKey)...)
+	leaks := func(what, text string) {
+		t.Helper()
+		for _, s := range secrets {
+			if strings.Contains(text, s) {
+				t.Errorf("%s shows the secret %q:\n%s", what, s, tail(text, 3000))
+				return
+			}
+		}
+	}
+
+	h := newHarness(t)
+	q := queueSpec{Name: "secret", Shards: 2, Exchange: h.prefix + ".secret", RoutingKey: "secret"}
+	h.queues = []queueSpec{q}
+	h.rdb = srv.Client()
+	conn, err := node.Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	h.got[q.Name] = testenv.Consumer(t, conn, q.Exchange, q.RoutingKey)
+	addr := testenv.FreeAddr(t)
+	for k, v := range map[string]string{
+		"DISPATCHER_REDIS_URL":       srv.URLFor("app", redisPW),
+		"DISPATCHER_REDIS_CA_FILE":   certs.CA,
+		"DISPATCHER_REDIS_CERT_FILE": certs.ClientCert,
+		"DISPATCHER_REDIS_KEY_FILE":  certs.ClientKey,
+		"DISPATCHER_AMQP_URL":        node.AMQPSURL("app", amqpPW),
+		"DISPATCHER_AMQP_CA_FILE":    node.Certs.CA,
+		"DISPATCHER_AMQP_CERT_FILE":  node.Certs.ClientCert,
+		"DISPATCHER_AMQP_KEY_FILE":   node.Certs.ClientKey,
+		"DISPATCHER_HTTP_ADDR":       addr,
+		"DISPATCHER_LOG_LEVEL":       "debug",
+	} {
+		h.extra[k] = v
+	}
+	if !strings.HasPrefix(h.env()["DISPATCHER_REDIS_URL"], "rediss://") {
+		t.Fatalf("private Redis is not TLS: %s", h.env()["DISPATCHER_REDIS_URL"])
+	}
+
+	p := h.start()
+	want := scheduleSpread(t, h.producer(q.Name), "s", 200, time.Now().Add(300*time.Millisecond), 200*time.Millisecond)
+	h.verify(q.Name, want, 30*time.Second, 0)
+	for _, path := range []string{"/metrics", "/readyz", "/healthz"} {
+		body, err := httpGet("http://" + addr + path)
+		if err != nil {
+			t.Fatalf("%s: %v %s", path, err, body)
+		}
+		leaks(path, body)
+	}
+	if !strings.Contains(p.out.String(), "app:xxxxx@") {
+		t.Errorf("log does not show the redacted URLs:\n%s", tail(p.out.String(), 2000))
+	}
+	leaks("log", p.out.String())
+
+	// --help and a bad setting, with the same environment.
+	help := exec.Command(binary, "--help")
+	for k, v := range h.env() {
+		help.Env = append(help.Env, k+"="+v)
+	}
+	out, err := help.CombinedOutput()
+	if err != nil {
+		t.Fatalf("--help: %v", err)
+	}
+	leaks("--help", string(out))
+	for _, bad := range []map[string]string{
+		{"DISPATCHER_LEASE": "soon"},
+		{"DISPATCHER_REDIS_KEY_FILE": certs.ClientCert}, // a certificate where the key belongs
+		{"DISPATCHER_AMQP_KEY_FILE": certs.ClientKey},   // a key of another certificate
+	} {
+		env := h.env()
+		for k, v := range bad {
+			env[k] = v
+		}
+		bp := start(t, env)
+		if code := bp.wait(10 * time.Second); code != 2 {
+			t.Errorf("%v: exit code %d, want 2:\n%s", bad, code, bp.out.String())
+		}
+		t.Logf("%v: %s", bad, strings.TrimSpace(bp.out.String()))
+		leaks(fmt.Sprintf("error for %v", bad), bp.out.String())
+	}
+
+	// Wrong passwords: the failures are logged, the secrets are not.
+	env := h.env()
+	env["DISPATCHER_AMQP_URL"] = node.AMQPSURL("app", "Wrong"+amqpPW)
+	env["DISPATCHER_LOG_FORMAT"] = "json"
+	secrets = append(secrets, "Wrong"+amqpPW, "Wrong"+redisPW)
+	env["DISPATCHER_HTTP_ADDR"] = testenv.FreeAddr(t)
+	wa := start(t, env)
+	eventually(t, 20*time.Second, "broker login failure logged", func() bool {
+		return strings.Contains(wa.out.String(), "broker connect failed")
+	})
+	for _, path := range []string{"/metrics", "/readyz"} {
+		body, _ := httpGet("http://" + env["DISPATCHER_HTTP_ADDR"] + path)
+		if body == "" {
+			t.Errorf("%s of the run with a wrong broker password: empty", path)
+		}
+		leaks(path+" (wrong broker password)", body)
+	}
+	leaks("log (wrong broker password)", wa.out.String())
+	env = h.env()
+	env["DISPATCHER_REDIS_URL"] = srv.URLFor("app", "Wrong"+redisPW)
+	wr := start(t, env)
+	eventually(t, 20*time.Second, "Redis login failure logged", func() bool {
+		return strings.Contains(wr.out.String(), "waiting for Redis")
+	})
+	leaks("log (wrong Redis password)", wr.out.String())
 }
