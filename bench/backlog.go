@@ -126,8 +126,11 @@ func (m *measurement) wait(ctx context.Context, extra func() string) error {
 // their whole life).
 func (m *measurement) finish(ctx context.Context, before cmdStats, own map[string]int64, cpu0 []float64, began time.Time) error {
 	res, rec := m.res, m.rec
-	if _, err := settle(ctx, m.fleet, rec.unique.Load()); err != nil {
+	if n, err := settle(ctx, m.fleet, rec.unique.Load()); err != nil {
 		return err
+	} else if n < float64(rec.unique.Load()) {
+		m.r.warnf("%s: the instances count %.0f tasks dispatched, the consumer got %d; Redis's figures may miss the last ones",
+			m.p, n, rec.unique.Load())
 	}
 	after, err := readCmdStats(ctx, m.r.rdb)
 	if err != nil {

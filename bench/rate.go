@@ -45,11 +45,16 @@ func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 		err   error
 	}
 	done := make(chan produced, 1)
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
 	go func() {
 		z, err := produce(ctx, r.rdb, m.keys, p.Shards, p.Size, p.Rate, d, began, &scheduled)
+		if err != nil {
+			stopWaiting() // what was not scheduled will not come
+		}
 		done <- produced{z, err}
 	}()
-	waitErr := m.wait(ctx, func() string {
+	waitErr := m.wait(waitCtx, func() string {
 		return fmt.Sprintf(", %s scheduled", thousands(int(scheduled.Load())))
 	})
 	out := <-done
