@@ -112,7 +112,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	// The defaults are resolved after parsing so that -h never shows a
 	// password from the environment.
 	fs.StringVar(&o.RedisURL, "redis", "", "Redis URL (default $DISPATCHER_REDIS_URL, else redis://localhost:6379/0)")
-	fs.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL (default $DISPATCHER_AMQP_URL, else amqp://guest:guest@localhost:5672/)")
+	fs.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL (default $DISPATCHER_AMQP_URL, else the guest user at localhost:5672)")
 	fs.StringVar(&o.Dispatcher, "dispatcher", "", "dispatcher executable to start (default: this one)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
