@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dispatcher/dispatcher/publisher"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -151,12 +149,7 @@ func (s *Scanner) ack(ctx context.Context, i int, entries []string) error {
 	if len(entries) == 0 {
 		return nil
 	}
-	args := anys(entries)
-	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZRem(ctx, s.keys.Inflight(i), args...)
-		p.HDel(ctx, s.keys.Attempts(i), entries...)
-		return nil
-	})
+	err := ackScript.Run(ctx, s.rdb, []string{s.keys.Inflight(i), s.keys.Attempts(i)}, anys(entries)...).Err()
 	if err != nil {
 		return fmt.Errorf("ack %d tasks on %s: %w", len(entries), s.keys.Inflight(i), err)
 	}

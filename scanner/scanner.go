@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -220,6 +221,10 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				<-slots
 			}
 			if err != nil {
+				// Back to sweeping: a Redis at maxmemory refuses the
+				// balancer's INCRBY for as long as it stays full, while
+				// claims (allow-oom) still drain it.
+				busy = false
 				errDelay = s.redisTrouble(ctx, err, errDelay)
 				continue
 			}
@@ -315,7 +320,14 @@ func (s *Scanner) redisTrouble(ctx context.Context, err error, prev time.Duratio
 		return prev
 	}
 	s.met.error("redis", 1)
-	s.lim.Warn("redis", "redis unavailable; retrying", "err", err)
+	// One log key per kind of trouble, so that a LOADING after a lost
+	// connection is not held back as a repeat of it.
+	class := redisErrorClass(err)
+	args := []any{"err", err}
+	if hint, ok := redisHints[class]; ok {
+		args = append(args, "hint", hint)
+	}
+	s.lim.Warn("redis:"+class, "redis unavailable; retrying", args...)
 	return min(max(2*prev, 50*time.Millisecond), 2*time.Second)
 }
 
@@ -491,7 +503,7 @@ func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([][
 			}
 			continue
 		}
-		if err != nil && !perShard(cmds) {
+		if err != nil && (!perShard(cmds) || serverRefuses(err)) {
 			return nil, err
 		}
 		results := make([][]any, len(cmds))
@@ -512,6 +524,38 @@ func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([][
 		}
 		return results, nil
 	}
+}
+
+// serverRefuses reports whether err is Redis refusing every command for
+// now (loading its data, a read-only replica, a busy script, an ACL or
+// authentication problem) rather than trouble with one shard's keys: the
+// loop backs off and logs it once, instead of blaming every shard.
+func serverRefuses(err error) bool {
+	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "BUSY", "NOPERM", "NOAUTH", "WRONGPASS", "OOM"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// redisHints explain the Redis refusals an operator can act on.
+var redisHints = map[string]string{
+	"LOADING":  "Redis is loading its data set after a restart; dispatching resumes when it is done",
+	"READONLY": "DISPATCHER_REDIS_URL reaches a read-only replica; the dispatcher needs the primary",
+	"OOM":      "Redis is at maxmemory: producers cannot schedule; the dispatcher keeps draining, which frees memory",
+	"NOPERM":   "the Redis ACL user lacks a key, channel or command the dispatcher needs",
+}
+
+// redisErrorClass is the error code of a Redis reply error (LOADING,
+// READONLY, OOM, ...) or "conn" for anything else (network, timeout).
+func redisErrorClass(err error) string {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return "conn"
+	}
+	code, _, _ := strings.Cut(re.Error(), " ")
+	return code
 }
 
 func noScript(cmds []*redis.Cmd) bool {

@@ -12,6 +12,14 @@ import "github.com/redis/go-redis/v9"
 // Every script touches only keys of one shard, which share the hash tag
 // {Q:i}, so they run on Redis Cluster too. Members are data, never code:
 // no script evaluates its input.
+//
+// Every script here only moves or settles tasks already stored, so each
+// declares "#!lua flags=allow-oom": a Redis at maxmemory under noeviction
+// refuses a script's first write otherwise (Redis 7), and a full Redis
+// would never drain, since forgetting confirmed tasks is what frees its
+// memory. With the shebang Redis checks the flags before running a script:
+// a read-only replica refuses these outright with READONLY, the read-only
+// sweep (batch 0) included, and keys must all come through KEYS.
 
 // claimScript reaps expired leases of a shard back to pending, then moves
 // up to a batch of due tasks from pending to in-flight with a lease.
@@ -27,7 +35,7 @@ import "github.com/redis/go-redis/v9"
 // Returns {now_ms, next_pending_score|"", next_lease_deadline|"", reaped, entry...};
 // reaped counts only leases of tasks that had no failed attempt, i.e. whose
 // instance died or stalled, not retries whose backoff ran out.
-var claimScript = redis.NewScript(`
+var claimScript = redis.NewScript(`#!lua flags=allow-oom
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit = tonumber(ARGV[1])
@@ -89,7 +97,7 @@ return out
 //	"poison" dead-letters after ARGV[3] attempts, "dead" at once.
 //
 // Returns {retried, dead}. Entries no longer in flight are skipped.
-var failScript = redis.NewScript(`
+var failScript = redis.NewScript(`#!lua flags=allow-oom
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local first, longest, maxAttempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -124,7 +132,7 @@ return {retried, dead}
 // KEYS[2] pending shard
 // ARGV[1..] entries
 // Returns how many went back.
-var releaseScript = redis.NewScript(`
+var releaseScript = redis.NewScript(`#!lua flags=allow-oom
 local n = 0
 for _, e in ipairs(ARGV) do
   if redis.call('ZREM', KEYS[1], e) == 1 then
@@ -132,6 +140,24 @@ for _, e in ipairs(ARGV) do
     redis.call('ZADD', KEYS[2], 'NX', string.sub(e, 1, sep - 1), string.sub(e, sep + 1))
     n = n + 1
   end
+end
+return n
+`)
+
+// ackScript forgets confirmed tasks: their in-flight entries and attempt
+// counts, atomically. A script rather than MULTI: Redis refuses every
+// command queued in a MULTI while at maxmemory, even ZREM, which frees.
+//
+// KEYS[1] in-flight set
+// KEYS[2] attempts hash
+// ARGV[1..] entries
+// Returns how many entries were still in flight.
+var ackScript = redis.NewScript(`#!lua flags=allow-oom
+local n = 0
+for i = 1, #ARGV, 1000 do
+  local j = math.min(i + 999, #ARGV)
+  n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
+  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
 end
 return n
 `)
