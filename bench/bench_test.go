@@ -92,8 +92,8 @@ func TestBenchEndToEnd(t *testing.T) {
 			t.Errorf("ceiling run %+v of %+v", run, rep.Ceilings[0])
 		}
 	}
-	if len(rep.Results) != 2 || len(rep.Idle) != 1 {
-		t.Fatalf("%d results and %d idle results, want 2 and 1", len(rep.Results), len(rep.Idle))
+	if len(rep.Results) != 2 || len(rep.Idle) != 2 {
+		t.Fatalf("%d results and %d idle results, want 2 and 2", len(rep.Results), len(rep.Idle))
 	}
 	backlog, rate := rep.Results[0], rep.Results[1]
 	checkResult(t, backlog, 2000)
@@ -106,7 +106,10 @@ func TestBenchEndToEnd(t *testing.T) {
 	if backlog.CPUSeconds <= 0 || backlog.CPUPer10k <= 0 {
 		t.Errorf("backlog CPU: %v s, %v s/10k", backlog.CPUSeconds, backlog.CPUPer10k)
 	}
-	idle := rep.Idle[0]
+	if bg := rep.Idle[0]; bg.Instances != 0 || bg.Seconds < 1 {
+		t.Errorf("background: %+v", bg)
+	}
+	idle := rep.Idle[1]
 	if idle.CmdsPerSec <= 0 || idle.ScriptsPerSec <= 0 || idle.Unexpected != 0 || idle.PeakRSSMB <= 0 {
 		t.Errorf("idle: %+v", idle)
 	}

@@ -22,6 +22,7 @@ func (r *runner) runIdle(ctx context.Context, p Point) (*IdleResult, error) {
 			return res, err
 		}
 	}
+	// With no instance (the background point) the fleet stays empty.
 	if m.fleet, err = startFleet(ctx, m.spec(), p.Instances); err != nil {
 		return res, err
 	}
@@ -68,9 +69,11 @@ func (r *runner) runIdle(ctx context.Context, p Point) (*IdleResult, error) {
 		return res, err
 	}
 	res.CmdsPerSec = float64(res.Redis.Commands) / res.Seconds
-	res.CmdsPerSecPerInstance = res.CmdsPerSec / float64(p.Instances)
 	res.ScriptsPerSec = float64(res.Redis.ScriptCalls) / res.Seconds
-	res.CPUPercent = use.CPUSeconds / res.Seconds / float64(p.Instances) * 100
+	if p.Instances > 0 {
+		res.CmdsPerSecPerInstance = res.CmdsPerSec / float64(p.Instances)
+		res.CPUPercent = use.CPUSeconds / res.Seconds / float64(p.Instances) * 100
+	}
 	res.PeakRSSMB = use.PeakRSSMB
 	if err := m.fleet.stop(); err != nil {
 		res.Errors = append(res.Errors, err.Error())

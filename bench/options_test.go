@@ -64,6 +64,7 @@ func TestPlanSweepsOneListAtATime(t *testing.T) {
 		"backlog N=10,000,000 due=200,000 instances=1 shards=16 batch=500 size=200",
 		"backlog N=100,000 due=100,000 instances=2 shards=16 batch=500 size=200",
 		"backlog N=100,000 due=100,000 instances=4 shards=16 batch=500 size=200",
+		"idle background (no instance) pending=0",
 		"idle instances=1 shards=16 pending=0",
 		"idle instances=2 shards=16 pending=0",
 		"idle instances=4 shards=16 pending=0",

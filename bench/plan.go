@@ -26,6 +26,9 @@ func (p Point) String() string {
 		return fmt.Sprintf("rate %s/s instances=%d shards=%d batch=%d size=%d",
 			thousands(p.Rate), p.Instances, p.Shards, p.Batch, p.Size)
 	default:
+		if p.Instances == 0 {
+			return fmt.Sprintf("idle background (no instance) pending=%s", thousands(p.Backlog))
+		}
 		return fmt.Sprintf("idle instances=%d shards=%d pending=%s", p.Instances, p.Shards, thousands(p.Backlog))
 	}
 }
@@ -45,6 +48,11 @@ func plan(o *Options) []Point {
 			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes}
 		case modeIdle:
 			dims = [][]int{o.Instances, o.Shards}
+		}
+		if mode == modeIdle {
+			// First Redis's load with no instance at all: what the idle
+			// figures stand on (other clients, on a shared Redis).
+			out = append(out, Point{Mode: modeIdle, Shards: o.Shards[0], Backlog: o.IdleTasks, Batch: o.Batches[0], Size: o.Sizes[0]})
 		}
 		for _, c := range combos(dims, o.Cross) {
 			p := Point{Mode: mode}

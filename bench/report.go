@@ -53,10 +53,14 @@ func writeTables(w io.Writer, rep *Report) {
 		})
 	}
 	if len(rep.Idle) > 0 {
-		fmt.Fprintf(w, "\nIdle: nothing due; Redis commands (those inside scripts included) per second\n\n")
+		fmt.Fprintf(w, "\nIdle: nothing due; Redis commands (those inside scripts included) per second; the background row is Redis with no instance running\n\n")
 		table(w, []string{"instances", "shards", "pending", "Redis cmds/s", "per instance", "script calls/s", "CPU % per instance"},
 			func(add func(...string)) {
 				for _, r := range rep.Idle {
+					if r.Instances == 0 {
+						add("0 (background)", itoa(r.Shards), thousands(r.Backlog), fmt.Sprintf("%.0f", r.CmdsPerSec), "", fmt.Sprintf("%.0f", r.ScriptsPerSec), "")
+						continue
+					}
 					add(itoa(r.Instances), itoa(r.Shards), thousands(r.Backlog), fmt.Sprintf("%.0f", r.CmdsPerSec),
 						fmt.Sprintf("%.0f", r.CmdsPerSecPerInstance), fmt.Sprintf("%.0f", r.ScriptsPerSec), fmt.Sprintf("%.2f", r.CPUPercent))
 				}
