@@ -169,11 +169,15 @@ func (p *Publisher) WaitReady(ctx context.Context) error {
 }
 
 func (p *Publisher) connect(ctx context.Context) (*session, error) {
+	// A write stuck longer than a confirm may take ends the connection,
+	// and stopping aborts the set-up (see dialer).
+	dial, dialDone := dialer(ctx, 10*time.Second, p.opt.ConfirmTimeout)
+	defer dialDone()
 	cfg := amqp.Config{
 		Heartbeat:  10 * time.Second,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": p.opt.ConnectionName},
-		Dial:       amqp.DefaultDial(10 * time.Second),
+		Dial:       dial,
 	}
 	if p.opt.TLS != nil {
 		// Cloned per dial: the amqp library sets ServerName on it.

@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 	testenv.StopPrivateRabbit() // its process watcher would count as a leak
 	// Every test's consumers, clients and processes are gone by now; a
 	// goroutine still running is a leak.
-	if err := goleak.Find(); err != nil && code == 0 {
+	if err := goleak.Find(netProxyLeaks...); err != nil && code == 0 {
 		fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 		code = 1
 	}

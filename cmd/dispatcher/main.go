@@ -76,6 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dispatcher: DISPATCHER_REDIS_URL: %v\n", redact.Error(err))
 		return exitSettings
 	}
+	redisTimeouts(ropt)
 	if f := cfg.RedisTLSFiles(); !f.Empty() {
 		if ropt.TLSConfig, err = f.Apply(ropt.TLSConfig); err != nil { // Load validated it; kept for safety
 			fmt.Fprintf(stderr, "dispatcher: Redis TLS: %v\n", err)
@@ -210,6 +211,22 @@ func startChecks(ctx context.Context, rdb *redis.Client, cfg *config.Settings, l
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// redisTimeouts sets how soon a Redis call gives up, unless the URL says
+// (read_timeout, write_timeout, max_retries). Every call here is a short
+// script or pipeline, and the scan loop and the settling of a batch retry
+// failures themselves, with backoff and a log line. go-redis's defaults
+// (5s read timeout, 3 retries of its own) kept the loop waiting about 20s
+// on a connection that had silently died before anything was logged or
+// retried; these notice it in about 6s.
+func redisTimeouts(o *redis.Options) {
+	if o.ReadTimeout == 0 {
+		o.ReadTimeout = 3 * time.Second // the write timeout follows it
+	}
+	if o.MaxRetries == 0 {
+		o.MaxRetries = 1 // one quick retry for a connection that broke while idle
+	}
 }
 
 // testClock returns the local clock, shifted by DISPATCHER_TEST_CLOCK_SKEW
