@@ -312,6 +312,22 @@ func validTLS(name, url, scheme string, f tlsfiles.Files) error {
 	if (f.Cert == "") != (f.Key == "") {
 		return &Error{Var: first, Value: value, Reason: fmt.Sprintf("%s and %s must be set together", v("CERT_FILE"), v("KEY_FILE"))}
 	}
+	// A file that cannot be read is named by its own variable.
+	for _, file := range []struct{ name, path string }{{v("CA_FILE"), f.CA}, {v("CERT_FILE"), f.Cert}, {v("KEY_FILE"), f.Key}} {
+		if file.path == "" {
+			continue
+		}
+		fh, err := os.Open(file.path)
+		if err == nil {
+			fh.Close()
+			continue
+		}
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is the value, shown already
+		}
+		return &Error{Var: file.name, Value: file.path, Reason: "cannot read it: " + err.Error()}
+	}
 	if _, err := f.Config(); err != nil {
 		return &Error{Var: first, Value: value, Reason: err.Error()}
 	}
