@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -84,6 +86,8 @@ func writeTables(w io.Writer, rep *Report) {
 	}
 }
 
+// results returns the mode's results ordered for reading: by instances,
+// shards, batch, size, then backlog or rate (the JSON keeps run order).
 func results(rep *Report, mode string) []*Result {
 	var out []*Result
 	for _, r := range rep.Results {
@@ -91,6 +95,10 @@ func results(rep *Report, mode string) []*Result {
 			out = append(out, r)
 		}
 	}
+	slices.SortStableFunc(out, func(a, b *Result) int {
+		return cmp.Or(cmp.Compare(a.Instances, b.Instances), cmp.Compare(a.Shards, b.Shards), cmp.Compare(a.Batch, b.Batch),
+			cmp.Compare(a.Size, b.Size), cmp.Compare(a.Backlog, b.Backlog), cmp.Compare(a.Rate, b.Rate))
+	})
 	return out
 }
 
