@@ -13,16 +13,21 @@ import (
 	"github.com/dispatcher/dispatcher/shard"
 )
 
-// Loading sizes: ZADD with up to zaddPairs score/member pairs per command,
-// pipelines of up to pipeCmds commands, from loadWorkers connections at
-// once so that building commands here overlaps Redis executing them.
+// Loading sizes: ZADD with up to zaddPairs score/member pairs per command
+// (fewer for big members), pipelines of up to pipeCmds commands, from
+// loadWorkers connections at once so that building commands here overlaps
+// Redis executing them.
 const (
 	zaddPairs   = 1000
+	zaddBytes   = 4 << 20 // most member bytes in one ZADD
 	pipeCmds    = 16
 	loadWorkers = 4
-	loadChunk   = 20000  // task indexes a worker takes at a time
-	maxBuffered = 100000 // members a worker holds before it flushes all shards
+	loadChunk   = 20000    // task indexes a worker takes at a time
+	maxBuffered = 64 << 20 // member bytes a worker holds before it flushes all shards
 )
+
+// pairsPerZADD is how many members of size bytes go into one ZADD.
+func pairsPerZADD(size int) int { return min(zaddPairs, max(1, zaddBytes/size)) }
 
 // load schedules tasks from..to-1 of size bytes on the queue's m shards,
 // task i due at dueMs(i), each in its shard by the contract's hashing.
@@ -36,7 +41,7 @@ func load(ctx context.Context, rdb *redis.Client, keys shard.Keys, m, size, from
 	var wg sync.WaitGroup
 	for w := range loadWorkers {
 		wg.Go(func() {
-			l := &loader{rdb: rdb, keys: keys, m: m, buf: make([][]any, m), pipe: rdb.Pipeline(), loaded: loaded}
+			l := &loader{rdb: rdb, keys: keys, m: m, pairs: pairsPerZADD(size), buf: make([][]any, m), pipe: rdb.Pipeline(), loaded: loaded}
 			for start := range chunks {
 				for i := start; i < min(start+loadChunk, to); i++ {
 					if err := l.add(ctx, i, size, dueMs(i)); err != nil {
@@ -74,8 +79,9 @@ type loader struct {
 	rdb      *redis.Client
 	keys     shard.Keys
 	m        int
+	pairs    int     // score/member pairs per ZADD
 	buf      [][]any // per shard: "zadd", key, score, member, ...
-	buffered int
+	buffered int     // member bytes in buf
 	pipe     redis.Pipeliner
 	queued   int // tasks in queued pipeline commands
 	loaded   *atomic.Int64
@@ -86,12 +92,12 @@ func (l *loader) add(ctx context.Context, i, size int, due int64) error {
 	l.member = member(l.member, i, size)
 	s := shard.Index(l.member, l.m)
 	if l.buf[s] == nil {
-		l.buf[s] = make([]any, 0, 2+2*zaddPairs)
+		l.buf[s] = make([]any, 0, 2+2*l.pairs)
 		l.buf[s] = append(l.buf[s], "zadd", l.keys.Pending(s))
 	}
 	l.buf[s] = append(l.buf[s], due, string(l.member))
-	l.buffered++
-	if len(l.buf[s]) >= 2+2*zaddPairs {
+	l.buffered += size
+	if len(l.buf[s]) >= 2+2*l.pairs {
 		if err := l.queue(ctx, s); err != nil {
 			return err
 		}
@@ -106,8 +112,10 @@ func (l *loader) add(ctx context.Context, i, size int, due int64) error {
 func (l *loader) queue(ctx context.Context, s int) error {
 	n := (len(l.buf[s]) - 2) / 2
 	l.pipe.Do(ctx, l.buf[s]...)
+	for i := 3; i < len(l.buf[s]); i += 2 {
+		l.buffered -= len(l.buf[s][i].(string))
+	}
 	l.buf[s] = nil
-	l.buffered -= n
 	l.queued += n
 	if l.pipe.Len() >= pipeCmds {
 		return l.exec(ctx)

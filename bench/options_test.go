@@ -108,3 +108,11 @@ func TestCommandLineHidesPasswords(t *testing.T) {
 		t.Errorf("commandLine = %s", got)
 	}
 }
+
+func TestPairsPerZADD(t *testing.T) {
+	for size, want := range map[int]int{16: 1000, 200: 1000, 8192: 512, 16 << 20: 1} {
+		if got := pairsPerZADD(size); got != want {
+			t.Errorf("pairsPerZADD(%d) = %d, want %d", size, got, want)
+		}
+	}
+}
