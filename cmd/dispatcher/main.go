@@ -193,11 +193,14 @@ func startChecks(ctx context.Context, rdb *redis.Client, cfg *config.Settings, l
 			return ctx.Err()
 		}
 	}
-	if policy, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result(); err == nil {
-		if p := policy["maxmemory-policy"]; p != "" && p != "noeviction" {
-			log.Warn("Redis may evict keys: scheduled tasks can silently disappear; set maxmemory-policy noeviction",
-				"maxmemory-policy", p)
-		}
+	// A least-privilege ACL user, or a managed Redis, may not allow CONFIG:
+	// the check is advice, so it is skipped with a note, never fatal.
+	if policy, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result(); err != nil {
+		log.Info("cannot read maxmemory-policy; make sure it is noeviction (an evicting Redis can drop scheduled tasks)",
+			"err", redact.Error(err))
+	} else if p := policy["maxmemory-policy"]; p != "" && p != "noeviction" {
+		log.Warn("Redis may evict keys: scheduled tasks can silently disappear; set maxmemory-policy noeviction",
+			"maxmemory-policy", p)
 	}
 	var errs []error
 	for _, q := range cfg.QueueSettings {
