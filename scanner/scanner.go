@@ -531,7 +531,7 @@ func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([][
 // authentication problem) rather than trouble with one shard's keys: the
 // loop backs off and logs it once, instead of blaming every shard.
 func serverRefuses(err error) bool {
-	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "BUSY", "NOPERM", "NOAUTH", "WRONGPASS", "OOM"} {
+	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "BUSY ", "NOPERM", "NOAUTH", "WRONGPASS", "OOM"} {
 		if redis.HasErrorPrefix(err, p) {
 			return true
 		}
