@@ -143,10 +143,11 @@ func nodeConsumer(t testing.TB, node *testenv.RabbitNode, exchange, key, queue s
 }
 
 // TestRabbitAppRestart stops and starts the broker application twice
-// (rabbitmqctl stop_app / start_app) under steady traffic: the node closes
-// every connection and refuses new ones for a while; the dispatcher
-// returns what it had not got confirmed to pending, reconnects, and every
-// task arrives.
+// under steady traffic (what rabbitmqctl stop_app / start_app do; see
+// RabbitNode.AppOutages): the node closes every connection and refuses new
+// ones for a while; the dispatcher returns what it had not got confirmed to
+// pending, reconnects, and every task arrives. The test fails if no task
+// fell due while the application was down.
 func TestRabbitAppRestart(t *testing.T) {
 	node := testenv.PrivateRabbit(t)
 	h := newNodeHarness(t, node, queueSpec{Name: "restart", Shards: 8})
@@ -154,36 +155,77 @@ func TestRabbitAppRestart(t *testing.T) {
 	h.extra["DISPATCHER_LEASE"] = "5s"
 	p := h.start()
 	waitLogged(t, p, "broker connected", 15*time.Second)
-	want := scheduleSpread(t, h.producer("restart"), "r", 20000, time.Now().Add(200*time.Millisecond), 8*time.Second)
+	from := time.Now().Add(200 * time.Millisecond)
+	want := scheduleSpread(t, h.producer("restart"), "r", 16000, from, 8*time.Second)
 
-	restarts := 0
+	var outages []testenv.Outage
 	restarting := make(chan struct{})
 	go func() {
 		defer close(restarting)
-		for range 2 {
-			time.Sleep(1500 * time.Millisecond)
-			if err := node.StopApp(); err != nil {
-				t.Errorf("stop_app: %v", err)
-				return
-			}
-			time.Sleep(time.Second)
-			if err := node.StartApp(); err != nil {
-				t.Errorf("start_app: %v", err)
-				return
-			}
-			restarts++
+		var err error
+		outages, err = node.AppOutages([]time.Time{from.Add(2 * time.Second), from.Add(5500 * time.Millisecond)}, time.Second)
+		if err != nil {
+			t.Errorf("restart the broker application: %v", err)
 		}
 	}()
 	// Duplicates come only from publishes the broker took but whose
 	// confirm the closed connection lost: at most what was in flight.
 	h.verify("restart", want, 60*time.Second, 2*500*4)
 	<-restarting
-	if restarts != 2 {
-		t.Fatalf("%d of 2 restarts done", restarts)
+	if len(outages) != 2 {
+		t.Fatalf("%d of 2 restarts done", len(outages))
+	}
+	dueWhileDown := 0
+	for i, o := range outages {
+		n := 0
+		for _, due := range want {
+			if due >= o.Stopped.UnixMilli() && due < o.Started.UnixMilli() {
+				n++
+			}
+		}
+		t.Logf("restart %d: application down from +%s to +%s, %d tasks fell due meanwhile",
+			i+1, o.Stopped.Sub(from).Round(time.Millisecond), o.Started.Sub(from).Round(time.Millisecond), n)
+		dueWhileDown += n
+	}
+	if dueWhileDown == 0 {
+		t.Fatal("no task fell due while the application was down: the restarts missed the traffic and proved nothing")
 	}
 	if !strings.Contains(p.out.String(), "reconnecting") {
 		t.Errorf("no lost connection logged")
 	}
+	if !p.running() {
+		t.Fatal("dispatcher exited")
+	}
+	eventually(t, 10*time.Second, "nothing left in Redis", func() bool {
+		pending, inflight, dead := h.leftovers(h.queues[0])
+		return pending+inflight+dead == 0
+	})
+}
+
+// TestRabbitCrash kills the broker with SIGKILL under steady traffic and
+// boots it again on its data: connections die without a close, and what
+// the broker had not written to disk is gone. A task leaves Redis only once
+// confirmed, and a confirmed persistent message is on the broker's disk, so
+// every task still arrives.
+func TestRabbitCrash(t *testing.T) {
+	node := testenv.PrivateRabbit(t)
+	h := newNodeHarness(t, node, queueSpec{Name: "crash", Shards: 8})
+	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "2s"
+	h.extra["DISPATCHER_LEASE"] = "5s"
+	p := h.start()
+	waitLogged(t, p, "broker connected", 15*time.Second)
+	want := scheduleSpread(t, h.producer("crash"), "c", 15000, time.Now().Add(200*time.Millisecond), 6*time.Second)
+
+	time.Sleep(1500 * time.Millisecond)
+	node.Crash()
+	down := time.Now()
+	if err := node.Boot(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("broker down for %s", time.Since(down).Round(time.Millisecond))
+	// Duplicates come only from publishes the broker stored but whose
+	// confirm died with it: at most what was in flight.
+	h.verify("crash", want, 60*time.Second, 500*4)
 	if !p.running() {
 		t.Fatal("dispatcher exited")
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,13 +40,19 @@ type RabbitNode struct {
 
 	mu        sync.Mutex
 	alarmsSet map[string]bool // by SetAlarm, cleared by restore
+	proc      *nodeProc       // the running server; replaced by Boot
 
 	dir  string
 	env  []string
-	cmd  *exec.Cmd
+	cred *syscall.Credential
 	out  *os.File
-	done chan struct{}
 	stop sync.Once
+}
+
+// nodeProc is one run of the node's server process.
+type nodeProc struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when it has exited
 }
 
 var (
@@ -140,6 +147,48 @@ func (n *RabbitNode) StartApp() error {
 	return n.waitAMQP(60 * time.Second)
 }
 
+// Outage is when the broker application was down.
+type Outage struct{ Stopped, Started time.Time }
+
+// AppOutages stops the RabbitMQ application at each of the times in at and
+// starts it again after down: rabbit:stop() and rabbit:start(), what
+// rabbitmqctl stop_app and start_app call. All of it runs in one
+// rabbitmqctl eval, so that the timing does not depend on how long the CLI
+// takes to start, which on a busy machine is seconds; a time already past
+// when its turn comes means at once. It returns when each outage really
+// began (the application had stopped) and ended (it was running again).
+func (n *RabbitNode) AppOutages(at []time.Time, down time.Duration) ([]Outage, error) {
+	ms := make([]string, len(at))
+	for i, t := range at {
+		ms[i] = strconv.FormatInt(t.UnixMilli(), 10)
+	}
+	expr := fmt.Sprintf(`lists:map(fun(At) ->
+		timer:sleep(max(0, At - os:system_time(millisecond))),
+		ok = rabbit:stop(),
+		Stopped = os:system_time(millisecond),
+		timer:sleep(%d),
+		ok = rabbit:start(),
+		{Stopped, os:system_time(millisecond)}
+	end, [%s]).`, down.Milliseconds(), strings.Join(ms, ","))
+	// One line: rabbitmqctl passes its arguments on through su -c.
+	out, err := n.Ctl("eval", strings.Join(strings.Fields(expr), " "))
+	if err != nil {
+		return nil, err
+	}
+	var outages []Outage
+	for _, m := range outageRE.FindAllStringSubmatch(out, -1) {
+		stopped, _ := strconv.ParseInt(m[1], 10, 64)
+		started, _ := strconv.ParseInt(m[2], 10, 64)
+		outages = append(outages, Outage{time.UnixMilli(stopped), time.UnixMilli(started)})
+	}
+	if len(outages) != len(at) {
+		return outages, fmt.Errorf("rabbitmqctl eval on %s: unexpected output %q", n.Name, out)
+	}
+	return outages, n.waitAMQP(30 * time.Second)
+}
+
+var outageRE = regexp.MustCompile(`\{(\d+),(\d+)\}`)
+
 // SetAlarm sets off the node's "memory" or "disk" alarm the way a node
 // short of either sees it: the limit is moved past what the node has, so
 // the node blocks publishing connections (connection.blocked).
@@ -215,6 +264,13 @@ func (n *RabbitNode) AddUser(t testing.TB, name, password string) {
 // restore brings the node back to its normal state after a test: the
 // application running and no alarm.
 func (n *RabbitNode) restore() error {
+	select {
+	case <-n.current().done:
+		if err := n.Boot(); err != nil {
+			return err
+		}
+	default:
+	}
 	if err := n.ping(); err != nil {
 		if err := n.StartApp(); err != nil {
 			return err
@@ -248,16 +304,58 @@ func (n *RabbitNode) restore() error {
 // removes its files. It may be called more than once.
 func (n *RabbitNode) Stop() {
 	n.stop.Do(func() {
-		_ = n.cmd.Process.Signal(syscall.SIGTERM) // erl stops cleanly on SIGTERM
+		p := n.current()
+		_ = p.cmd.Process.Signal(syscall.SIGTERM) // erl stops cleanly on SIGTERM
 		select {
-		case <-n.done:
+		case <-p.done:
 		case <-time.After(10 * time.Second):
-			_ = n.cmd.Process.Kill()
-			<-n.done
+			_ = p.cmd.Process.Kill()
+			<-p.done
 		}
 		n.out.Close()
 		os.RemoveAll(n.dir)
 	})
+}
+
+// Crash kills the node's server with SIGKILL, as a machine or OOM-killer
+// crash would: no connection is closed cleanly, and only what the node had
+// written to disk survives. Boot brings it back.
+func (n *RabbitNode) Crash() {
+	p := n.current()
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Boot starts the node's server on its existing data (after Crash) and
+// waits until it accepts AMQP connections.
+func (n *RabbitNode) Boot() error {
+	// RABBITMQ_ALLOW_INPUT makes the script exec erl in the foreground, so
+	// the process started here is the node itself and the parent-death
+	// signal reaches it; -noinput then keeps it from reading stdin.
+	cmd := exec.Command(rabbitServer)
+	cmd.Dir = n.dir
+	cmd.Env = append(slices.Clip(n.env), "RABBITMQ_ALLOW_INPUT=1",
+		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-noinput -kernel inet_dist_use_interface {127,0,0,1}")
+	cmd.Stdout, cmd.Stderr = n.out, n.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: n.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", rabbitServer, err)
+	}
+	p := &nodeProc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	n.mu.Lock()
+	n.proc = p
+	n.mu.Unlock()
+	if err := n.waitAMQP(90 * time.Second); err != nil {
+		return fmt.Errorf("node %s did not come up: %w\n%s", n.Name, err, n.logTail())
+	}
+	return nil
+}
+
+func (n *RabbitNode) current() *nodeProc {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.proc
 }
 
 // startRabbitNode starts a node in a new directory that user rabbitmq can
@@ -275,7 +373,7 @@ func startRabbitNode(t testing.TB) (*RabbitNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &RabbitNode{dir: dir, done: make(chan struct{}), alarmsSet: map[string]bool{}}
+	n := &RabbitNode{dir: dir, cred: cred, alarmsSet: map[string]bool{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -333,24 +431,14 @@ log.console = false
 	if n.out, err = os.Create(filepath.Join(dir, "console.log")); err != nil {
 		return nil, err
 	}
-	// RABBITMQ_ALLOW_INPUT makes the script exec erl in the foreground, so
-	// the process started here is the node itself and the parent-death
-	// signal reaches it; -noinput then keeps it from reading stdin.
-	n.cmd = exec.Command(rabbitServer)
-	n.cmd.Dir = dir
-	n.cmd.Env = append(n.env, "RABBITMQ_ALLOW_INPUT=1",
-		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-noinput -kernel inet_dist_use_interface {127,0,0,1}")
-	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := n.cmd.Start(); err != nil {
-		n.out.Close()
-		return nil, fmt.Errorf("start %s: %w", rabbitServer, err)
-	}
-	go func() { _ = n.cmd.Wait(); close(n.done) }()
 	started := time.Now()
-	if err := n.waitAMQP(90 * time.Second); err != nil {
-		n.Stop()
-		return nil, fmt.Errorf("node %s did not come up: %w\n%s", n.Name, err, n.logTail())
+	if err := n.Boot(); err != nil {
+		if n.current() != nil {
+			n.Stop()
+		} else {
+			n.out.Close()
+		}
+		return nil, err
 	}
 	t.Logf("private RabbitMQ node %s up in %s: amqp 127.0.0.1:%d, amqps 127.0.0.1:%d",
 		n.Name, time.Since(started).Round(time.Millisecond), n.Port, n.TLSPort)
@@ -405,7 +493,7 @@ func (n *RabbitNode) waitAMQP(timeout time.Duration) error {
 			return nil
 		}
 		select {
-		case <-n.done:
+		case <-n.current().done:
 			return errors.New("the node exited")
 		default:
 		}
