@@ -146,6 +146,24 @@ func (p *Publisher) Ready() bool {
 	return s != nil && !s.blocked.Load()
 }
 
+// Blocked reports whether the broker blocks the connection
+// (connection.blocked: a memory or disk alarm).
+func (p *Publisher) Blocked() bool {
+	s, _ := p.session()
+	return s != nil && s.blocked.Load()
+}
+
+// blockChanged tells the operator why dispatching stalls: a blocked
+// connection is up, yet nothing can be published on it.
+func (p *Publisher) blockChanged(b amqp.Blocking) {
+	p.opt.Metrics.blocked(b.Active)
+	if b.Active {
+		p.log.Warn("broker blocks publishing (memory or disk alarm); claiming paused until it unblocks", "reason", b.Reason)
+	} else {
+		p.log.Info("broker unblocked publishing; claiming resumes")
+	}
+}
+
 // WaitReady blocks until Ready or ctx ends.
 func (p *Publisher) WaitReady(ctx context.Context) error {
 	for {
@@ -201,6 +219,7 @@ func (p *Publisher) connect(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("enable publisher confirms: %w", err)
 	}
 	s := newSession(conn, ch)
+	s.onBlocked = p.blockChanged
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 4096))
 	returns := ch.NotifyReturn(make(chan amqp.Return))
 	chClose := ch.NotifyClose(make(chan *amqp.Error, 1))

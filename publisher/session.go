@@ -41,6 +41,8 @@ type session struct {
 	ch      *amqp.Channel
 	started time.Time
 	blocked atomic.Bool // connection.blocked: the broker is not reading
+	// onBlocked hears every connection.blocked and connection.unblocked.
+	onBlocked func(amqp.Blocking)
 
 	pubMu sync.Mutex // serializes publishes so delivery tags match waiters
 
@@ -143,6 +145,9 @@ func (s *session) confirmLoop(confirms chan amqp.Confirmation, returns chan amqp
 				continue
 			}
 			s.blocked.Store(b.Active)
+			if s.onBlocked != nil {
+				s.onBlocked(b)
+			}
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"strings"
@@ -288,7 +289,8 @@ func testRabbitAlarm(t *testing.T, node *testenv.RabbitNode, resource string) {
 		pendingAtEnd = pending
 		time.Sleep(50 * time.Millisecond)
 	}
-	stillBlocked := readyStatus(addr) == http.StatusServiceUnavailable
+	code, body := readyz(addr)
+	blockedMetric, _ := tryMetric(addr, "dispatcher_broker_blocked")
 	if err := node.ClearAlarm(resource); err != nil {
 		t.Fatal(err)
 	}
@@ -302,10 +304,23 @@ func testRabbitAlarm(t *testing.T, node *testenv.RabbitNode, resource string) {
 	if pendingAtEnd < pendingAtBlock {
 		t.Errorf("pending shrank from %d to %d while the broker blocked the dispatcher: it went on claiming", pendingAtBlock, pendingAtEnd)
 	}
-	if !stillBlocked {
-		t.Errorf("/readyz said ready while the alarm was still on")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "alarm") {
+		t.Errorf("/readyz while the alarm was still on: %d %q, want 503 naming the alarm", code, body)
+	}
+	if blockedMetric != 1 {
+		t.Errorf("dispatcher_broker_blocked = %v while blocked, want 1", blockedMetric)
 	}
 	eventually(t, 10*time.Second, "/readyz to report ready after the alarm cleared", func() bool { return readyStatus(addr) == http.StatusOK })
+	if v, _ := tryMetric(addr, "dispatcher_broker_blocked"); v != 0 {
+		t.Errorf("dispatcher_broker_blocked = %v after the alarm cleared, want 0", v)
+	}
+	for _, s := range []string{"broker blocks publishing", "broker unblocked publishing"} {
+		if l := grep(p.out.String(), s); l == "" {
+			t.Errorf("the dispatcher did not log %q", s)
+		} else {
+			t.Logf("logged: %s", l)
+		}
+	}
 	// Publishes the broker took while blocked but confirmed only after
 	// their confirm timeout were retried: those are the duplicates.
 	h.verify("alarm", want, 60*time.Second, batch*pipeline)
@@ -317,13 +332,20 @@ func testRabbitAlarm(t *testing.T, node *testenv.RabbitNode, resource string) {
 // readyStatus returns the status code of the dispatcher's /readyz at addr, 0 if
 // it does not answer.
 func readyStatus(addr string) int {
+	code, _ := readyz(addr)
+	return code
+}
+
+// readyz returns the status code and body of the dispatcher's /readyz.
+func readyz(addr string) (int, string) {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + addr + "/readyz")
 	if err != nil {
-		return 0
+		return 0, ""
 	}
-	resp.Body.Close()
-	return resp.StatusCode
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
 }
 
 // waitLogged waits until the dispatcher's output holds s.

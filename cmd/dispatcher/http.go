@@ -35,7 +35,10 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *pu
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			problems = append(problems, "redis: unreachable")
 		}
-		if !pub.Ready() {
+		switch {
+		case pub.Blocked():
+			problems = append(problems, "broker: blocking publishes (memory or disk alarm)")
+		case !pub.Ready():
 			problems = append(problems, "broker: not connected")
 		}
 		if len(problems) > 0 {
