@@ -68,7 +68,10 @@ func New(opt Options) *Publisher {
 // Run connects, and reconnects with backoff whenever the connection or
 // channel is lost, until ctx ends. It returns nil when ctx ends.
 func (p *Publisher) Run(ctx context.Context) error {
-	const minBackoff, maxBackoff = 50 * time.Millisecond, 5 * time.Second
+	// The longest wait is also how late tasks may go out after the broker
+	// is back (an outage of seconds reaches it): keep it short, since a
+	// refused connect costs the broker next to nothing.
+	const minBackoff, maxBackoff = 50 * time.Millisecond, 2 * time.Second
 	backoff := minBackoff
 	var lastErr string
 	var lastLostLog time.Time
