@@ -4,6 +4,7 @@ package redact
 import (
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -17,16 +18,22 @@ func String(s string) string { return userinfoRE.ReplaceAllString(s, "${1}xxxxx@
 // with unencoded '/', '?', '#' or spaces is hidden too.
 func URL(raw string) string {
 	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		// Trust the parser unless what it kept looks like the password
-		// the user meant (e.g. one with an unencoded '#').
-		if r := u.Redacted(); !strings.Contains(r, ":"+Password(raw)+"@") {
-			return r
+		// Trust the parser only if the password it found is the one written
+		// up to the last '@': with an unencoded '@' and then '#', '/' or '?'
+		// in a password, the parser takes its tail for the host, a path or
+		// a fragment, and Redacted would show it.
+		parsed, _ := u.User.Password()
+		written := Password(raw)
+		if dec, err := url.PathUnescape(written); parsed == written || (err == nil && parsed == dec) {
+			return u.Redacted()
 		}
 	}
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return String(raw)
+	prefix, rest := "", raw
+	if scheme, r, ok := strings.Cut(raw, "://"); ok {
+		prefix, rest = scheme+"://", r
 	}
+	// Without a scheme ("user:pw@host", the scheme forgotten) the password
+	// is there all the same.
 	at := strings.LastIndex(rest, "@")
 	if at < 0 {
 		return raw
@@ -35,14 +42,15 @@ func URL(raw string) string {
 	if !hasPw {
 		return raw
 	}
-	return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
+	return prefix + user + ":xxxxx@" + rest[at+1:]
 }
 
-// Password returns the password part of a URL as written, or "".
+// Password returns the password part of a URL as written, or "". A URL
+// without a scheme ("user:pw@host") has one too.
 func Password(raw string) string {
-	_, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return ""
+	rest := raw
+	if _, r, ok := strings.Cut(raw, "://"); ok {
+		rest = r
 	}
 	at := strings.LastIndex(rest, "@")
 	if at < 0 {
@@ -53,8 +61,9 @@ func Password(raw string) string {
 }
 
 // Leaks reports whether text shows pw or a recognisable piece of it, as
-// written or percent-decoded (URL parsers quote pieces of a password they
-// took for a port or a path).
+// written, percent-decoded or escaped the way %q escapes (URL parsers
+// quote pieces of a password they took for a port or a path, and net/url
+// quotes the whole URL when it holds a control character).
 func Leaks(text, pw string) bool {
 	if pw == "" {
 		return false
@@ -62,6 +71,11 @@ func Leaks(text, pw string) bool {
 	forms := []string{pw}
 	if dec, err := url.PathUnescape(pw); err == nil {
 		forms = append(forms, dec)
+	}
+	for _, f := range forms {
+		if q := strconv.Quote(f); q[1:len(q)-1] != f {
+			forms = append(forms, q[1:len(q)-1])
+		}
 	}
 	for _, f := range forms {
 		if strings.Contains(text, f) {
