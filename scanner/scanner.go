@@ -167,7 +167,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		if err := s.pub.WaitReady(ctx); err != nil {
 			return
 		}
-		if errDelay > 0 && !s.sleep(ctx, errDelay) {
+		if errDelay > 0 && !s.pause(ctx, errDelay) {
 			return
 		}
 		if err := s.takeNotes(ctx, &busy); err != nil {
@@ -356,6 +356,20 @@ func (s *Scanner) idleDelay(lastSweep time.Time) time.Duration {
 		}
 	}
 	return max(d, time.Millisecond)
+}
+
+// pause waits d unless ctx ends. Unlike sleep, wake-ups do not cut it
+// short: it is the backoff after a Redis error, which must hold however
+// many producers announce tasks meanwhile.
+func (s *Scanner) pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func (s *Scanner) sleep(ctx context.Context, d time.Duration) bool {

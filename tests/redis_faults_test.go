@@ -297,9 +297,9 @@ func TestRedisReadOnlyReplica(t *testing.T) {
 		f.wait()
 	})
 	t.Logf("against the replica: %.0f Redis errors in 2s, %.0f tasks dispatched", errs, dispatched)
-	// Backing off (50 ms doubling to 2 s) gives about 7; a loop retrying
-	// at once would give thousands.
-	if errs > 40 {
+	// Backing off (50 ms doubling to 2 s) gives about 6; retrying at once,
+	// or whenever a producer's wake-up arrives, gives 50 and more.
+	if errs > 20 {
 		t.Errorf("%.0f Redis errors in 2s: the dispatcher spins on READONLY", errs)
 	}
 	if dispatched != 0 {
