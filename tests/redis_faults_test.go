@@ -348,7 +348,9 @@ func TestRedisLoading(t *testing.T) {
 
 	h := newHarnessOn(t, admin, queueSpec{Name: "load", Shards: 8})
 	h.extra["DISPATCHER_REDIS_URL"] = srv.URL()
-	h.extra["DISPATCHER_LEASE"] = "3s"
+	// Longer than the outage (restart and loading), as in
+	// TestRedisKilledWithAOF.
+	h.extra["DISPATCHER_LEASE"] = "8s"
 	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "1s"
 	p := h.start()
 	f := newFeeder(t, h.producer("load"), "l", 5*time.Second, 10, "").start()
