@@ -42,7 +42,7 @@ func TestClockSkewedInstances(t *testing.T) {
 	backlog := scheduleSpread(t, p, "b", 3000, time.Now().Add(1500*time.Millisecond), 100*time.Millisecond)
 	f := newFeeder(t, p, "c", 5*time.Second, 10, "").start()
 	var stopped, dispatchedBy string
-	verifyWhile(h, "clock", merge(backlog, f.want), 40*time.Second, 0, func() {
+	verifyWhile(h, "clock", mergeWant(backlog, f.want), 40*time.Second, 0, func() {
 		time.Sleep(2500 * time.Millisecond)
 		dispatchedBy = dispatchedPerInstance(t, skews, addrs)
 		procs["0s"].signal(syscall.SIGTERM)

@@ -167,7 +167,7 @@ func logTrouble(t *testing.T, p *proc) {
 	t.Logf("dispatcher warnings and errors (%d):\n%s", len(lines), strings.Join(lines, "\n"))
 }
 
-func merge(ms ...map[string]int64) map[string]int64 {
+func mergeWant(ms ...map[string]int64) map[string]int64 {
 	out := map[string]int64{}
 	for _, m := range ms {
 		for k, v := range m {
@@ -196,8 +196,8 @@ func metricSum(t *testing.T, addr, prefix string) float64 {
 	return sum
 }
 
-// info reads one field of INFO from c.
-func info(t *testing.T, c *redis.Client, section, field string) string {
+// redisInfo reads one field of INFO from c.
+func redisInfo(t *testing.T, c *redis.Client, section, field string) string {
 	t.Helper()
 	s, err := c.Info(context.Background(), section).Result()
 	if err != nil {
@@ -259,7 +259,7 @@ func TestRedisReadOnlyReplica(t *testing.T) {
 		Args: []string{"replicaof 127.0.0.1 " + strconv.Itoa(primary.Port)}})
 	rc := replica.Client()
 	eventually(t, 10*time.Second, "replica in sync", func() bool {
-		return info(t, rc, "replication", "master_link_status") == "up"
+		return redisInfo(t, rc, "replication", "master_link_status") == "up"
 	})
 	h := newHarnessOn(t, primary.Client(), queueSpec{Name: "ro", Shards: 4})
 	ctx := context.Background()
@@ -342,8 +342,8 @@ func TestRedisLoading(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "AOF rewrite", func() bool {
-		return info(t, admin, "persistence", "aof_rewrite_in_progress") == "0" &&
-			info(t, admin, "persistence", "aof_rewrite_scheduled") == "0"
+		return redisInfo(t, admin, "persistence", "aof_rewrite_in_progress") == "0" &&
+			redisInfo(t, admin, "persistence", "aof_rewrite_scheduled") == "0"
 	})
 
 	h := newHarnessOn(t, admin, queueSpec{Name: "load", Shards: 8})
@@ -362,7 +362,7 @@ func TestRedisLoading(t *testing.T) {
 		srv.Kill()
 		began := time.Now()
 		srv.Restart()
-		loading = info(t, admin, "persistence", "loading")
+		loading = redisInfo(t, admin, "persistence", "loading")
 		srv.WaitLoaded(30 * time.Second)
 		took = time.Since(began)
 		f.wait()
@@ -400,7 +400,7 @@ func TestRedisOutOfMemoryNoEviction(t *testing.T) {
 	eventually(t, 10*time.Second, "dispatcher started", func() bool { return strings.Contains(p.out.String(), "dispatching") })
 
 	// 2 MB above what the server uses now, with the dispatcher connected.
-	used, _ := strconv.ParseInt(info(t, admin, "memory", "used_memory"), 10, 64)
+	used, _ := strconv.ParseInt(redisInfo(t, admin, "memory", "used_memory"), 10, 64)
 	if err := admin.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used+2<<20, 10)).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +418,7 @@ func TestRedisOutOfMemoryNoEviction(t *testing.T) {
 	// Steady traffic while full: refused at first, stored once the
 	// dispatcher has drained the backlog that came due.
 	f := newFeeder(t, h.producer("oom"), "s", 5*time.Second, 5, pad).start()
-	verifyWhile(h, "oom", merge(filled, f.want), 40*time.Second, 0, f.wait)
+	verifyWhile(h, "oom", mergeWant(filled, f.want), 40*time.Second, 0, f.wait)
 	switch {
 	case f.firstErr == nil:
 		t.Error("no scheduling failed: Redis was not out of memory")
