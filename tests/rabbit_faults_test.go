@@ -151,31 +151,20 @@ func nodeConsumer(t testing.TB, node *testenv.RabbitNode, exchange, key, queue s
 // fell due while the application was down.
 func TestRabbitAppRestart(t *testing.T) {
 	node := testenv.PrivateRabbit(t)
-	h := newNodeHarness(t, node, queueSpec{Name: "restart", Shards: 8})
-	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "2s"
-	h.extra["DISPATCHER_LEASE"] = "5s"
-	p := h.start()
-	waitLogged(t, p, "broker connected", 15*time.Second)
+	h, p := dispatchOnNode(t, node, "restart", nil)
 	from := time.Now().Add(200 * time.Millisecond)
-	want := scheduleSpread(t, h.producer("restart"), "r", 16000, from, 8*time.Second)
+	want := scheduleSpread(t, h.producer("restart"), "r", 18000, from, 9*time.Second)
 
 	var outages []testenv.Outage
-	restarting := make(chan struct{})
-	go func() {
-		defer close(restarting)
-		var err error
-		outages, err = node.AppOutages([]time.Time{from.Add(2 * time.Second), from.Add(5500 * time.Millisecond)}, time.Second)
-		if err != nil {
-			t.Errorf("restart the broker application: %v", err)
-		}
-	}()
 	// Duplicates come only from publishes the broker took but whose
 	// confirm the closed connection lost: at most what was in flight.
-	h.verify("restart", want, 60*time.Second, 2*500*4)
-	<-restarting
-	if len(outages) != 2 {
-		t.Fatalf("%d of 2 restarts done", len(outages))
-	}
+	verifyWhile(h, "restart", want, 60*time.Second, 2*500*4, func() {
+		var err error
+		outages, err = node.AppOutages([]time.Time{from.Add(2 * time.Second), from.Add(6 * time.Second)}, time.Second)
+		if err != nil {
+			t.Fatalf("restart the broker application: %v", err)
+		}
+	})
 	dueWhileDown := 0
 	for i, o := range outages {
 		n := 0
@@ -194,13 +183,7 @@ func TestRabbitAppRestart(t *testing.T) {
 	if !strings.Contains(p.out.String(), "reconnecting") {
 		t.Errorf("no lost connection logged")
 	}
-	if !p.running() {
-		t.Fatal("dispatcher exited")
-	}
-	eventually(t, 10*time.Second, "nothing left in Redis", func() bool {
-		pending, inflight, dead := h.leftovers(h.queues[0])
-		return pending+inflight+dead == 0
-	})
+	drained(t, h, p)
 }
 
 // TestRabbitCrash kills the broker with SIGKILL under steady traffic and
@@ -210,23 +193,40 @@ func TestRabbitAppRestart(t *testing.T) {
 // every task still arrives.
 func TestRabbitCrash(t *testing.T) {
 	node := testenv.PrivateRabbit(t)
-	h := newNodeHarness(t, node, queueSpec{Name: "crash", Shards: 8})
-	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "2s"
-	h.extra["DISPATCHER_LEASE"] = "5s"
-	p := h.start()
-	waitLogged(t, p, "broker connected", 15*time.Second)
+	h, p := dispatchOnNode(t, node, "crash", nil)
 	want := scheduleSpread(t, h.producer("crash"), "c", 15000, time.Now().Add(200*time.Millisecond), 6*time.Second)
-
-	time.Sleep(1500 * time.Millisecond)
-	node.Crash()
-	down := time.Now()
-	if err := node.Boot(); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("broker down for %s", time.Since(down).Round(time.Millisecond))
 	// Duplicates come only from publishes the broker stored but whose
 	// confirm died with it: at most what was in flight.
-	h.verify("crash", want, 60*time.Second, 500*4)
+	verifyWhile(h, "crash", want, 60*time.Second, 500*4, func() {
+		time.Sleep(1500 * time.Millisecond)
+		node.Crash()
+		down := time.Now()
+		if err := node.Boot(); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("broker down for %s", time.Since(down).Round(time.Millisecond))
+	})
+	drained(t, h, p)
+}
+
+// dispatchOnNode starts a dispatcher of queue (8 shards) on node, with a
+// short confirm timeout and lease so that what a fault leaves in flight
+// comes back within the test, and waits until it is connected.
+func dispatchOnNode(t *testing.T, node *testenv.RabbitNode, queue string, extra map[string]string) (*harness, *proc) {
+	t.Helper()
+	h := newNodeHarness(t, node, queueSpec{Name: queue, Shards: 8})
+	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "2s"
+	h.extra["DISPATCHER_LEASE"] = "5s"
+	maps.Copy(h.extra, extra)
+	p := h.start()
+	waitLogged(t, p, "broker connected", 15*time.Second)
+	return h, p
+}
+
+// drained checks that the dispatcher lived through the fault and that
+// nothing of its queue is left in Redis.
+func drained(t *testing.T, h *harness, p *proc) {
+	t.Helper()
 	if !p.running() {
 		t.Fatal("dispatcher exited")
 	}
@@ -252,17 +252,16 @@ func TestRabbitAlarm(t *testing.T) {
 
 func testRabbitAlarm(t *testing.T, node *testenv.RabbitNode, resource string) {
 	const batch, pipeline = 100, 2
-	h := newNodeHarness(t, node, queueSpec{Name: "alarm", Shards: 8})
 	addr := testenv.FreeAddr(t)
-	h.extra["DISPATCHER_HTTP_ADDR"] = addr
-	h.extra["DISPATCHER_BATCH_SIZE"] = fmt.Sprint(batch)
-	h.extra["DISPATCHER_PIPELINE"] = fmt.Sprint(pipeline)
-	// Short, so that several confirm timeouts pass while blocked: each one
-	// frees publish slots that a dispatcher ignoring the block would fill.
-	h.extra["DISPATCHER_CONFIRM_TIMEOUT"] = "1s"
-	h.extra["DISPATCHER_LEASE"] = "5s"
-	p := h.start()
-	waitLogged(t, p, "broker connected", 15*time.Second)
+	h, p := dispatchOnNode(t, node, "alarm", map[string]string{
+		"DISPATCHER_HTTP_ADDR":  addr,
+		"DISPATCHER_BATCH_SIZE": fmt.Sprint(batch),
+		"DISPATCHER_PIPELINE":   fmt.Sprint(pipeline),
+		// Short, so that several confirm timeouts pass while blocked: each
+		// one frees publish slots that a dispatcher ignoring the block
+		// would fill.
+		"DISPATCHER_CONFIRM_TIMEOUT": "1s",
+	})
 	want := scheduleSpread(t, h.producer("alarm"), "m", 8000, time.Now().Add(200*time.Millisecond), 5*time.Second)
 
 	time.Sleep(1500 * time.Millisecond)
@@ -324,9 +323,7 @@ func testRabbitAlarm(t *testing.T, node *testenv.RabbitNode, resource string) {
 	// Publishes the broker took while blocked but confirmed only after
 	// their confirm timeout were retried: those are the duplicates.
 	h.verify("alarm", want, 60*time.Second, batch*pipeline)
-	if !p.running() {
-		t.Fatal("dispatcher exited")
-	}
+	drained(t, h, p)
 }
 
 // readyStatus returns the status code of the dispatcher's /readyz at addr, 0 if
