@@ -262,54 +262,66 @@ func testRabbitAlarm(t *testing.T, node *testenv.RabbitNode, resource string) {
 		// would fill.
 		"DISPATCHER_CONFIRM_TIMEOUT": "1s",
 	})
-	want := scheduleSpread(t, h.producer("alarm"), "m", 8000, time.Now().Add(200*time.Millisecond), 5*time.Second)
+	from := time.Now().Add(200 * time.Millisecond)
+	want := scheduleSpread(t, h.producer("alarm"), "m", 12000, from, 10*time.Second)
 
-	time.Sleep(1500 * time.Millisecond)
-	alarmAt := time.Now()
-	if err := node.SetAlarm(resource); err != nil {
-		t.Fatal(err)
+	var alarmAt, blockedAt, watchFrom, clearedAt time.Time
+	var ctlTook time.Duration
+	var maxInflight, pendingAtBlock, pendingAtEnd int64
+	// Publishes the broker took while blocked but confirmed only after
+	// their confirm timeout were retried: those are the duplicates.
+	verifyWhile(h, "alarm", want, 60*time.Second, batch*pipeline, func() {
+		time.Sleep(1500 * time.Millisecond)
+		alarmAt = time.Now()
+		if err := node.SetAlarm(resource); err != nil {
+			t.Fatal(err)
+		}
+		ctlTook = time.Since(alarmAt)
+		eventually(t, 10*time.Second, "/readyz to report the blocked broker", func() bool { return readyStatus(addr) == http.StatusServiceUnavailable })
+		blockedAt = time.Now()
+		// A claim that passed its readiness check just before the block
+		// may still land.
+		time.Sleep(250 * time.Millisecond)
+		watchFrom = time.Now()
+		// Watch Redis for 3 confirm timeouts and more of being blocked.
+		pendingAtBlock, _, _ = h.leftovers(h.queues[0])
+		for time.Since(watchFrom) < 3500*time.Millisecond {
+			pending, inflight, _ := h.leftovers(h.queues[0])
+			maxInflight = max(maxInflight, inflight)
+			pendingAtEnd = pending
+			time.Sleep(50 * time.Millisecond)
+		}
+		code, body := readyz(addr)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "alarm") {
+			t.Errorf("/readyz while the alarm was still on: %d %q, want 503 naming the alarm", code, body)
+		}
+		if v, _ := tryMetric(addr, "dispatcher_broker_blocked"); v != 1 {
+			t.Errorf("dispatcher_broker_blocked = %v while blocked, want 1", v)
+		}
+		if err := node.ClearAlarm(resource); err != nil {
+			t.Fatal(err)
+		}
+		clearedAt = time.Now()
+		eventually(t, 10*time.Second, "/readyz to report ready after the alarm cleared", func() bool { return readyStatus(addr) == http.StatusOK })
+	})
+	dueWhileWatched := 0
+	for _, due := range want {
+		if due >= watchFrom.UnixMilli() && due < clearedAt.UnixMilli() {
+			dueWhileWatched++
+		}
 	}
-	ctlTook := time.Since(alarmAt)
-	// A backlog due at once: a dispatcher that ignores the block would
-	// claim it in full batches.
-	maps.Copy(want, scheduleSpread(t, h.producer("alarm"), "burst", 3000, time.Now(), 0))
-	eventually(t, 10*time.Second, "/readyz to report the blocked broker", func() bool { return readyStatus(addr) == http.StatusServiceUnavailable })
-	blockedAt := time.Now()
-	// A claim that passed its readiness check just before the block may
-	// still land.
-	time.Sleep(250 * time.Millisecond)
-	q := h.queues[0]
-	// Watch Redis for 3 confirm timeouts and more of being blocked.
-	pendingAtBlock, _, _ := h.leftovers(q)
-	var maxInflight, pendingAtEnd int64
-	for time.Since(blockedAt) < 3500*time.Millisecond {
-		pending, inflight, _ := h.leftovers(q)
-		maxInflight = max(maxInflight, inflight)
-		pendingAtEnd = pending
-		time.Sleep(50 * time.Millisecond)
-	}
-	code, body := readyz(addr)
-	blockedMetric, _ := tryMetric(addr, "dispatcher_broker_blocked")
-	if err := node.ClearAlarm(resource); err != nil {
-		t.Fatal(err)
-	}
-	clearedAt := time.Now()
-	t.Logf("%s alarm: blocked %s after rabbitmqctl was called (it took %s); over %s blocked: in flight at most %d (batch %d × pipeline %d = %d), pending %d -> %d",
+	t.Logf("%s alarm: blocked %s after rabbitmqctl was called (it took %s), for %s; while watched, %d tasks fell due, in flight at most %d (batch %d × pipeline %d = %d), pending %d -> %d",
 		resource, blockedAt.Sub(alarmAt).Round(time.Millisecond), ctlTook.Round(time.Millisecond), clearedAt.Sub(blockedAt).Round(time.Millisecond),
-		maxInflight, batch, pipeline, batch*pipeline, pendingAtBlock, pendingAtEnd)
+		dueWhileWatched, maxInflight, batch, pipeline, batch*pipeline, pendingAtBlock, pendingAtEnd)
+	if dueWhileWatched < 2*batch*pipeline {
+		t.Errorf("only %d tasks fell due while the block was watched: the alarm missed the traffic and proved little", dueWhileWatched)
+	}
 	if maxInflight > batch*pipeline {
 		t.Errorf("%d tasks in flight while blocked, more than batch × pipeline = %d", maxInflight, batch*pipeline)
 	}
 	if pendingAtEnd < pendingAtBlock {
 		t.Errorf("pending shrank from %d to %d while the broker blocked the dispatcher: it went on claiming", pendingAtBlock, pendingAtEnd)
 	}
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, "alarm") {
-		t.Errorf("/readyz while the alarm was still on: %d %q, want 503 naming the alarm", code, body)
-	}
-	if blockedMetric != 1 {
-		t.Errorf("dispatcher_broker_blocked = %v while blocked, want 1", blockedMetric)
-	}
-	eventually(t, 10*time.Second, "/readyz to report ready after the alarm cleared", func() bool { return readyStatus(addr) == http.StatusOK })
 	if v, _ := tryMetric(addr, "dispatcher_broker_blocked"); v != 0 {
 		t.Errorf("dispatcher_broker_blocked = %v after the alarm cleared, want 0", v)
 	}
@@ -320,9 +332,6 @@ func testRabbitAlarm(t *testing.T, node *testenv.RabbitNode, resource string) {
 			t.Logf("logged: %s", l)
 		}
 	}
-	// Publishes the broker took while blocked but confirmed only after
-	// their confirm timeout were retried: those are the duplicates.
-	h.verify("alarm", want, 60*time.Second, batch*pipeline)
 	drained(t, h, p)
 }
 
