@@ -67,6 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	log := newLogger(cfg, stderr)
+	redis.SetLogger(redisLogger{log.With("component", "redis-client")})
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -246,4 +247,12 @@ func testClock(w io.Writer) (func() time.Time, error) {
 	}
 	fmt.Fprintf(w, "test: local clock skewed by %s\n", skew)
 	return func() time.Time { return time.Now().Add(skew) }, nil
+}
+
+// redisLogger routes go-redis's own messages (dial failures, pool trouble)
+// into the daemon's log, in its format and with passwords hidden.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
+	l.log.Warn(redact.String(fmt.Sprintf(format, v...)))
 }
