@@ -102,23 +102,26 @@ func TestSIGTERMDuringLargeBatch(t *testing.T) {
 		_, inflight, _ = h.leftovers(h.queues[0])
 		return inflight >= 2000
 	})
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(90 * time.Second); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM", code)
-	}
-	pending, left, dead := h.leftovers(h.queues[0])
-	time.Sleep(300 * time.Millisecond) // the last confirmed deliveries reach the consumer
-	before := len(rec.all())
-	t.Logf("SIGTERM with %d in flight: %d delivered before the stop, %d back in pending, %d in flight, %d dead",
-		inflight, before, pending, left, dead)
-	if left != 0 || dead != 0 {
-		t.Fatalf("%d tasks left in flight, %d dead after a clean stop", left, dead)
-	}
-	if int(pending) >= len(want) || pending == 0 {
-		t.Fatalf("%d of %d pending after the stop: the signal did not land mid-backlog", pending, len(want))
-	}
-	h.start()
+	wait := background(func() {
+		p.signal(syscall.SIGTERM)
+		if code := p.exitCode(90 * time.Second); code != 0 {
+			t.Errorf("exit code %d after SIGTERM", code)
+			return
+		}
+		pending, left, dead := h.leftovers(h.queues[0])
+		time.Sleep(300 * time.Millisecond) // the last confirmed deliveries reach the consumer
+		t.Logf("SIGTERM with %d in flight: %d delivered before the stop, %d back in pending, %d in flight, %d dead",
+			inflight, len(rec.all()), pending, left, dead)
+		if left != 0 || dead != 0 {
+			t.Errorf("%d tasks left in flight, %d dead after a clean stop", left, dead)
+		}
+		if int(pending) >= len(want) || pending == 0 {
+			t.Errorf("%d of %d pending after the stop: the signal did not land mid-backlog", pending, len(want))
+		}
+		h.start()
+	})
 	h.verify("bigterm", want, 90*time.Second, 0)
+	wait()
 }
 
 // TestAllInstancesDown stops every instance (SIGTERM) for a while under
@@ -139,24 +142,28 @@ func TestAllInstancesDown(t *testing.T) {
 	start := time.Now().Add(500 * time.Millisecond)
 	want := scheduleSpread(t, h.producer("down"), "d", 12000, start, 8*time.Second)
 
-	time.Sleep(time.Until(start.Add(1500 * time.Millisecond)))
-	stopAt := time.Now()
-	for _, p := range procs {
-		p.signal(syscall.SIGTERM)
-	}
-	for _, p := range procs {
-		if code := p.wait(30 * time.Second); code != 0 {
-			t.Fatalf("exit code %d after SIGTERM", code)
+	var stopAt, restartAt time.Time
+	wait := background(func() {
+		time.Sleep(time.Until(start.Add(1500 * time.Millisecond)))
+		stopAt = time.Now()
+		for _, p := range procs {
+			p.signal(syscall.SIGTERM)
 		}
-	}
-	if _, f, _ := h.leftovers(h.queues[0]); f != 0 {
-		t.Fatalf("%d tasks in flight with every instance stopped", f)
-	}
-	time.Sleep(time.Until(stopAt.Add(outage)))
-	restartAt := time.Now()
-	h.start()
-	h.start()
+		for _, p := range procs {
+			if code := p.exitCode(30 * time.Second); code != 0 {
+				t.Errorf("exit code %d after SIGTERM", code)
+			}
+		}
+		if _, f, _ := h.leftovers(h.queues[0]); f != 0 {
+			t.Errorf("%d tasks in flight with every instance stopped", f)
+		}
+		time.Sleep(time.Until(stopAt.Add(outage)))
+		restartAt = time.Now()
+		h.start()
+		h.start()
+	})
 	o := h.verify("down", want, 60*time.Second, 0)
+	wait()
 
 	// The task due right after the stop waited the whole outage; if
 	// anything waited for a lease (30s) or a slow poll after the restart,
@@ -205,6 +212,27 @@ func TestAllInstancesDown(t *testing.T) {
 		outage, len(backlog), 100*share)
 	if share < 0.9 {
 		t.Errorf("backlog not sent oldest first: only %.1f%% of the earliest-due quarter before the latest quarter's median", 100*share)
+	}
+}
+
+// background runs a fault sequence off the test goroutine while the test
+// goroutine verifies deliveries: collect stamps a delivery when it reads
+// it, so deliveries read only after the sequence would look late. f
+// reports problems with t.Errorf. The returned func waits for f to end.
+func background(f func()) (wait func()) {
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	return func() { <-done }
+}
+
+// exitCode waits up to timeout for p to exit and returns its exit code,
+// or -1 if it did not exit; unlike wait, it is safe off the test goroutine.
+func (p *proc) exitCode(timeout time.Duration) int {
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		return -1
 	}
 }
 
