@@ -144,6 +144,7 @@ func (f *feeder) wait() {
 // times make the lateness figures, so collecting cannot wait for the
 // faults to end.
 func verifyWhile(h *harness, queue string, want map[string]int64, timeout time.Duration, maxDups int, faults func()) outcome {
+	h.t.Helper()
 	var o outcome
 	var wg sync.WaitGroup
 	wg.Add(1)

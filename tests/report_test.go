@@ -35,8 +35,12 @@ func (h *harness) verify(queue string, want map[string]int64, timeout time.Durat
 		}
 		o.WorstLate = max(o.WorstLate, late)
 	}
+	name := h.t.Name()
+	if len(h.queues) > 1 {
+		name += " queue " + queue
+	}
 	h.t.Logf("FAULT %s: scheduled=%d delivered=%d missing=%d duplicates=%d worst_late_ms=%d early=%d",
-		h.t.Name(), o.Scheduled, o.Delivered, o.Missing, o.Duplicates, o.WorstLate.Milliseconds(), o.Early)
+		name, o.Scheduled, o.Delivered, o.Missing, o.Duplicates, o.WorstLate.Milliseconds(), o.Early)
 	if o.Missing > 0 {
 		h.t.Errorf("%d of %d tasks never arrived, e.g. %v", o.Missing, o.Scheduled, first(miss))
 	}
