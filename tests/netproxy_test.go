@@ -224,10 +224,10 @@ func (np *netProxy) toxic(typ string, attrs map[string]int64, streams ...string)
 		np.mu.Unlock()
 		body, err := json.Marshal(map[string]any{"name": name, "type": typ, "stream": s, "toxicity": 1.0, "attributes": attrs})
 		if err != nil {
-			panic(err)
+			np.t.Fatal(err)
 		}
 		if _, err := np.p.Toxics.AddToxicJson(strings.NewReader(string(body))); err != nil {
-			panic(fmt.Sprintf("add %s toxic: %v", typ, err)) // a bad toxic is a bug in the test
+			np.t.Fatalf("add %s toxic: %v", typ, err)
 		}
 		names = append(names, name)
 	}
@@ -285,8 +285,9 @@ func (np *netProxy) limitData(n int64, stream string) (remove func()) {
 // cutAll closes every connection through the proxy at once (FIN to both
 // ends) and keeps listening for new ones.
 func (np *netProxy) cutAll() {
+	np.t.Helper()
 	np.p.Stop()
 	if err := np.p.Start(); err != nil {
-		np.t.Errorf("restart fault proxy: %v", err)
+		np.t.Fatalf("restart fault proxy: %v", err)
 	}
 }

@@ -107,19 +107,11 @@ func (r *netRig) logged(timeout time.Duration, s string) {
 	r.t.Logf("dispatcher logged %q %s after the test began to wait for it", s, time.Since(began).Round(10*time.Millisecond))
 }
 
-// verifyDuring runs fault while the deliveries are collected, so each one
-// is timed when it arrives, then reports them as verify does. fault must
-// not call t.Fatal (it runs in its own goroutine).
-func (r *netRig) verifyDuring(want map[string]int64, maxDups int, fault func()) outcome {
+// verify reports the deliveries as h.verify does, collecting them while
+// fault runs, so that each is timed when it arrives.
+func (r *netRig) verify(want map[string]int64, maxDups int, fault func()) outcome {
 	r.t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fault()
-	}()
-	o := r.h.verify("net", want, 40*time.Second, maxDups)
-	<-done
-	return o
+	return verifyWhile(r.h, "net", want, 40*time.Second, maxDups, fault)
 }
 
 // TestNetRedis puts faults between the dispatcher and Redis while tasks
@@ -131,7 +123,7 @@ func TestNetRedis(t *testing.T) {
 		r := startNetRig(t, "redis", noRetrySettings)
 		r.proxy.latency(50, 20)
 		want := r.traffic("t", 3000, 5*time.Second, 0)
-		r.verifyDuring(want, 0, func() {})
+		r.verify(want, 0, func() {})
 	})
 	t.Run("stall", func(t *testing.T) {
 		// Redis stops answering for 4s, longer than the read timeout (3s):
@@ -141,7 +133,7 @@ func TestNetRedis(t *testing.T) {
 		// those tasks back).
 		r := startNetRig(t, "redis")
 		want := r.traffic("t", 3000, 6*time.Second, 0)
-		r.verifyDuring(want, len(want), func() {
+		r.verify(want, len(want), func() {
 			r.at(1500 * time.Millisecond)
 			resume := r.proxy.stall()
 			r.at(5500 * time.Millisecond)
@@ -156,7 +148,7 @@ func TestNetRedis(t *testing.T) {
 		// and the handshake of a new connection.
 		r := startNetRig(t, "redis")
 		want := r.traffic("t", 3000, 6*time.Second, 0)
-		r.verifyDuring(want, len(want), func() {
+		r.verify(want, len(want), func() {
 			r.at(1500 * time.Millisecond)
 			heal := r.proxy.halfOpen()
 			defer heal()
@@ -168,7 +160,7 @@ func TestNetRedis(t *testing.T) {
 		// with RST, again and again as the dispatcher reconnects.
 		r := startNetRig(t, "redis")
 		want := r.traffic("t", 3000, 5*time.Second, 0)
-		r.verifyDuring(want, len(want), func() {
+		r.verify(want, len(want), func() {
 			r.at(1500 * time.Millisecond)
 			stop := r.proxy.resetPeer(0)
 			r.at(3 * time.Second)
@@ -180,7 +172,7 @@ func TestNetRedis(t *testing.T) {
 		// apart, in the middle of the traffic.
 		r := startNetRig(t, "redis")
 		want := r.traffic("t", 3000, 5*time.Second, 0)
-		r.verifyDuring(want, len(want), func() {
+		r.verify(want, len(want), func() {
 			for i := 0; i < 3; i++ {
 				r.at(1500*time.Millisecond + time.Duration(i)*700*time.Millisecond)
 				r.proxy.cutAll()
@@ -197,7 +189,7 @@ func TestNetAMQP(t *testing.T) {
 		r := startNetRig(t, "amqp", noRetrySettings)
 		r.proxy.latency(50, 20)
 		want := r.traffic("t", 3000, 5*time.Second, 0)
-		r.verifyDuring(want, 0, func() {})
+		r.verify(want, 0, func() {})
 	})
 	t.Run("stall", func(t *testing.T) {
 		// The broker stops reading and answering for 5s, and 10 MB of
@@ -208,8 +200,8 @@ func TestNetAMQP(t *testing.T) {
 		r := startNetRig(t, "amqp")
 		want := r.traffic("t", 3000, 6*time.Second, 0)
 		burst := scheduleSpread(t, r.h.producer("net"), "burst"+strings.Repeat("x", 16<<10), 600, r.start.Add(2*time.Second), time.Millisecond)
-		maps.Copy(want, burst)
-		r.verifyDuring(want, len(want), func() {
+		want = mergeWant(want, burst)
+		r.verify(want, len(want), func() {
 			r.at(1500 * time.Millisecond)
 			resume := r.proxy.stall()
 			defer resume()
@@ -225,7 +217,7 @@ func TestNetAMQP(t *testing.T) {
 		// connection gets through.
 		r := startNetRig(t, "amqp")
 		want := r.traffic("t", 3000, 6*time.Second, 0)
-		r.verifyDuring(want, len(want), func() {
+		r.verify(want, len(want), func() {
 			r.at(1500 * time.Millisecond)
 			heal := r.proxy.halfOpen()
 			defer heal()
@@ -237,7 +229,7 @@ func TestNetAMQP(t *testing.T) {
 		// with RST.
 		r := startNetRig(t, "amqp")
 		want := r.traffic("t", 3000, 5*time.Second, 0)
-		r.verifyDuring(want, len(want), func() {
+		r.verify(want, len(want), func() {
 			r.at(1500 * time.Millisecond)
 			stop := r.proxy.resetPeer(0)
 			defer stop()
@@ -251,7 +243,7 @@ func TestNetAMQP(t *testing.T) {
 		// again mid-batch.
 		r := startNetRig(t, "amqp")
 		want := r.traffic("t", 3000, 5*time.Second, 0)
-		r.verifyDuring(want, len(want), func() {
+		r.verify(want, len(want), func() {
 			r.at(1500 * time.Millisecond)
 			stop := r.proxy.limitData(64<<10, upstream)
 			defer stop()
@@ -269,35 +261,28 @@ func TestNetSIGTERMWhileAMQPStalled(t *testing.T) {
 	r := startNetRig(t, "amqp")
 	want := r.traffic("t", 1000, 4*time.Second, 0)
 	burst := scheduleSpread(t, r.h.producer("net"), "burst"+strings.Repeat("x", 16<<10), 600, r.start.Add(2*time.Second), time.Millisecond)
-	maps.Copy(want, burst)
+	want = mergeWant(want, burst)
 	// The next instance connects directly.
 	next := r.h.env()
 	next["DISPATCHER_REDIS_URL"] = testenv.RedisURL(t)
 	next["DISPATCHER_AMQP_URL"] = testenv.AMQPURL(t)
-	r.verifyDuring(want, len(want), func() {
+	r.verify(want, len(want), func() {
 		r.at(1500 * time.Millisecond)
 		resume := r.proxy.stall()
 		defer resume()
 		r.at(3 * time.Second)
 		sent := time.Now()
 		r.p.signal(syscall.SIGTERM)
-		// DISPATCHER_SHUTDOWN_TIMEOUT, then at most one write timeout
-		// (the confirm timeout, 1s) and the close handshake (1s), and 2s
-		// of slack for a busy machine.
-		const bound = 2*time.Second + 1*time.Second + 1*time.Second + 2*time.Second
-		select {
-		case <-r.p.done:
-		case <-time.After(30 * time.Second):
-			t.Errorf("dispatcher still running 30s after SIGTERM")
-			return
-		}
+		code := r.p.wait(30 * time.Second)
 		took := time.Since(sent)
-		code := r.p.cmd.ProcessState.ExitCode()
 		t.Logf("exit code %d %s after SIGTERM with the broker stalled", code, took.Round(time.Millisecond))
 		if code != 0 {
 			t.Errorf("exit code %d after SIGTERM", code)
 		}
-		if took > bound {
+		// DISPATCHER_SHUTDOWN_TIMEOUT, then at most one write timeout
+		// (the confirm timeout, 1s) and the close handshake (1s), and 2s
+		// of slack for a busy machine.
+		if bound := 2*time.Second + 1*time.Second + 1*time.Second + 2*time.Second; took > bound {
 			t.Errorf("took %s to exit after SIGTERM, more than the shutdown timeout plus a little (%s)", took, bound)
 		}
 		start(t, next)
