@@ -73,8 +73,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 	// refused connect costs the broker next to nothing.
 	const minBackoff, maxBackoff = 50 * time.Millisecond, 2 * time.Second
 	backoff := minBackoff
-	var lastErr string
+	// Each distinct failure is logged once per outage, not once per try,
+	// even when failures alternate (a TLS refusal may read as an alert or
+	// as a reset, depending on timing).
+	logged := map[string]bool{}
 	var lastLostLog time.Time
+	connectedBefore := false
 	for {
 		s, err := p.connect(ctx)
 		if err != nil {
@@ -82,10 +86,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 				return nil
 			}
 			p.opt.Metrics.connectError()
-			// Log each distinct failure once, not once per try.
-			if msg := err.Error(); msg != lastErr {
+			if msg := err.Error(); !logged[msg] && len(logged) < 32 {
 				p.log.Warn("broker connect failed; retrying", "err", err, "retry_in", backoff)
-				lastErr = msg
+				logged[msg] = true
 			}
 			if !sleep(ctx, backoff) {
 				return nil
@@ -93,12 +96,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 			backoff = min(backoff*2, maxBackoff)
 			continue
 		}
-		if lastErr != "" {
-			p.log.Info("broker connected again")
-		} else if lastLostLog.IsZero() {
+		switch {
+		case !connectedBefore && len(logged) == 0:
 			p.log.Info("broker connected")
+		case len(logged) > 0 || time.Since(lastLostLog) < 10*time.Second:
+			p.log.Info("broker connected again")
 		}
-		lastErr = ""
+		connectedBefore = true
+		clear(logged)
 		p.opt.Metrics.connected(true)
 		p.set(s)
 		select {
