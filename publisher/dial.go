@@ -43,7 +43,7 @@ func dialer(ctx context.Context, connectTimeout, writeTimeout time.Duration) (di
 			return nil, err
 		}
 		stops = append(stops, context.AfterFunc(ctx, func() { conn.Close() }))
-		return &deadlineConn{Conn: conn, timeout: writeTimeout}, nil
+		return newCorkConn(&deadlineConn{Conn: conn, timeout: writeTimeout}), nil
 	}
 	done = func() {
 		for _, stop := range stops {

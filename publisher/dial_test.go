@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -49,18 +50,33 @@ func dialPeer(t *testing.T, ctx context.Context, addr string, writeTimeout time.
 	return c, done
 }
 
-// A peer that stops reading makes a write fail at its deadline instead of
+// writeUntilError writes chunks until a write fails, for at most 10 s:
+// writes are corked, so a socket error shows on a later write.
+func writeUntilError(t *testing.T, c net.Conn, chunk int) (int, error) {
+	t.Helper()
+	total := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		n, err := c.Write(make([]byte, chunk))
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// A peer that stops reading makes writes fail at the deadline instead of
 // blocking forever.
 func TestWriteToPeerThatStopsReadingFails(t *testing.T) {
 	addr := peer(t, func(net.Conn) {}) // accepts, never reads
 	c, done := dialPeer(t, context.Background(), addr, 200*time.Millisecond)
 	defer done()
 	// More than the socket buffers of both ends can hold.
-	n, err := c.Write(make([]byte, 64<<20))
+	n, err := writeUntilError(t, c, 1<<20)
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("write to a peer that does not read: %d bytes, err %v; want a deadline error", n, err)
+		t.Fatalf("writes to a peer that does not read: %d bytes, err %v; want a deadline error", n, err)
 	}
-	t.Logf("write stopped after %d bytes: %v", n, err)
+	t.Logf("writes stopped after %d bytes: %v", n, err)
 }
 
 // A peer that reads slowly but steadily is not taken for a dead one, even
@@ -97,7 +113,8 @@ func TestWriteToSlowPeerSucceeds(t *testing.T) {
 }
 
 // A deadline set by the library (its handshake's, CloseDeadline's) still
-// holds when it is earlier than the write timeout.
+// holds when it is earlier than the write timeout; once a socket write has
+// failed, the connection is done (part of a frame may be on the wire).
 func TestExplicitWriteDeadlineWins(t *testing.T) {
 	addr := peer(t, func(c net.Conn) { go io.Copy(io.Discard, c) })
 	c, done := dialPeer(t, context.Background(), addr, time.Hour)
@@ -105,14 +122,36 @@ func TestExplicitWriteDeadlineWins(t *testing.T) {
 	if err := c.SetWriteDeadline(time.Now().Add(-time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("write after a past deadline: %v; want a deadline error", err)
+	if _, err := writeUntilError(t, c, 1); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("writes after a past deadline: %v; want a deadline error", err)
 	}
-	if err := c.SetDeadline(time.Time{}); err != nil {
+	if _, err := c.Write([]byte("x")); err == nil {
+		t.Fatal("write on a connection whose socket write failed: no error")
+	}
+}
+
+// Corked writes reach the peer whole and in order, and Close writes out
+// what is still buffered.
+func TestCorkedWritesArriveInOrder(t *testing.T) {
+	got := make(chan []byte, 1)
+	addr := peer(t, func(c net.Conn) {
+		go func() { b, _ := io.ReadAll(c); got <- b }()
+	})
+	c, done := dialPeer(t, context.Background(), addr, time.Second)
+	defer done()
+	var want []byte
+	for i := 0; i < 20000; i++ {
+		p := []byte{byte(i), byte(i >> 8), byte(i >> 16)}
+		want = append(want, p...)
+		if _, err := c.Write(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Write([]byte("x")); err != nil {
-		t.Fatalf("write after clearing the deadline: %v", err)
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("peer got %d bytes, want %d (equal: %v)", len(b), len(want), bytes.Equal(b, want))
 	}
 }
 
