@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/dispatcher/dispatcher/internal/wait"
 )
 
 // warmUp lets freshly started instances finish their first sweep before
@@ -70,13 +72,4 @@ func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 	return m.res, nil
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+func sleepCtx(ctx context.Context, d time.Duration) bool { return wait.For(ctx, d) }

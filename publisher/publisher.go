@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/wait"
 )
 
 // Message is one task to publish.
@@ -378,13 +379,4 @@ func channelError(conn *amqp.Connection, e *amqp.Error) error {
 	return &LostError{Code: e.Code, Reason: e.Reason, Refused: e.Code == amqp.PreconditionFailed}
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+func sleep(ctx context.Context, d time.Duration) bool { return wait.For(ctx, d) }

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/balancer"
+	"github.com/dispatcher/dispatcher/internal/wait"
 	"github.com/dispatcher/dispatcher/publisher"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -361,16 +362,7 @@ func (s *Scanner) idleDelay(lastSweep time.Time) time.Duration {
 // pause waits d unless ctx ends. Unlike sleep, wake-ups do not cut it
 // short: it is the backoff after a Redis error, which must hold however
 // many producers announce tasks meanwhile.
-func (s *Scanner) pause(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+func (s *Scanner) pause(ctx context.Context, d time.Duration) bool { return wait.For(ctx, d) }
 
 func (s *Scanner) sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
