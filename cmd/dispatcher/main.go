@@ -67,7 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	log := newLogger(cfg, stderr)
-	redis.SetLogger(redisLogger{log.With("component", "redis-client")})
+	redis.SetLogger(newRedisLogger(log.With("component", "redis-client")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -249,10 +249,27 @@ func testClock(w io.Writer) (func() time.Time, error) {
 	return func() time.Time { return time.Now().Add(skew) }, nil
 }
 
-// redisLogger routes go-redis's own messages (dial failures, pool trouble)
-// into the daemon's log, in its format and with passwords hidden.
-type redisLogger struct{ log *slog.Logger }
+// redisLogger routes go-redis's own messages (dial failures, pool and
+// pub/sub trouble) into the daemon's log, in its format and with passwords
+// hidden, each kind at most once per 10 s: a pub/sub connection the server
+// keeps refusing is retried many times a second.
+type redisLogger struct {
+	log  *slog.Logger
+	mu   *sync.Mutex
+	last map[string]time.Time // format -> last logged
+}
+
+func newRedisLogger(log *slog.Logger) redisLogger {
+	return redisLogger{log: log, mu: &sync.Mutex{}, last: map[string]time.Time{}}
+}
 
 func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
+	l.mu.Lock()
+	if time.Since(l.last[format]) < 10*time.Second {
+		l.mu.Unlock()
+		return
+	}
+	l.last[format] = time.Now()
+	l.mu.Unlock()
 	l.log.Warn(redact.String(fmt.Sprintf(format, v...)))
 }
