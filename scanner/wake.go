@@ -2,9 +2,11 @@ package scanner
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -46,9 +48,21 @@ func (n *notes) due(i int, ms int64) {
 func (s *Scanner) listen(ctx context.Context) {
 	ps := s.rdb.Subscribe(ctx, s.keys.Wake())
 	defer ps.Close()
+	// A refusal (an ACL without the channel: Redis 7 users get none by
+	// default) is said once; the subscription is then given up, rather
+	// than retried many times a second. A connection error is not a
+	// refusal: Channel reconnects by itself.
+	if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); isReply(err) {
+		s.log.Warn("cannot subscribe to the wake channel; polling only, and other instances will not help drain a backlog (grant the channel in the ACL)",
+			"channel", s.keys.Wake(), "err", err)
+		return
+	}
 	if pattern := s.keyspacePattern(ctx); pattern != "" {
 		if err := ps.PSubscribe(ctx, pattern); err != nil {
 			s.log.Warn("cannot subscribe to keyspace events; polling only", "err", err)
+		} else if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); isReply(err) {
+			s.log.Warn("cannot subscribe to keyspace events; polling only", "pattern", pattern, "err", err)
+			_ = ps.PUnsubscribe(ctx, pattern)
 		} else {
 			s.log.Info("Redis publishes sorted-set keyspace events: newly scheduled tasks wake this instance at once")
 		}
@@ -145,4 +159,11 @@ func globEscape(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// isReply reports whether err is an error reply of the server (as opposed
+// to a connection or timeout error).
+func isReply(err error) bool {
+	var re redis.Error
+	return err != nil && errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded)
 }
