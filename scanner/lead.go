@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -74,11 +73,10 @@ func (s *Scanner) leadEvery(leader bool) time.Duration {
 // anyway: two sweepers cost Redis calls, none would cost tasks.
 func (s *Scanner) lead(ctx context.Context) (bool, error) {
 	n, err := leadScript.Run(ctx, s.rdb, []string{s.keys.Sweeper()}, s.opt.InstanceID, s.roleTTL().Milliseconds()).Int()
-	var re redis.Error
 	switch {
 	case err == nil:
 		return n == 1, nil
-	case !errors.As(err, &re):
+	case !isReply(err):
 		return false, err
 	default:
 		s.lim.Warn("lead", "cannot take the sweeper role; sweeping anyway", "key", s.keys.Sweeper(), "err", err)

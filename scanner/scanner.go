@@ -573,12 +573,18 @@ func noScript(cmds []*redis.Cmd) bool {
 	return false
 }
 
+// isReply reports whether err is an error reply of the server (as opposed
+// to a connection or timeout error).
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
 // perShard reports whether every failed command failed with a reply error
 // of its own (such as WRONGTYPE) rather than the connection failing.
 func perShard(cmds []*redis.Cmd) bool {
 	for _, c := range cmds {
-		var re redis.Error
-		if err := c.Err(); err != nil && !errors.As(err, &re) {
+		if err := c.Err(); err != nil && !isReply(err) {
 			return false
 		}
 	}

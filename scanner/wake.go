@@ -2,7 +2,6 @@ package scanner
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,11 +158,4 @@ func globEscape(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
-}
-
-// isReply reports whether err is an error reply of the server (as opposed
-// to a connection or timeout error).
-func isReply(err error) bool {
-	var re redis.Error
-	return err != nil && errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded)
 }

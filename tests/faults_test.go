@@ -137,7 +137,8 @@ func TestSIGTERMStopsCleanly(t *testing.T) {
 	h := newHarness(t, queueSpec{Name: "term", Shards: 4})
 	p := h.start()
 	want := scheduleSpread(t, h.producer("term"), "t", 20000, time.Now().Add(200*time.Millisecond), 2*time.Second)
-	wait := background(func() {
+	// A clean stop forgets exactly what the broker confirmed: no duplicate.
+	verifyWhile(h, "term", want, 60*time.Second, 0, func() {
 		time.Sleep(1200 * time.Millisecond)
 		p.signal(syscall.SIGTERM)
 		if code := p.exitCode(20 * time.Second); code != 0 {
@@ -149,7 +150,4 @@ func TestSIGTERMStopsCleanly(t *testing.T) {
 		}
 		h.start()
 	})
-	// A clean stop forgets exactly what the broker confirmed: no duplicate.
-	h.verify("term", want, 60*time.Second, 0)
-	wait()
 }

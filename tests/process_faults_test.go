@@ -102,7 +102,7 @@ func TestSIGTERMDuringLargeBatch(t *testing.T) {
 		_, inflight, _ = h.leftovers(h.queues[0])
 		return inflight >= 2000
 	})
-	wait := background(func() {
+	verifyWhile(h, "bigterm", want, 90*time.Second, 0, func() {
 		p.signal(syscall.SIGTERM)
 		if code := p.exitCode(90 * time.Second); code != 0 {
 			t.Errorf("exit code %d after SIGTERM", code)
@@ -120,8 +120,6 @@ func TestSIGTERMDuringLargeBatch(t *testing.T) {
 		}
 		h.start()
 	})
-	h.verify("bigterm", want, 90*time.Second, 0)
-	wait()
 }
 
 // TestAllInstancesDown stops every instance (SIGTERM) for a while under
@@ -143,7 +141,7 @@ func TestAllInstancesDown(t *testing.T) {
 	want := scheduleSpread(t, h.producer("down"), "d", 12000, start, 8*time.Second)
 
 	var stopAt, restartAt time.Time
-	wait := background(func() {
+	o := verifyWhile(h, "down", want, 60*time.Second, 0, func() {
 		time.Sleep(time.Until(start.Add(1500 * time.Millisecond)))
 		stopAt = time.Now()
 		for _, p := range procs {
@@ -162,8 +160,6 @@ func TestAllInstancesDown(t *testing.T) {
 		h.start()
 		h.start()
 	})
-	o := h.verify("down", want, 60*time.Second, 0)
-	wait()
 
 	// The task due right after the stop waited the whole outage; if
 	// anything waited for a lease (30s) or a slow poll after the restart,
@@ -213,16 +209,6 @@ func TestAllInstancesDown(t *testing.T) {
 	if share < 0.9 {
 		t.Errorf("backlog not sent oldest first: only %.1f%% of the earliest-due quarter before the latest quarter's median", 100*share)
 	}
-}
-
-// background runs a fault sequence off the test goroutine while the test
-// goroutine verifies deliveries: collect stamps a delivery when it reads
-// it, so deliveries read only after the sequence would look late. f
-// reports problems with t.Errorf. The returned func waits for f to end.
-func background(f func()) (wait func()) {
-	done := make(chan struct{})
-	go func() { defer close(done); f() }()
-	return func() { <-done }
 }
 
 // exitCode waits up to timeout for p to exit and returns its exit code,

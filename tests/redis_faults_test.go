@@ -140,21 +140,6 @@ func (f *feeder) wait() {
 	f.t.Logf("producer: %d tasks in %d batches, %d failed ZADDs retried (first: %v)", len(f.want), len(f.plan), f.failed, f.firstErr)
 }
 
-// verifyWhile runs faults while verify collects the deliveries: receipt
-// times make the lateness figures, so collecting cannot wait for the
-// faults to end.
-func verifyWhile(h *harness, queue string, want map[string]int64, timeout time.Duration, maxDups int, faults func()) outcome {
-	h.t.Helper()
-	var o outcome
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); o = h.verify(queue, want, timeout, maxDups) }()
-	defer wg.Wait() // also when faults ends the test early
-	faults()
-	wg.Wait()
-	return o
-}
-
 // logTrouble logs the dispatcher's warnings and errors: what an operator
 // would have seen of the fault.
 func logTrouble(t *testing.T, p *proc) {

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"sync"
 	"time"
 )
 
@@ -53,5 +54,20 @@ func (h *harness) verify(queue string, want map[string]int64, timeout time.Durat
 	if len(ids) > len(want) {
 		h.t.Errorf("received %d distinct ids, only %d scheduled", len(ids), len(want))
 	}
+	return o
+}
+
+// verifyWhile runs faults while verify collects the deliveries: receipt
+// times make the lateness figures, so collecting cannot wait for the
+// faults to end.
+func verifyWhile(h *harness, queue string, want map[string]int64, timeout time.Duration, maxDups int, faults func()) outcome {
+	h.t.Helper()
+	var o outcome
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); o = h.verify(queue, want, timeout, maxDups) }()
+	defer wg.Wait() // also when faults ends the test early
+	faults()
+	wg.Wait()
 	return o
 }
