@@ -32,7 +32,7 @@ func benchClaim(b *testing.B, batch int) {
 	rdb := testenv.Redis(b)
 	k := shard.Keys{Prefix: testenv.Name(b), Queue: "q"}
 	testenv.CleanRedis(b, rdb, k.Prefix)
-	keys := []string{k.Pending(0), k.Inflight(0), k.Attempts(0)}
+	keys := []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0)}
 
 	now := time.Now().UnixMilli()
 	pad := strings.Repeat("x", 190)
@@ -57,12 +57,12 @@ func benchClaim(b *testing.B, batch int) {
 	}
 
 	b.ResetTimer()
-	for range b.N {
-		v, err := claimScript.EvalSha(ctx, rdb, keys, batch, 30_000).Slice()
+	for n := range b.N {
+		v, err := claimScript.EvalSha(ctx, rdb, keys, batch, 30_000, n).Slice()
 		if err != nil {
 			b.Fatal(err)
 		}
-		if got := len(v) - 4; got != batch {
+		if got := len(v) - 5; got != batch {
 			b.Fatalf("claimed %d members, want %d", got, batch)
 		}
 		// The dispatcher forgets confirmed entries; keep the in-flight

@@ -53,7 +53,7 @@ func (s *Scanner) dispatch(work context.Context, b batch) {
 
 	publishedAt := s.serverNow()
 	errs := s.pub.Publish(work, msgs)
-	s.isolateRefused(work, msgs, errs)
+	s.isolateRefused(work, b.deadline, msgs, errs)
 
 	for n, err := range errs {
 		t := sent[n]
@@ -79,19 +79,28 @@ func (s *Scanner) dispatch(work context.Context, b batch) {
 	}
 
 	// Settling must outlive a stopping daemon: give it its own deadline.
+	// Fail and release act only on entries still under this batch's lease,
+	// so settling late cannot disturb an instance that took them over.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), 15*time.Second)
 	defer cancel()
-	if err := s.settle(ctx, func(ctx context.Context) error { return s.ack(ctx, b.shard, acked) }); err != nil {
+	if err := s.settle(ctx, func(ctx context.Context) error {
+		_, err := s.st.ack(ctx, b.shard, acked)
+		return err
+	}); err != nil {
 		s.met.error("ack", 1)
 		s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", b.shard, "tasks", len(acked), "err", err)
 	} else {
 		s.met.dispatched(len(acked))
 	}
-	if err := s.settle(ctx, func(ctx context.Context) error { return s.fail(ctx, b.shard, fails) }); err != nil {
+	if err := s.settle(ctx, func(ctx context.Context) error { return s.fail(ctx, b, fails) }); err != nil {
 		s.lim.Error("fail", "could not record failed publishes; their lease will retry them", "shard", b.shard, "err", err)
 	}
-	if err := s.settle(ctx, func(ctx context.Context) error { return s.release(ctx, b.shard, released) }); err != nil {
-		s.lim.Error("release", "could not return tasks to pending; their lease will", "shard", b.shard, "err", err)
+	if err := s.settle(ctx, func(ctx context.Context) error {
+		n, err := s.st.release(ctx, b.shard, b.deadline, released)
+		s.met.returned(n)
+		return err
+	}); err != nil {
+		s.lim.Error("release", "could not hand tasks back at once; their lease will", "shard", b.shard, "err", err)
 	}
 }
 
@@ -109,25 +118,39 @@ func (s *Scanner) message(t Task) publisher.Message {
 // messages that failed because the broker closed the shared channel over
 // something it refused: one poison message takes down everything in
 // flight on that channel, and only a message refused on its own channel
-// is surely the poison.
-func (s *Scanner) isolateRefused(work context.Context, msgs []publisher.Message, errs []error) {
+// is surely the poison. It stops at the batch's lease deadline (less a
+// margin to settle): what is not isolated by then is retried later.
+func (s *Scanner) isolateRefused(work context.Context, deadline int64, msgs []publisher.Message, errs []error) {
+	left := time.Duration(deadline-s.serverNow())*time.Millisecond - settleMargin
+	ctx, cancel := context.WithTimeout(work, left)
+	defer cancel()
 	for n, err := range errs {
 		if publisher.Kind(err) != "refused" {
 			continue
 		}
-		wait, cancel := context.WithTimeout(work, 10*time.Second)
+		if ctx.Err() != nil {
+			errs[n] = publisher.ErrTimeout
+			continue
+		}
+		wait, cancelWait := context.WithTimeout(ctx, 10*time.Second)
 		err := s.pub.WaitReady(wait)
-		cancel()
+		cancelWait()
 		if err != nil {
 			errs[n] = publisher.ErrNotConnected
 			continue
 		}
-		errs[n] = s.pub.PublishAlone(work, msgs[n])
+		if errs[n] = s.pub.PublishAlone(ctx, msgs[n]); publisher.Kind(errs[n]) == "stopped" && work.Err() == nil {
+			errs[n] = publisher.ErrTimeout // the lease ran short, not a stop
+		}
 	}
 }
 
+// settleMargin is the part of a lease kept for settling a batch in Redis.
+const settleMargin = time.Second
+
 // settle runs a Redis write, retrying briefly: a task not settled is not
-// lost (its lease brings it back) but would go out twice.
+// lost (its lease brings it back) but would go out twice. Every write is
+// safe to run twice (see scripts.go).
 func (s *Scanner) settle(ctx context.Context, f func(context.Context) error) error {
 	var err error
 	for delay := 20 * time.Millisecond; ; delay *= 2 {
@@ -144,55 +167,15 @@ func (s *Scanner) settle(ctx context.Context, f func(context.Context) error) err
 	}
 }
 
-// ack forgets confirmed tasks.
-func (s *Scanner) ack(ctx context.Context, i int, entries []string) error {
-	if len(entries) == 0 {
-		return nil
-	}
-	err := ackScript.Run(ctx, s.rdb, []string{s.keys.Inflight(i), s.keys.Attempts(i)}, anys(entries)...).Err()
+func (s *Scanner) fail(ctx context.Context, b batch, fails []failed) error {
+	retried, dead, err := s.st.fail(ctx, b.shard, b.deadline, fails)
 	if err != nil {
-		return fmt.Errorf("ack %d tasks on %s: %w", len(entries), s.keys.Inflight(i), err)
+		return err
+	}
+	s.met.retried(retried)
+	if dead > 0 {
+		s.met.dead(dead)
+		s.log.Error("tasks moved to the dead-letter set", "shard", b.shard, "key", s.keys.Dead(b.shard), "tasks", dead)
 	}
 	return nil
-}
-
-func (s *Scanner) fail(ctx context.Context, i int, fails []failed) error {
-	if len(fails) == 0 {
-		return nil
-	}
-	args := []any{s.opt.RetryMin.Milliseconds(), s.opt.RetryMax.Milliseconds(), s.opt.MaxAttempts}
-	for _, f := range fails {
-		args = append(args, f.entry, f.mode, f.reason)
-	}
-	keys := []string{s.keys.Inflight(i), s.keys.Attempts(i), s.keys.Dead(i), s.keys.DeadReason(i)}
-	res, err := failScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
-	if err != nil {
-		return fmt.Errorf("record %d failed publishes on %s: %w", len(fails), s.keys.Inflight(i), err)
-	}
-	s.met.retried(int(res[0]))
-	if res[1] > 0 {
-		s.met.dead(int(res[1]))
-		s.log.Error("tasks moved to the dead-letter set", "shard", i, "key", s.keys.Dead(i), "tasks", res[1])
-	}
-	return nil
-}
-
-func (s *Scanner) release(ctx context.Context, i int, entries []string) error {
-	if len(entries) == 0 {
-		return nil
-	}
-	n, err := releaseScript.Run(ctx, s.rdb, []string{s.keys.Inflight(i), s.keys.Pending(i)}, anys(entries)...).Int()
-	if err != nil {
-		return fmt.Errorf("return %d tasks to %s: %w", len(entries), s.keys.Pending(i), err)
-	}
-	s.met.returned(n)
-	return nil
-}
-
-func anys(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
 }

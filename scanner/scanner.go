@@ -68,6 +68,7 @@ type Scanner struct {
 	pub   Publisher
 	opt   Options
 	keys  shard.Keys
+	st    *store
 	bal   *balancer.Balancer
 	log   *slog.Logger
 	lim   *logLimiter
@@ -75,7 +76,8 @@ type Scanner struct {
 	wake  chan struct{}
 	notes notes
 
-	offset atomic.Int64 // Redis server clock minus local clock, ms
+	offset  atomic.Int64 // Redis server clock minus local clock, ms
+	refusal atomic.Value // string: why Redis refuses the scripts now, "" if it does not
 
 	// Owned by Run's goroutine.
 	known    map[int]int64 // shard -> server ms at which it next needs a claim
@@ -100,6 +102,8 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
 	return &Scanner{
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
+		st: &store{rdb: rdb, keys: keys, lease: opt.Lease, retryMin: opt.RetryMin, retryMax: opt.RetryMax,
+			maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
 		bal:      balancer.New(rdb, keys.Counter(), opt.Shards),
 		log:      log,
 		lim:      newLogLimiter(log, 10*time.Second),
@@ -182,6 +186,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				continue
 			}
 			errDelay = 0
+			s.refusal.Store("")
 		}
 
 		// Hold as many publish slots as are free (at least one).
@@ -235,22 +240,10 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			continue
 		}
 
+		// Batches claimed before a failure (a shard on a Redis that went
+		// away, a refusal of one command) are in flight under a lease:
+		// publish them now rather than after the lease runs out.
 		batches, full, err := s.claim(ctx, targets)
-		if err != nil {
-			for ; held > 0; held-- {
-				<-slots
-			}
-			errDelay = s.redisTrouble(ctx, err, errDelay)
-			continue
-		}
-		errDelay = 0
-		busy = full
-		if full {
-			s.announceBusy(ctx)
-		} else if !s.leader {
-			// What a helper learnt while busy is the sweeper's business.
-			clear(s.known)
-		}
 		for _, b := range batches {
 			held--
 			wg.Add(1)
@@ -261,6 +254,19 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		}
 		for ; held > 0; held-- {
 			<-slots
+		}
+		if err != nil {
+			errDelay = s.redisTrouble(ctx, err, errDelay)
+			continue
+		}
+		errDelay = 0
+		s.refusal.Store("")
+		busy = full
+		if full {
+			s.announceBusy(ctx)
+		} else if !s.leader {
+			// What a helper learnt while busy is the sweeper's business.
+			clear(s.known)
 		}
 	}
 }
@@ -329,7 +335,22 @@ func (s *Scanner) redisTrouble(ctx context.Context, err error, prev time.Duratio
 		args = append(args, "hint", hint)
 	}
 	s.lim.Warn("redis:"+class, "redis unavailable; retrying", args...)
+	if class != "conn" {
+		why := class
+		if hint, ok := redisHints[class]; ok {
+			why += ": " + hint
+		}
+		s.refusal.Store(why)
+	}
 	return min(max(2*prev, 50*time.Millisecond), 2*time.Second)
+}
+
+// RedisRefusal says why Redis refuses this scanner's scripts (READONLY on
+// a replica, LOADING, OOM, NOPERM, ...), or "" while they run: a PING
+// answers even where every script is refused.
+func (s *Scanner) RedisRefusal() string {
+	why, _ := s.refusal.Load().(string)
+	return why
 }
 
 // serverNow estimates the Redis server's clock in ms.
@@ -443,31 +464,30 @@ func (s *Scanner) shardTrouble(i int, err error) {
 }
 
 type batch struct {
-	shard int
-	tasks []Task
+	shard    int
+	deadline int64 // the lease all its tasks are claimed under (server ms)
+	tasks    []Task
 }
 
 // claim runs the claim script on each target shard in one pipelined round
 // trip. full reports whether any shard gave a whole batch (more is due).
+// The batches of shards that were claimed come back even when err says
+// that others failed.
 func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, error) {
 	results, err := s.claimShards(ctx, targets, s.opt.BatchSize)
-	if err != nil {
-		return nil, false, err
-	}
 	var out []batch
 	full := false
-	for n, vals := range results {
-		if vals == nil {
+	for n, c := range results {
+		if c == nil {
 			continue
 		}
 		i := targets[n]
-		if reaped, _ := vals[3].(int64); reaped > 0 {
-			s.met.reaped(int(reaped))
-			s.lim.Warn("reaped", "returned tasks with expired leases to pending", "shard", i, "tasks", reaped)
+		if c.reaped > 0 {
+			s.met.reaped(c.reaped)
+			s.lim.Warn("reaped", "took over tasks whose lease ran out", "shard", i, "tasks", c.reaped)
 		}
-		b := batch{shard: i}
-		for _, v := range vals[4:] {
-			e, _ := v.(string)
+		b := batch{shard: i, deadline: c.deadline}
+		for _, e := range c.entries {
 			t, err := ParseEntry(e)
 			if err != nil {
 				s.lim.Error("entry", "skipping malformed in-flight entry", "shard", i, "err", err)
@@ -479,57 +499,73 @@ func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, erro
 			s.met.batchSize(len(b.tasks))
 			out = append(out, b)
 		}
-		if len(vals)-4 >= s.opt.BatchSize {
+		if len(c.entries) >= s.opt.BatchSize {
 			full = true
 		}
 	}
-	return out, full, nil
+	return out, full, err
 }
 
 // claimShards runs the claim script with batch limit on each shard in one
-// pipeline, loading the script first if the server does not know it (new
-// or restarted Redis). It notes each shard's next due time and the server
-// clock; results[n] is nil where shards[n] failed on its own (handled by
-// shardTrouble), and err is set only if the whole round trip failed.
-func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([][]any, error) {
-	for attempt := 0; ; attempt++ {
+// pipeline, loading the script first where the server does not know it
+// (new or restarted Redis). Each shard's answer is handled on its own: it
+// notes the shard's next due time and the server clock, and results[n] is
+// nil where shards[n] failed. A shard whose keys are unusable is left
+// alone for a while (shardTrouble); a failure that is not the shard's own
+// (connection lost, a server-wide refusal) is returned as err, alongside
+// the results of the shards that were claimed.
+func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([]*claimed, error) {
+	results := make([]*claimed, len(shards))
+	todo := make([]int, len(shards)) // indexes into shards
+	for n := range todo {
+		todo[n] = n
+	}
+	var trouble error
+	clocked := false
+	for attempt := 0; len(todo) > 0; attempt++ {
 		before := s.opt.Now()
 		pipe := s.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(shards))
-		for n, i := range shards {
-			cmds[n] = claimScript.EvalSha(ctx, pipe,
-				[]string{s.keys.Pending(i), s.keys.Inflight(i), s.keys.Attempts(i)},
-				limit, s.opt.Lease.Milliseconds())
+		cmds := make([]*redis.Cmd, len(todo))
+		for n, at := range todo {
+			cmds[n] = s.st.claimCmd(ctx, pipe, shards[at], limit)
 		}
-		_, err := pipe.Exec(ctx)
+		_, _ = pipe.Exec(ctx) // each command's own error is read below
 		after := s.opt.Now()
-		if err != nil && attempt == 0 && noScript(cmds) {
-			if err := claimScript.Load(ctx, s.rdb).Err(); err != nil {
-				return nil, fmt.Errorf("load claim script: %w", err)
-			}
-			continue
-		}
-		if err != nil && (!perShard(cmds) || serverRefuses(err)) {
-			return nil, err
-		}
-		results := make([][]any, len(cmds))
-		clocked := false
+		var again []int
 		for n, cmd := range cmds {
-			i := shards[n]
+			at, i := todo[n], shards[todo[n]]
 			vals, err := cmd.Slice()
-			if err != nil {
+			switch {
+			case err == nil:
+				c, err := parseClaimed(vals)
+				if err != nil {
+					s.shardTrouble(i, err)
+					continue
+				}
+				if !clocked {
+					s.observeClock(c.now, before, after)
+					clocked = true
+				}
+				s.noteNext(i, c.nextPending, c.nextLease)
+				results[at] = &c
+			case attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT"):
+				again = append(again, at)
+			case !isReply(err) || serverRefuses(err):
+				if trouble == nil {
+					trouble = err
+				}
+			default:
 				s.shardTrouble(i, err)
-				continue
 			}
-			if ms, ok := vals[0].(int64); ok && !clocked {
-				s.observeClock(ms, before, after)
-				clocked = true
-			}
-			s.noteNext(i, vals[1], vals[2])
-			results[n] = vals
 		}
-		return results, nil
+		if len(again) > 0 {
+			if err := claimScript.Load(ctx, s.rdb).Err(); err != nil {
+				return results, fmt.Errorf("load claim script: %w", err)
+			}
+		}
+		todo = again
 	}
+	return results, trouble
 }
 
 // serverRefuses reports whether err is Redis refusing every command for
@@ -564,29 +600,9 @@ func redisErrorClass(err error) string {
 	return code
 }
 
-func noScript(cmds []*redis.Cmd) bool {
-	for _, c := range cmds {
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			return true
-		}
-	}
-	return false
-}
-
 // isReply reports whether err is an error reply of the server (as opposed
 // to a connection or timeout error).
 func isReply(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re)
-}
-
-// perShard reports whether every failed command failed with a reply error
-// of its own (such as WRONGTYPE) rather than the connection failing.
-func perShard(cmds []*redis.Cmd) bool {
-	for _, c := range cmds {
-		if err := c.Err(); err != nil && !isReply(err) {
-			return false
-		}
-	}
-	return true
 }

@@ -7,6 +7,26 @@ import "github.com/redis/go-redis/v9"
 // a member rescheduled while in flight is a separate entry. The due part
 // never holds ':', so the first ':' splits the two.
 //
+// A scheduling, once claimed, stays in the in-flight set until the broker
+// confirmed it or it is dead-lettered: reaping and releasing change only
+// its lease (the score), in place. So a producer that schedules the same
+// member again meanwhile creates a second, separate scheduling in pending,
+// and neither swallows the other.
+//
+// Leases fence stale writers. A claim gives every entry of its batch the
+// same lease deadline and returns it; fail and release act on an entry
+// only while its score is still that deadline. An instance that stalled
+// past its lease, whose tasks another instance has reaped, can then
+// neither shorten the new holder's lease nor release its live entry; and
+// a script that go-redis runs again after a lost reply finds the score
+// already changed and does nothing twice. Released entries get lease 0:
+// any instance reclaims them at once.
+//
+// Scripts check the type of every key they write before their first
+// write: Redis does not undo a script's earlier writes when a later call
+// fails, so a wrong-type key (someone SET the dead-letter key) found
+// half-way would leave a task removed from one set and in no other.
+//
 // All times are the Redis server's clock (TIME), never an instance's, so
 // instances with skewed clocks neither dispatch early nor reap live leases.
 // Every script touches only keys of one shard, which share the hash tag
@@ -21,57 +41,88 @@ import "github.com/redis/go-redis/v9"
 // a read-only replica refuses these outright with READONLY, the read-only
 // sweep (batch 0) included, and keys must all come through KEYS.
 
-// claimScript reaps expired leases of a shard back to pending, then moves
-// up to a batch of due tasks from pending to in-flight with a lease.
+// luaPrelude is shared by the scripts: the server clock, and the check
+// that a key is absent or of the type a script is about to write.
+const luaPrelude = `#!lua flags=allow-oom
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function wrongType(kt)
+  for i = 1, #kt, 2 do
+    local got = redis.call('TYPE', kt[i])['ok']
+    if got ~= 'none' and got ~= kt[i + 1] then
+      return 'WRONGTYPE key ' .. kt[i] .. ' holds a ' .. got .. ', not a ' .. kt[i + 1] .. '; nothing changed'
+    end
+  end
+  return nil
+end
+`
+
+// claimScript re-leases expired in-flight entries in place and moves due
+// tasks from pending to in-flight, up to a batch in all, every one with
+// the same new lease deadline.
 //
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] attempts hash P:{Q:i}:attempts
-// ARGV[1] most tasks to claim (also the most leases to reap); 0 only reads
+// KEYS[4] last claim P:{Q:i}:claim (string "<token> <deadline>", expires with the lease)
+// ARGV[1] most tasks to claim; 0 only reads when the shard next needs
 //
-//	when the shard next needs attention, changing nothing
+//	attention, changing nothing
 //
 // ARGV[2] lease in ms
-// Returns {now_ms, next_pending_score|"", next_lease_deadline|"", reaped, entry...};
-// reaped counts only leases of tasks that had no failed attempt, i.e. whose
-// instance died or stalled, not retries whose backoff ran out.
-var claimScript = redis.NewScript(`#!lua flags=allow-oom
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+// ARGV[3] claim token, unique per claim: a claim run again with the token
+//
+//	of the shard's last claim (go-redis retrying after a lost reply)
+//	returns that claim's batch instead of claiming another
+//
+// Returns {now_ms, next_pending_score|"", next_lease_deadline|"", reaped,
+// deadline, entry...}; reaped counts only re-leased entries that had no
+// failed attempt and were not released, i.e. whose instance died or
+// stalled, not retries whose backoff ran out.
+var claimScript = redis.NewScript(luaPrelude + `
 local limit = tonumber(ARGV[1])
-
--- A lease that ran out belongs to an instance that died or gave up.
--- NX: if the producer rescheduled the member meanwhile, its new time wins.
-local reaped = 0
-local expired = {}
+local out = {now, '', '', 0, ''}
 if limit > 0 then
-  expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
-end
-for _, e in ipairs(expired) do
-  local sep = string.find(e, ':', 1, true)
-  redis.call('ZREM', KEYS[2], e)
-  if redis.call('HEXISTS', KEYS[3], e) == 0 then
-    reaped = reaped + 1
+  local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'string'})
+  if bad then return redis.error_reply(bad) end
+  local last = redis.call('GET', KEYS[4])
+  local sep = last and string.find(last, ' ', 1, true)
+  if sep and string.sub(last, 1, sep - 1) == ARGV[3] then
+    local deadline = string.sub(last, sep + 1)
+    out[5] = deadline
+    for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], deadline, deadline)) do
+      out[#out + 1] = e
+    end
+  else
+    local deadline = string.format('%d', now + tonumber(ARGV[2]))
+    out[5] = deadline
+    -- Leases that ran out (score 0: released) are re-leased in place.
+    local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+    for i = 1, #expired, 2 do
+      local e = expired[i]
+      if tonumber(expired[i + 1]) > 0 and redis.call('HEXISTS', KEYS[3], e) == 0 then
+        out[4] = out[4] + 1
+      end
+      redis.call('ZADD', KEYS[2], deadline, e)
+      out[#out + 1] = e
+    end
+    local room = limit - (#out - 5)
+    if room > 0 then
+      local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
+      if #items > 0 then
+        for i = 1, #items, 2 do
+          local e = string.format('%d', math.floor(tonumber(items[i + 1]))) .. ':' .. items[i]
+          redis.call('ZADD', KEYS[2], deadline, e)
+          out[#out + 1] = e
+        end
+        -- The claimed tasks are exactly the lowest ranks.
+        redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #items / 2 - 1)
+      end
+    end
+    if #out > 5 then
+      redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. deadline, 'PX', ARGV[2])
+    end
   end
-  if redis.call('ZADD', KEYS[1], 'NX', string.sub(e, 1, sep - 1), string.sub(e, sep + 1)) == 0 then
-    redis.call('HDEL', KEYS[3], e)
-  end
-end
-
-local out = {now, '', '', reaped}
-local items = {}
-if limit > 0 then
-  items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-end
-if #items > 0 then
-  local deadline = now + tonumber(ARGV[2])
-  for i = 1, #items, 2 do
-    local e = string.format('%d', math.floor(tonumber(items[i + 1]))) .. ':' .. items[i]
-    redis.call('ZADD', KEYS[2], deadline, e)
-    out[#out + 1] = e
-  end
-  -- The claimed tasks are exactly the lowest ranks.
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #items / 2 - 1)
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] then out[2] = first[2] end
@@ -80,43 +131,51 @@ if lease[2] then out[3] = lease[2] end
 return out
 `)
 
-// failScript records failed publishes: a task to retry stays in flight with
-// its lease pushed out by the backoff (the claim script's reaper returns it
-// to pending then, with its original due time); a task that is poison, or
-// has used up its attempts, moves with its reason to the dead-letter set.
+// failScript records failed publishes of entries still under the caller's
+// lease: a task to retry stays in flight with its lease pushed out by the
+// backoff (a claim re-leases it then, with its original due time); a task
+// that is poison, or has used up its attempts, moves with its reason to
+// the dead-letter set.
 //
 // KEYS[1] in-flight set
 // KEYS[2] attempts hash
-// KEYS[3] dead-letter set P:{Q:i}:dead (score = due ms)
-// KEYS[4] dead-letter reasons hash P:{Q:i}:dead:reason (member -> reason)
+// KEYS[3] dead-letter set P:{Q:i}:dead (member = entry, score = due ms)
+// KEYS[4] dead-letter reasons hash P:{Q:i}:dead:reason (entry -> reason)
 // ARGV[1] first backoff ms, doubled per attempt
 // ARGV[2] longest backoff ms
 // ARGV[3] attempts after which a "poison" entry is dead-lettered
-// ARGV[4..] triples: entry, mode, reason. mode "retry" never dead-letters,
+// ARGV[4] the lease deadline the caller's claim set
+// ARGV[5..] triples: entry, mode, reason. mode "retry" never dead-letters,
 //
 //	"poison" dead-letters after ARGV[3] attempts, "dead" at once.
 //
-// Returns {retried, dead}. Entries no longer in flight are skipped.
-var failScript = redis.NewScript(`#!lua flags=allow-oom
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+// Returns {retried, dead}. Entries no longer under that lease (settled, or
+// reaped by another instance) are skipped.
+var failScript = redis.NewScript(luaPrelude + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash'})
+if bad then return redis.error_reply(bad) end
 local first, longest, maxAttempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local held = tonumber(ARGV[4])
 local retried, dead = 0, 0
-for i = 4, #ARGV, 3 do
+for i = 5, #ARGV, 3 do
   local e, mode, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  if redis.call('ZSCORE', KEYS[1], e) then
+  local score = redis.call('ZSCORE', KEYS[1], e)
+  if score and tonumber(score) == held then
     local n = redis.call('HINCRBY', KEYS[2], e, 1)
     if mode == 'dead' or (mode == 'poison' and n >= maxAttempts) then
       local sep = string.find(e, ':', 1, true)
-      local member = string.sub(e, sep + 1)
+      local due = sep and tonumber(string.sub(e, 1, sep - 1)) or 0
+      -- Written before the in-flight entry goes.
+      redis.call('ZADD', KEYS[3], due, e)
+      redis.call('HSET', KEYS[4], e, reason .. ' (after ' .. n .. ' attempts)')
       redis.call('ZREM', KEYS[1], e)
       redis.call('HDEL', KEYS[2], e)
-      redis.call('ZADD', KEYS[3], string.sub(e, 1, sep - 1), member)
-      redis.call('HSET', KEYS[4], member, reason .. ' (after ' .. n .. ' attempts)')
       dead = dead + 1
     else
-      local backoff = math.min(first * math.pow(2, math.min(n - 1, 30)), longest)
-      redis.call('ZADD', KEYS[1], 'XX', now + backoff, e)
+      local until_ = now + math.min(first * math.pow(2, math.min(n - 1, 30)), longest)
+      -- Never the held deadline itself, or a re-run would count again.
+      if until_ == held then until_ = until_ + 1 end
+      redis.call('ZADD', KEYS[1], 'XX', until_, e)
       retried = retried + 1
     end
   end
@@ -124,20 +183,26 @@ end
 return {retried, dead}
 `)
 
-// releaseScript returns in-flight tasks to pending at once, without
-// counting an attempt: used on shutdown and when the broker connection is
-// lost, neither of which is the task's fault.
+// releaseScript hands in-flight entries still under the caller's lease
+// back at once, without counting an attempt: used on shutdown and when the
+// broker connection is lost, neither of which is the task's fault. Their
+// lease becomes 0, so the next claim on the shard, by any instance, takes
+// them first; they stay in flight, so a producer's later ZADD of the same
+// member stays a separate scheduling.
 //
 // KEYS[1] in-flight set
-// KEYS[2] pending shard
-// ARGV[1..] entries
-// Returns how many went back.
-var releaseScript = redis.NewScript(`#!lua flags=allow-oom
+// ARGV[1] the lease deadline the caller's claim set
+// ARGV[2..] entries
+// Returns how many were released.
+var releaseScript = redis.NewScript(luaPrelude + `
+local bad = wrongType({KEYS[1], 'zset'})
+if bad then return redis.error_reply(bad) end
+local held = tonumber(ARGV[1])
 local n = 0
-for _, e in ipairs(ARGV) do
-  if redis.call('ZREM', KEYS[1], e) == 1 then
-    local sep = string.find(e, ':', 1, true)
-    redis.call('ZADD', KEYS[2], 'NX', string.sub(e, 1, sep - 1), string.sub(e, sep + 1))
+for i = 2, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) == held then
+    redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[i])
     n = n + 1
   end
 end
@@ -145,19 +210,25 @@ return n
 `)
 
 // ackScript forgets confirmed tasks: their in-flight entries and attempt
-// counts, atomically. A script rather than MULTI: Redis refuses every
-// command queued in a MULTI while at maxmemory, even ZREM, which frees.
+// counts, atomically. Whoever holds the lease now: the broker has the
+// message with this message_id, and another holder's publish would only
+// be a duplicate. A script rather than MULTI: Redis refuses every command
+// queued in a MULTI while at maxmemory, even ZREM, which frees.
 //
 // KEYS[1] in-flight set
 // KEYS[2] attempts hash
 // ARGV[1..] entries
 // Returns how many entries were still in flight.
-var ackScript = redis.NewScript(`#!lua flags=allow-oom
+var ackScript = redis.NewScript(luaPrelude + `
+local bad = wrongType({KEYS[1], 'zset'})
+if bad then return redis.error_reply(bad) end
+-- A wrong-type attempts key must not keep delivered tasks in flight.
+local counts = redis.call('TYPE', KEYS[2])['ok'] == 'hash'
 local n = 0
 for i = 1, #ARGV, 1000 do
   local j = math.min(i + 999, #ARGV)
   n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
-  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
+  if counts then redis.call('HDEL', KEYS[2], unpack(ARGV, i, j)) end
 end
 return n
 `)

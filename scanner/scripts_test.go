@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -23,12 +24,14 @@ func setup(t *testing.T) (*redis.Client, shard.Keys, []string) {
 	rdb := testenv.Redis(t)
 	k := shard.Keys{Prefix: testenv.Name(t), Queue: "q"}
 	testenv.CleanRedis(t, rdb, k.Prefix)
-	return rdb, k, []string{k.Pending(0), k.Inflight(0), k.Attempts(0)}
+	return rdb, k, []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0)}
 }
+
+var claimTokens atomic.Int64
 
 func claim(t *testing.T, rdb *redis.Client, keys []string, limit int, leaseMs int64) []any {
 	t.Helper()
-	v, err := claimScript.Run(context.Background(), rdb, keys, limit, leaseMs).Slice()
+	v, err := claimScript.Run(context.Background(), rdb, keys, limit, leaseMs, claimTokens.Add(1)).Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +52,7 @@ func TestClaimTakesOnlyDueTasksByServerClock(t *testing.T) {
 	if scriptNow < now || scriptNow > now+5000 {
 		t.Fatalf("script clock %d, server clock %d", scriptNow, now)
 	}
-	entries := v[4:]
+	entries := v[5:]
 	want := []string{EntryOf([]byte("old"), now-1000), EntryOf([]byte("recent"), now-10)}
 	if len(entries) != 2 || entries[0] != want[0] || entries[1] != want[1] {
 		t.Fatalf("claimed %v, want %v (oldest first)", entries, want)
@@ -84,9 +87,9 @@ func TestClaimIsBoundedAndOldestFirst(t *testing.T) {
 	var got []any
 	for n := 0; n < 3; n++ {
 		v := claim(t, rdb, keys, 10, 30000)
-		got = append(got, v[4:]...)
-		if want := []int{10, 10, 5}[n]; len(v)-4 != want {
-			t.Fatalf("claim %d took %d, want %d", n, len(v)-4, want)
+		got = append(got, v[5:]...)
+		if want := []int{10, 10, 5}[n]; len(v)-5 != want {
+			t.Fatalf("claim %d took %d, want %d", n, len(v)-5, want)
 		}
 	}
 	for i, e := range got {
@@ -109,27 +112,12 @@ func TestClaimReapsExpiredLeasesKeepingDueTime(t *testing.T) {
 	if v[3].(int64) != 1 {
 		t.Fatalf("reaped %v, want 1", v[3])
 	}
-	entries := v[4:]
+	entries := v[5:]
 	if len(entries) != 1 || entries[0] != EntryOf([]byte("dead-instance"), now-40000) {
 		t.Fatalf("claimed %v: the reaped task must go out again with its original due time", entries)
 	}
 	if s := rdb.ZScore(ctx, k.Inflight(0), EntryOf([]byte("live-instance"), now-10000)); s.Err() != nil {
 		t.Fatalf("a live lease was touched: %v", s.Err())
-	}
-}
-
-func TestReapKeepsNewerRescheduling(t *testing.T) {
-	rdb, k, keys := setup(t)
-	ctx := context.Background()
-	now := serverMs(t, rdb)
-	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now - 5), Member: EntryOf([]byte("m"), now-40000)})
-	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now + 60000), Member: "m"})
-	v := claim(t, rdb, keys, 10, 30000)
-	if len(v) != 4 {
-		t.Fatalf("claimed %v; the producer's newer schedule must win", v[4:])
-	}
-	if s := rdb.ZScore(ctx, k.Pending(0), "m").Val(); int64(s) != now+60000 {
-		t.Fatalf("pending score %v, want %d", s, now+60000)
 	}
 }
 
@@ -147,7 +135,7 @@ func TestClaimOddMembersAndScores(t *testing.T) {
 	}
 	v := claim(t, rdb, keys, 10, 30000)
 	got := map[string]int64{}
-	for _, e := range v[4:] {
+	for _, e := range v[5:] {
 		task, err := ParseEntry(e.(string))
 		if err != nil {
 			t.Fatal(err)
@@ -161,9 +149,11 @@ func TestClaimOddMembersAndScores(t *testing.T) {
 	}
 }
 
+// fail runs the fail script as the holder of the entry's current lease.
 func fail(t *testing.T, rdb *redis.Client, k shard.Keys, maxAttempts int, triples ...string) []int64 {
 	t.Helper()
-	args := []any{1000, 8000, maxAttempts}
+	held := int64(rdb.ZScore(context.Background(), k.Inflight(0), triples[0]).Val())
+	args := []any{1000, 8000, maxAttempts, held}
 	for _, s := range triples {
 		args = append(args, s)
 	}
@@ -195,10 +185,10 @@ func TestFailRetriesWithBackoffThenDeadLetters(t *testing.T) {
 	if res := fail(t, rdb, k, 3, e, "poison", "too big"); res[1] != 1 {
 		t.Fatalf("third attempt not dead-lettered: %v", res)
 	}
-	if rdb.ZScore(ctx, k.Dead(0), "poison").Val() != float64(now-100) {
+	if rdb.ZScore(ctx, k.Dead(0), e).Val() != float64(now-100) {
 		t.Fatalf("dead set: %v", rdb.ZRangeWithScores(ctx, k.Dead(0), 0, -1).Val())
 	}
-	if r := rdb.HGet(ctx, k.DeadReason(0), "poison").Val(); r != "too big (after 3 attempts)" {
+	if r := rdb.HGet(ctx, k.DeadReason(0), e).Val(); r != "too big (after 3 attempts)" {
 		t.Fatalf("reason %q", r)
 	}
 	if rdb.Exists(ctx, k.Inflight(0), k.Attempts(0)).Val() != 0 {
@@ -227,16 +217,24 @@ func TestFailRetryModeNeverDeadLettersAndBackoffIsCapped(t *testing.T) {
 	}
 }
 
-func TestReleaseReturnsToPendingWithDueTime(t *testing.T) {
-	rdb, k, _ := setup(t)
+func TestReleaseHandsBackAtOnce(t *testing.T) {
+	rdb, k, keys := setup(t)
 	ctx := context.Background()
-	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: 1e13, Member: EntryOf([]byte("m1"), 1234)})
-	n, err := releaseScript.Run(ctx, rdb, []string{k.Inflight(0), k.Pending(0)}, EntryOf([]byte("m1"), 1234), "99:absent").Int()
+	e := EntryOf([]byte("m1"), 1234)
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: 1e13, Member: e})
+	n, err := releaseScript.Run(ctx, rdb, []string{k.Inflight(0)}, int64(1e13), e, "99:absent").Int()
 	if err != nil || n != 1 {
 		t.Fatalf("released %d, %v", n, err)
 	}
-	if rdb.ZScore(ctx, k.Pending(0), "m1").Val() != 1234 || rdb.Exists(ctx, k.Inflight(0)).Val() != 0 {
-		t.Fatal("not back in pending with its due time")
+	if s, err := rdb.ZScore(ctx, k.Inflight(0), e).Result(); err != nil || s != 0 {
+		t.Fatalf("released entry: lease %v, %v; want 0, still in flight", s, err)
+	}
+	if rdb.Exists(ctx, k.Pending(0)).Val() != 0 {
+		t.Fatal("release wrote to pending")
+	}
+	v := claim(t, rdb, keys, 10, 30000)
+	if v[3].(int64) != 0 || len(v) != 6 || v[5] != e {
+		t.Fatalf("claim after release: %v; want the entry back, not counted as reaped", v)
 	}
 }
 
@@ -245,7 +243,7 @@ func TestPeekChangesNothing(t *testing.T) {
 	ctx := context.Background()
 	now := serverMs(t, rdb)
 	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 5), Member: "due"})
-	v, err := claimScript.Run(ctx, rdb, []string{k.Pending(0), k.Inflight(0), k.Attempts(0)}, 0, 30000).Slice()
+	v, err := claimScript.Run(ctx, rdb, []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0)}, 0, 30000, "t").Slice()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,11 +55,17 @@ func (k Keys) Inflight(i int) string { return k.tag(i) + ":inflight" }
 // Attempts counts failed publishes per in-flight entry (hash).
 func (k Keys) Attempts(i int) string { return k.tag(i) + ":attempts" }
 
-// Dead is the dead-letter sorted set: member, score = due time.
+// Dead is the dead-letter sorted set: member "<due_ms>:<member>" (one per
+// scheduling, like in-flight entries), score = due time.
 func (k Keys) Dead(i int) string { return k.tag(i) + ":dead" }
 
-// DeadReason maps a dead member to why it died (hash).
+// DeadReason maps a dead entry to why it died (hash).
 func (k Keys) DeadReason(i int) string { return k.tag(i) + ":dead:reason" }
+
+// LastClaim records the shard's last claim (token and lease deadline,
+// expiring with the lease), so a claim that go-redis runs again after a
+// lost reply returns the same batch instead of claiming another.
+func (k Keys) LastClaim(i int) string { return k.tag(i) + ":claim" }
 
 // Counter is the balancer's INCR counter for the queue.
 func (k Keys) Counter() string { return k.Prefix + ":{" + k.Queue + "}:counter" }

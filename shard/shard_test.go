@@ -83,6 +83,7 @@ func TestKeys(t *testing.T) {
 		"Attempts":   k.Attempts(7),
 		"Dead":       k.Dead(7),
 		"DeadReason": k.DeadReason(7),
+		"LastClaim":  k.LastClaim(7),
 	}
 	distinct := map[string]string{}
 	for name, key := range keys {

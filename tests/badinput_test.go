@@ -106,9 +106,9 @@ func TestOversizeMemberDeadLettered(t *testing.T) {
 	h.verify("big", want, 15*time.Second, 0)
 	k := shard.Keys{Prefix: h.prefix, Queue: "big"}
 	eventually(t, 5*time.Second, "big member in the dead-letter set", func() bool {
-		return h.rdb.ZScore(context.Background(), k.Dead(0), string(big)).Val() == float64(due.UnixMilli())
+		return h.rdb.ZScore(context.Background(), k.Dead(0), deadEntry(big, due)).Val() == float64(due.UnixMilli())
 	})
-	reason := h.rdb.HGet(context.Background(), k.DeadReason(0), string(big)).Val()
+	reason := h.rdb.HGet(context.Background(), k.DeadReason(0), deadEntry(big, due)).Val()
 	if !strings.Contains(reason, "2000 bytes") || !strings.Contains(reason, "DISPATCHER_MAX_MESSAGE_BYTES=1000") {
 		t.Fatalf("reason %q", reason)
 	}
@@ -149,7 +149,7 @@ func TestBrokerRefusedMemberDeadLettered(t *testing.T) {
 	eventually(t, 20*time.Second, "refused member in the dead-letter set", func() bool {
 		return h.rdb.ZCard(context.Background(), k.Dead(0)).Val() == 1
 	})
-	reason := h.rdb.HGet(context.Background(), k.DeadReason(0), string(big)).Val()
+	reason := h.rdb.HGet(context.Background(), k.DeadReason(0), deadEntry(big, due)).Val()
 	if !strings.Contains(reason, "406") || !strings.Contains(reason, "after 2 attempts") {
 		t.Fatalf("reason %q", reason)
 	}
@@ -291,4 +291,10 @@ func TestShardCountGuard(t *testing.T) {
 	}
 	h.start()
 	h.verify("guard", want, 20*time.Second, 0)
+}
+
+// deadEntry is how the dead-letter set names one scheduling: the in-flight
+// entry "<due_ms>:<member>".
+func deadEntry(member []byte, due time.Time) string {
+	return strconv.FormatInt(due.UnixMilli(), 10) + ":" + string(member)
 }

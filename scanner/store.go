@@ -1,0 +1,140 @@
+package scanner
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// store runs the scripts that move one queue's tasks between its keys
+// (see scripts.go for what each does and why).
+type store struct {
+	rdb         redis.UniversalClient
+	keys        shard.Keys
+	lease       time.Duration
+	retryMin    time.Duration
+	retryMax    time.Duration
+	maxAttempts int
+	instance    string // makes claim tokens unique across instances
+
+	seq atomic.Uint64
+}
+
+// claimed is what one run of the claim script says of its shard.
+type claimed struct {
+	now         int64 // server clock, ms
+	nextPending any   // earliest pending score, "" if none
+	nextLease   any   // earliest lease deadline, "" if none
+	reaped      int   // leases of dead or stalled instances taken over
+	deadline    int64 // the batch's lease deadline (fences fail and release)
+	entries     []string
+}
+
+// claimCmd queues a claim of up to limit tasks of shard i on pipe (limit
+// 0 only reads when the shard next needs attention).
+func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int) *redis.Cmd {
+	return claimScript.EvalSha(ctx, pipe,
+		[]string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i)},
+		limit, st.lease.Milliseconds(), st.token())
+}
+
+// token is unique per claim, so the script can tell a run of the same
+// claim again (go-redis retrying after a lost reply) from a new one.
+func (st *store) token() string {
+	return st.instance + "/" + strconv.FormatUint(st.seq.Add(1), 36)
+}
+
+// claim runs one claim on shard i (the scanner pipelines claimCmd instead).
+func (st *store) claim(ctx context.Context, i, limit int) (claimed, error) {
+	return st.claimAs(ctx, i, limit, st.token())
+}
+
+// claimAs is claim with a given token: running it again with the same
+// token is what a retry after a lost reply does.
+func (st *store) claimAs(ctx context.Context, i, limit int, token string) (claimed, error) {
+	vals, err := claimScript.Run(ctx, st.rdb,
+		[]string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i)},
+		limit, st.lease.Milliseconds(), token).Slice()
+	if err != nil {
+		return claimed{}, fmt.Errorf("claim on %s: %w", st.keys.Pending(i), err)
+	}
+	return parseClaimed(vals)
+}
+
+func parseClaimed(vals []any) (claimed, error) {
+	if len(vals) < 5 {
+		return claimed{}, fmt.Errorf("claim script returned %d values, want at least 5", len(vals))
+	}
+	c := claimed{nextPending: vals[1], nextLease: vals[2]}
+	c.now, _ = vals[0].(int64)
+	reaped, _ := vals[3].(int64)
+	c.reaped = int(reaped)
+	if d, ok := parseScore(vals[4]); ok {
+		c.deadline = d
+	}
+	for _, v := range vals[5:] {
+		e, _ := v.(string)
+		c.entries = append(c.entries, e)
+	}
+	return c, nil
+}
+
+// ack forgets confirmed entries of shard i.
+func (st *store) ack(ctx context.Context, i int, entries []string) (int, error) {
+	if len(entries) == 0 {
+		return 0, nil
+	}
+	n, err := ackScript.Run(ctx, st.rdb, []string{st.keys.Inflight(i), st.keys.Attempts(i)}, anys(entries)...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("ack %d tasks on %s: %w", len(entries), st.keys.Inflight(i), err)
+	}
+	return n, nil
+}
+
+// fail records failed publishes of entries claimed with lease deadline.
+func (st *store) fail(ctx context.Context, i int, deadline int64, fails []failed) (retried, dead int, err error) {
+	if len(fails) == 0 {
+		return 0, 0, nil
+	}
+	args := make([]any, 0, 4+3*len(fails))
+	args = append(args, st.retryMin.Milliseconds(), st.retryMax.Milliseconds(), st.maxAttempts, deadline)
+	for _, f := range fails {
+		args = append(args, f.entry, f.mode, f.reason)
+	}
+	keys := []string{st.keys.Inflight(i), st.keys.Attempts(i), st.keys.Dead(i), st.keys.DeadReason(i)}
+	res, err := failScript.Run(ctx, st.rdb, keys, args...).Int64Slice()
+	if err != nil {
+		return 0, 0, fmt.Errorf("record %d failed publishes on %s: %w", len(fails), st.keys.Inflight(i), err)
+	}
+	return int(res[0]), int(res[1]), nil
+}
+
+// release hands entries claimed with lease deadline back for any instance
+// to claim at once.
+func (st *store) release(ctx context.Context, i int, deadline int64, entries []string) (int, error) {
+	if len(entries) == 0 {
+		return 0, nil
+	}
+	args := make([]any, 0, 1+len(entries))
+	args = append(args, deadline)
+	args = append(args, anys(entries)...)
+	n, err := releaseScript.Run(ctx, st.rdb, []string{st.keys.Inflight(i)}, args...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("release %d tasks on %s: %w", len(entries), st.keys.Inflight(i), err)
+	}
+	return n, nil
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
