@@ -36,12 +36,12 @@ type Settings struct {
 	AMQPKeyFile     string        `envconfig:"DISPATCHER_AMQP_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_AMQP_CERT_FILE"`
 	KeyPrefix       string        `envconfig:"DISPATCHER_KEY_PREFIX" default:"dq" desc:"prefix P of every Redis key: shard i of queue Q is P:{Q:i}"`
 	Queues          []string      `envconfig:"DISPATCHER_QUEUES" required:"true" desc:"comma-separated queue names this instance serves"`
-	Lease           time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again; must exceed DISPATCHER_CONFIRM_TIMEOUT"`
+	Lease           time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again (at least 1s)"`
 	HTTPAddr        string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; a port alone (:9090) binds 127.0.0.1 only, 0.0.0.0:9090 every IPv4 interface; empty turns it off"`
 	BatchSize       int           `envconfig:"DISPATCHER_BATCH_SIZE" default:"500" desc:"most tasks taken from one shard in one claim (1 to 10000)"`
 	Pipeline        int           `envconfig:"DISPATCHER_PIPELINE" default:"4" desc:"claimed batches per queue being published at once (1 to 64)"`
 	PollInterval    time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often the queue's sweeping instance looks at every shard for newly scheduled tasks; known due times are waited for exactly"`
-	ConfirmTimeout  time.Duration `envconfig:"DISPATCHER_CONFIRM_TIMEOUT" default:"10s" desc:"how long to wait for the broker to confirm a publish before retrying it"`
+	ConfirmTimeout  time.Duration `envconfig:"DISPATCHER_CONFIRM_TIMEOUT" defaultText:"LEASE/3, at most 10s" desc:"how long to wait for the broker to confirm a publish, counted from when it was written, before retrying it; must be shorter than DISPATCHER_LEASE"`
 	ShutdownTimeout time.Duration `envconfig:"DISPATCHER_SHUTDOWN_TIMEOUT" default:"10s" desc:"on SIGTERM, how long to wait for outstanding confirms before returning the rest to pending"`
 	MaxMessageBytes int           `envconfig:"DISPATCHER_MAX_MESSAGE_BYTES" default:"16777216" desc:"members larger than this go straight to the shard's dead-letter set"`
 	MaxAttempts     int           `envconfig:"DISPATCHER_MAX_ATTEMPTS" default:"5" desc:"publishes the broker refuses (e.g. over its max_message_size) before a task goes to the dead-letter set"`
@@ -113,6 +113,13 @@ func urlReason(raw string, err error) string {
 	return err.Error()
 }
 
+// DefaultConfirmTimeout is the confirm timeout when none is given: a third
+// of the lease, so a publish that timed out is settled well before its
+// lease runs out, and at most 10s.
+func DefaultConfirmTimeout(lease time.Duration) time.Duration {
+	return min(10*time.Second, lease/3)
+}
+
 // Load reads and validates the settings from the process environment.
 // It does not touch the network.
 func Load() (*Settings, error) {
@@ -127,6 +134,9 @@ func Load() (*Settings, error) {
 	// envconfig never falls back to unprefixed names like REDIS_URL.
 	if err := envconfig.Process("", &s); err != nil {
 		return nil, translate(err, env)
+	}
+	if env[Prefix+"_CONFIRM_TIMEOUT"] == "" {
+		s.ConfirmTimeout = DefaultConfirmTimeout(s.Lease)
 	}
 	seen := map[string]string{}
 	for i, name := range s.Queues {

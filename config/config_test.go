@@ -189,6 +189,28 @@ func TestLoadValid(t *testing.T) {
 			},
 		},
 		{
+			// Finding 9 of issue 8: a short lease alone used to stop the
+			// daemon over a CONFIRM_TIMEOUT the user never set.
+			name:   "short lease alone derives the confirm timeout",
+			env:    with(map[string]string{"DISPATCHER_LEASE": "5s"}),
+			queues: []config.Queue{{Name: "orders", Shards: 16, Exchange: "ex", RoutingKey: "orders"}},
+			check: func(t *testing.T, s *config.Settings) {
+				if s.Lease != 5*time.Second || s.ConfirmTimeout <= 0 || s.ConfirmTimeout > s.Lease/2 {
+					t.Errorf("lease %s, confirm timeout %s: want a derived timeout well inside the lease", s.Lease, s.ConfirmTimeout)
+				}
+			},
+		},
+		{
+			name:   "1s lease alone",
+			env:    with(map[string]string{"DISPATCHER_LEASE": "1s"}),
+			queues: []config.Queue{{Name: "orders", Shards: 16, Exchange: "ex", RoutingKey: "orders"}},
+			check: func(t *testing.T, s *config.Settings) {
+				if s.ConfirmTimeout <= 0 || s.ConfirmTimeout >= s.Lease {
+					t.Errorf("confirm timeout %s for lease %s", s.ConfirmTimeout, s.Lease)
+				}
+			},
+		},
+		{
 			name:   "64-character queue name",
 			env:    map[string]string{"DISPATCHER_QUEUES": strings.Repeat("q", 64), "DISPATCHER_QUEUE_" + strings.Repeat("Q", 64) + "_SHARDS": "2", "DISPATCHER_QUEUE_" + strings.Repeat("Q", 64) + "_EXCHANGE": "ex"},
 			queues: []config.Queue{{Name: strings.Repeat("q", 64), Shards: 2, Exchange: "ex", RoutingKey: strings.Repeat("q", 64)}},
@@ -305,7 +327,7 @@ func TestLoadErrors(t *testing.T) {
 			wantVar: "DISPATCHER_POLL_INTERVAL", wantValue: "-1ms"},
 		{name: "confirm timeout equal to lease", env: with(map[string]string{"DISPATCHER_CONFIRM_TIMEOUT": "30s"}),
 			wantVar: "DISPATCHER_CONFIRM_TIMEOUT", wantValue: "30s"},
-		{name: "confirm timeout above lease", env: with(map[string]string{"DISPATCHER_LEASE": "5s"}),
+		{name: "confirm timeout given above lease", env: with(map[string]string{"DISPATCHER_LEASE": "5s", "DISPATCHER_CONFIRM_TIMEOUT": "10s"}),
 			wantVar: "DISPATCHER_CONFIRM_TIMEOUT", wantValue: "10s"},
 		{name: "retry max below retry min", env: with(map[string]string{"DISPATCHER_RETRY_MIN": "2s", "DISPATCHER_RETRY_MAX": "1s"}),
 			wantVar: "DISPATCHER_RETRY_MAX", wantValue: "1s"},

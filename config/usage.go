@@ -30,7 +30,11 @@ func vars(prefix string, spec any) []Var {
 			}
 			key = prefix + "_" + key
 		}
-		out = append(out, Var{Key: key, Default: f.Tag.Get("default"), Desc: f.Tag.Get("desc"), Required: f.Tag.Get("required") == "true"})
+		def := f.Tag.Get("default")
+		if text := f.Tag.Get("defaultText"); text != "" { // derived from other settings
+			def = text
+		}
+		out = append(out, Var{Key: key, Default: def, Desc: f.Tag.Get("desc"), Required: f.Tag.Get("required") == "true"})
 	}
 	return out
 }

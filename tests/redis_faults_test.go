@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -266,6 +267,11 @@ func TestRedisReadOnlyReplica(t *testing.T) {
 	var errs, dispatched float64
 	verifyWhile(h, "ro", f.want, 40*time.Second, 0, func() {
 		eventually(t, 10*time.Second, "READONLY logged", func() bool { return strings.Contains(p.out.String(), "READONLY") })
+		// A replica answers PING: only the scripts' READONLY tells.
+		eventually(t, 5*time.Second, "/readyz to name the read-only replica", func() bool {
+			code, body := readyz(addr)
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "READONLY")
+		})
 		errs0 := metricSum(t, addr, `dispatcher_errors_total{kind="redis"`)
 		time.Sleep(2 * time.Second)
 		errs = metricSum(t, addr, `dispatcher_errors_total{kind="redis"`) - errs0
@@ -280,6 +286,7 @@ func TestRedisReadOnlyReplica(t *testing.T) {
 			t.Error(err)
 		}
 		f.use(shardProducer(t, rc, h.prefix, "ro", 4))
+		eventually(t, 10*time.Second, "/readyz ready once the replica is promoted", func() bool { return readyStatus(addr) == http.StatusOK })
 		f.wait()
 	})
 	t.Logf("against the replica: %.0f Redis errors in 2s, %.0f tasks dispatched", errs, dispatched)

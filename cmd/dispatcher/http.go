@@ -22,8 +22,10 @@ type httpServer struct {
 }
 
 // startHTTP serves /healthz (the process runs), /readyz (Redis and the
-// broker are reachable) and /metrics.
-func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *publisher.Publisher, log *slog.Logger) (*httpServer, error) {
+// broker are reachable, and Redis runs the scripts) and /metrics.
+// refusals says why Redis refuses the scripts, if it does: a read-only
+// replica answers PING, so only the scripts' answers tell.
+func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *publisher.Publisher, refusals func() []string, log *slog.Logger) (*httpServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -34,6 +36,10 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *pu
 		var problems []string
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			problems = append(problems, "redis: unreachable")
+		} else {
+			for _, why := range refusals() {
+				problems = append(problems, "redis: refuses the dispatcher's scripts: "+why)
+			}
 		}
 		switch {
 		case pub.Blocked():

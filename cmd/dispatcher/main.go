@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -125,9 +126,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pubDone.Add(1)
 	go func() { defer pubDone.Done(); _ = pub.Run(pubCtx) }()
 
+	var scs []*scanner.Scanner
+	for _, q := range cfg.QueueSettings {
+		scs = append(scs, scanner.New(rdb, pub, scanner.Options{
+			Queue: q.Name, Shards: q.Shards, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
+			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
+			PollInterval: cfg.PollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
+			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
+			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock,
+		}))
+	}
+	refusals := func() []string {
+		var out []string
+		for _, sc := range scs {
+			if why := sc.RedisRefusal(); why != "" && !slices.Contains(out, why) {
+				out = append(out, why)
+			}
+		}
+		return out
+	}
+
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
-		httpSrv, err = startHTTP(cfg.HTTPAddr, reg, rdb, pub, log)
+		httpSrv, err = startHTTP(cfg.HTTPAddr, reg, rdb, pub, refusals, log)
 		if err != nil {
 			log.Error("cannot start", "err", err)
 			stopPub()
@@ -137,15 +159,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	var scanners sync.WaitGroup
-	for _, q := range cfg.QueueSettings {
-		sc := scanner.New(rdb, pub, scanner.Options{
-			Queue: q.Name, Shards: q.Shards, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
-			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
-			PollInterval: cfg.PollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
-			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
-			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock,
-		})
+	for _, sc := range scs {
 		scanners.Add(1)
 		go func() { defer scanners.Done(); _ = sc.Run(ctx) }()
 	}
