@@ -121,7 +121,8 @@ func (s *Scanner) message(t Task) publisher.Message {
 // is surely the poison. It stops at the batch's lease deadline (less a
 // margin to settle): what is not isolated by then is retried later.
 func (s *Scanner) isolateRefused(work context.Context, deadline int64, msgs []publisher.Message, errs []error) {
-	left := time.Duration(deadline-s.serverNow())*time.Millisecond - settleMargin
+	margin := min(time.Second, s.opt.Lease/4) // kept for settling the batch in Redis
+	left := time.Duration(deadline-s.serverNow())*time.Millisecond - margin
 	ctx, cancel := context.WithTimeout(work, left)
 	defer cancel()
 	for n, err := range errs {
@@ -144,9 +145,6 @@ func (s *Scanner) isolateRefused(work context.Context, deadline int64, msgs []pu
 		}
 	}
 }
-
-// settleMargin is the part of a lease kept for settling a batch in Redis.
-const settleMargin = time.Second
 
 // settle runs a Redis write, retrying briefly: a task not settled is not
 // lost (its lease brings it back) but would go out twice. Every write is

@@ -151,8 +151,13 @@ func (p *Producer) Reschedule(ctx context.Context, member []byte, due time.Time)
 	return nil
 }
 
-// Cancel removes a pending task. It reports whether the task was pending;
-// a task already taken by a dispatcher cannot be cancelled.
+// Cancel removes a pending task. It reports whether the task was pending
+// and is now removed; false means there was no such pending scheduling,
+// e.g. because a dispatcher already claimed it. A claimed scheduling
+// cannot be cancelled: it is delivered at least once, and may already be
+// in the broker (a confirmed publish whose removal from Redis has not
+// happened yet is sent again). Consumers that must honour a cancel after
+// the claim check it themselves when the task arrives.
 func (p *Producer) Cancel(ctx context.Context, member []byte) (bool, error) {
 	key := p.keys.Shard(member, p.shards)
 	n, err := p.rdb.ZRem(ctx, key, member).Result()
