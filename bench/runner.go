@@ -121,7 +121,7 @@ func (r *runner) cleanKeys(keys shard.Keys, m int) {
 	}
 	var err error
 	for i := 0; i < m && err == nil; i++ {
-		names = append(names, keys.Pending(i), keys.Inflight(i), keys.Attempts(i), keys.Dead(i), keys.DeadReason(i))
+		names = append(names, keys.Pending(i), keys.Inflight(i), keys.Attempts(i), keys.Dead(i), keys.DeadReason(i), keys.LastClaim(i))
 		if len(names) >= 500 {
 			err = flush()
 		}
