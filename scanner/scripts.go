@@ -174,7 +174,7 @@ for i = 5, #ARGV, 3 do
     else
       local until_ = now + math.min(first * math.pow(2, math.min(n - 1, 30)), longest)
       -- Never the held deadline itself, or a re-run would count again.
-      if until_ == held then until_ = until_ + 1 end
+      if until_ == held then until_ = until_ - 1 end
       redis.call('ZADD', KEYS[1], 'XX', until_, e)
       retried = retried + 1
     end
