@@ -10,7 +10,9 @@ import (
 var (
 	// ErrNacked: the broker answered basic.nack.
 	ErrNacked = errors.New("broker nacked the message")
-	// ErrTimeout: no confirm within the confirm timeout.
+	// ErrTimeout: no confirm within the confirm timeout, or no answer to
+	// what a publish needs first (a channel of its own, room among the
+	// unanswered publishes).
 	ErrTimeout = errors.New("no confirm within the confirm timeout")
 	// ErrNotConnected: there was no usable connection to publish on.
 	ErrNotConnected = errors.New("not connected to the broker")

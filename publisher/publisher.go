@@ -229,12 +229,7 @@ func (p *Publisher) connect(ctx context.Context) (*session, error) {
 	}
 	s := newSession(conn, ch)
 	s.onBlocked = p.blockChanged
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 4096))
-	returns := ch.NotifyReturn(make(chan amqp.Return))
-	chClose := ch.NotifyClose(make(chan *amqp.Error, 1))
-	connClose := conn.NotifyClose(make(chan *amqp.Error, 1))
-	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	go s.confirmLoop(confirms, returns, chClose, connClose, blocked)
+	s.start()
 	return s, nil
 }
 
@@ -272,9 +267,10 @@ func (p *Publisher) declare(conn *amqp.Connection) error {
 }
 
 // Publish publishes msgs and waits until each is confirmed or has failed,
-// at most the confirm timeout (counted from the first publish), or until
-// ctx ends. errs[i] is nil only when the broker confirmed msgs[i] and did
-// not return it.
+// or until ctx ends. A message times out when the confirm timeout has
+// passed both since it was written and since the broker last answered on
+// the channel (see confirmDeadline). errs[i] is nil only when the broker
+// confirmed msgs[i] and did not return it.
 func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 	errs := make([]error, len(msgs))
 	s, _ := p.session()
@@ -284,30 +280,48 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 		}
 		return errs
 	}
-	timeout := time.NewTimer(p.opt.ConfirmTimeout)
-	defer timeout.Stop()
 	now := time.Now()
 	ws := make([]*waiter, len(msgs))
+	var unsent error // once no slot frees up, the rest is not tried
 	for i, m := range msgs {
+		if unsent == nil {
+			unsent = s.acquire(ctx, p.opt.ConfirmTimeout)
+		}
+		if unsent != nil {
+			ws[i] = newWaiter()
+			ws[i].resolve(unsent)
+			continue
+		}
 		ws[i] = s.publish(ctx, m.Exchange, m.RoutingKey, publishing(m, now))
 	}
-	// Collect what is settled; give up on the rest at the timeout or stop.
-	var giveUp error
+	// Collect what is settled; give up on each at its timeout, on all at a stop.
+	timeout := time.NewTimer(p.opt.ConfirmTimeout)
+	defer timeout.Stop()
+	stopped := false
 	for i, w := range ws {
-		if giveUp == nil {
+	wait:
+		for !stopped {
+			d := time.Until(s.confirmDeadline(w, p.opt.ConfirmTimeout))
+			if d <= 0 {
+				break
+			}
+			timeout.Reset(d)
 			select {
 			case <-w.done:
-			case <-timeout.C:
-				giveUp = ErrTimeout
+				break wait
+			case <-timeout.C: // an answer meanwhile may have moved the deadline
 			case <-ctx.Done():
-				giveUp = ErrStopped
+				stopped = true
 			}
 		}
 		select {
 		case <-w.done:
 			errs[i] = w.err
 		default:
-			errs[i] = giveUp
+			errs[i] = ErrTimeout
+			if stopped {
+				errs[i] = ErrStopped
+			}
 			s.forget(w)
 		}
 	}
@@ -327,43 +341,40 @@ func publishing(m Message, now time.Time) amqp.Publishing {
 // PublishAlone publishes one message on a channel of its own and waits for
 // the outcome. A message the broker refuses closes only that channel, so
 // the refusal is surely this message's and no other publish suffers.
+// Opening the channel and writing the message may take the confirm
+// timeout, and the confirm the confirm timeout after that.
 func (p *Publisher) PublishAlone(ctx context.Context, m Message) error {
 	s, _ := p.session()
 	if s == nil {
 		return ErrNotConnected
 	}
-	ch, err := s.conn.Channel()
+	r, err := s.publishAlone(ctx, p.opt.ConfirmTimeout, m.Exchange, m.RoutingKey, publishing(m, time.Now()))
+	if r != nil {
+		// Nobody waits for the close-ok. A session that is over closes
+		// its connection, and the channel with it.
+		defer s.spawn(func() { r.ch.Close() })
+	}
 	if err != nil {
-		return &LostError{Reason: err.Error()}
-	}
-	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return &LostError{Reason: err.Error()}
-	}
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
-	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	if err := ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, true, false, publishing(m, time.Now())); err != nil {
-		return &LostError{Reason: err.Error()}
+		return err
 	}
 	timeout := time.NewTimer(p.opt.ConfirmTimeout)
 	defer timeout.Stop()
 	select {
-	case c, ok := <-confirms:
+	case c, ok := <-r.confirms:
 		if !ok {
-			return channelError(s.conn, <-closed)
+			return channelError(s.conn, <-r.closed)
 		}
 		if !c.Ack {
 			return ErrNacked
 		}
 		// A return is sent before the ack and buffered, so it is here now.
 		select {
-		case r := <-returns:
-			return &ReturnedError{Code: r.ReplyCode, Reason: r.ReplyText}
+		case ret := <-r.returns:
+			return &ReturnedError{Code: ret.ReplyCode, Reason: ret.ReplyText}
 		default:
 			return nil
 		}
-	case e := <-closed:
+	case e := <-r.closed:
 		return channelError(s.conn, e)
 	case <-timeout.C:
 		return ErrTimeout

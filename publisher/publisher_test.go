@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -15,15 +16,28 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	testenv.StopPrivateRabbit() // its process watcher would count as a leak
+	if err := goleak.Find(proxyLeaks...); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 func runPublisher(t *testing.T, exchanges ...string) *Publisher {
 	t.Helper()
-	p := New(Options{
-		URL: testenv.AMQPURL(t), Exchanges: exchanges, ConfirmTimeout: 5 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	return runPublisherWith(t, Options{URL: testenv.AMQPURL(t), Exchanges: exchanges, ConfirmTimeout: 5 * time.Second})
+}
+
+// runPublisherWith runs a Publisher with opt (logging nowhere unless
+// opt.Logger is set) until the test ends, and waits until it is ready.
+func runPublisherWith(t *testing.T, opt Options) *Publisher {
+	t.Helper()
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	p := New(opt)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = p.Run(ctx) }()
@@ -132,5 +146,166 @@ func TestKind(t *testing.T) {
 		if got := Kind(err); got != want {
 			t.Errorf("Kind(%v) = %s, want %s", err, got, want)
 		}
+	}
+}
+
+// On a slow link, large messages wait their turn for the wire; a message
+// counts as timed out only when its confirm is late after it was written,
+// not after the batch began. (A timeout from the batch's start failed
+// about 40 of these on every try, although the broker took them all.)
+func TestSlowLinkLargeMessagesConfirmed(t *testing.T) {
+	const n, size = 100, 64 << 10
+	conn := testenv.AMQP(t)
+	ex := testenv.Name(t)
+	got := testenv.Consumer(t, conn, ex, "bound")
+	proxy := newNetProxy(t, testenv.HostPort(testenv.AMQPURL(t)))
+	proxy.toxic("bandwidth", "upstream", map[string]int64{"rate": 2048}) // KB/s
+	p := runPublisherWith(t, Options{URL: proxy.url(testenv.AMQPURL(t)), Exchanges: []string{ex}, ConfirmTimeout: 2 * time.Second})
+
+	msgs := make([]Message, n)
+	for i := range msgs {
+		msgs[i] = Message{Exchange: ex, RoutingKey: "bound", Body: make([]byte, size), MessageID: fmt.Sprint(i), DueMs: 1}
+	}
+	began := time.Now()
+	errs := p.Publish(context.Background(), msgs)
+	kinds := map[string]int{}
+	for _, err := range errs {
+		kinds[Kind(err)]++
+	}
+	t.Logf("%d × %d KiB over a 2 MB/s link in %s: %v", n, size>>10, time.Since(began).Round(time.Millisecond), kinds)
+	if kinds["confirmed"] != n {
+		t.Fatalf("outcomes %v, want all %d confirmed", kinds, n)
+	}
+	for k := 0; k < n; k++ {
+		select {
+		case <-got:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("consumer got %d of %d messages", k, n)
+		}
+	}
+}
+
+// Under a memory alarm the broker stops reading from a connection once it
+// publishes on it, so every RPC on it (channel.open, confirm.select,
+// channel.close) hangs for as long as the alarm lasts. PublishAlone must
+// give up within its timeout instead, the first time (its publish blocks
+// the connection) as the second (its channel.open is never read).
+func TestPublishAloneBoundedUnderAlarm(t *testing.T) {
+	node := testenv.PrivateRabbit(t)
+	ex := testenv.Name(t)
+	const timeout = time.Second
+	p := runPublisherWith(t, Options{URL: node.AMQPURL(), Exchanges: []string{ex}, ConfirmTimeout: timeout})
+	if err := node.SetAlarm("memory"); err != nil {
+		t.Fatal(err)
+	}
+	// The alarm lasts until the test is done with it; anything still
+	// hanging then gets its answer and can end.
+	cleared := false
+	clear := func() {
+		if !cleared {
+			cleared = true
+			if err := node.ClearAlarm("memory"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer clear()
+
+	for try := 1; try <= 2; try++ {
+		res := make(chan error, 1)
+		began := time.Now()
+		go func() {
+			res <- p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "k", Body: []byte("x")})
+		}()
+		select {
+		case err := <-res:
+			t.Logf("try %d under the alarm: %v after %s", try, err, time.Since(began).Round(time.Millisecond))
+			if Kind(err) != "timeout" {
+				t.Fatalf("try %d under the alarm: %v (kind %s), want a timeout", try, err, Kind(err))
+			}
+		case <-time.After(10 * timeout):
+			clear()
+			err := <-res
+			t.Fatalf("try %d: PublishAlone still waiting %s into the alarm (confirm timeout %s); it returned %v only once the alarm cleared",
+				try, 10*timeout, timeout, err)
+		}
+	}
+	clear()
+	// Once the alarm is over, the shared connection works again.
+	waitFor(t, 30*time.Second, "the publisher to be ready", p.Ready)
+}
+
+// waitFor polls cond every 20 ms until it holds, failing the test after limit.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(limit); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", limit, what)
+		}
+	}
+}
+
+// A batch larger than the window of unanswered publishes goes out as
+// answers free up room, and returns still match their own messages.
+func TestBatchLargerThanWindow(t *testing.T) {
+	conn := testenv.AMQP(t)
+	ex := testenv.Name(t)
+	got := testenv.Consumer(t, conn, ex, "bound")
+	go func() {
+		for range got { // ends when the consumer's cleanup closes its channel
+		}
+	}()
+	p := runPublisherWith(t, Options{URL: testenv.AMQPURL(t), Exchanges: []string{ex}, ConfirmTimeout: 10 * time.Second})
+	n := 3*maxOutstanding + 7
+	msgs := make([]Message, n)
+	for i := range msgs {
+		key := "bound"
+		if i%100 == 0 {
+			key = "nobody-listens"
+		}
+		msgs[i] = Message{Exchange: ex, RoutingKey: key, Body: []byte(fmt.Sprint(i)), MessageID: "same-id", DueMs: 1}
+	}
+	errs := p.Publish(context.Background(), msgs)
+	for i, err := range errs {
+		want := "confirmed"
+		if i%100 == 0 {
+			want = "returned"
+		}
+		if Kind(err) != want {
+			t.Fatalf("message %d of %d: %v (kind %s), want %s", i, n, err, Kind(err), want)
+		}
+	}
+}
+
+// A broker that stops answering (it blocks the connection during a memory
+// alarm) still makes every publish time out: waiting on while answers
+// come in does not mean waiting forever when none do.
+func TestPublishTimesOutWhenBrokerStopsAnswering(t *testing.T) {
+	node := testenv.PrivateRabbit(t)
+	ex := testenv.Name(t)
+	const timeout = time.Second
+	p := runPublisherWith(t, Options{URL: node.AMQPURL(), Exchanges: []string{ex}, ConfirmTimeout: timeout})
+	if err := node.SetAlarm("memory"); err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]Message, 50)
+	for i := range msgs {
+		msgs[i] = Message{Exchange: ex, RoutingKey: "k", Body: []byte(fmt.Sprint(i)), MessageID: fmt.Sprint(i), DueMs: 1}
+	}
+	res := make(chan []error, 1)
+	go func() { res <- p.Publish(context.Background(), msgs) }()
+	select {
+	case errs := <-res:
+		for i, err := range errs {
+			if Kind(err) != "timeout" {
+				t.Errorf("message %d under the alarm: %v (kind %s), want a timeout", i, err, Kind(err))
+			}
+		}
+	case <-time.After(10 * timeout):
+		if err := node.ClearAlarm("memory"); err != nil {
+			t.Error(err)
+		}
+		<-res
+		t.Fatalf("Publish still waiting %s into the alarm (confirm timeout %s)", 10*timeout, timeout)
 	}
 }

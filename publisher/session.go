@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,9 +15,26 @@ import (
 // message_id (same member, same due time) on the one channel.
 const seqHeader = "x-dispatcher-seq"
 
+// maxOutstanding bounds the publishes of a session that the broker has not
+// yet answered (ack or nack). amqp091-go drops a notification that its
+// listener does not take within 5 s; with this bound, the confirm and
+// return buffers hold every answer that can be outstanding, so the library
+// never waits on them, however long the confirm loop is held up. Nothing
+// else bounds it: batch size × pipeline × queues runs to hundreds of
+// thousands, the cork limits bytes not yet written rather than answers,
+// and a publish whose caller gave up still awaits its answer.
+const maxOutstanding = 4096
+
+// drainWait bounds how long a closing session waits for the library to
+// hand over the last answers: it closes the confirms channel right after
+// it signals the close, unless a publish blocked in a socket write holds
+// the channel's lock.
+const drainWait = time.Second
+
 // waiter is one publish waiting for its confirm.
 type waiter struct {
 	tag  uint64
+	sent time.Time // when the message was handed to the connection
 	done chan struct{}
 	once sync.Once
 	err  error
@@ -41,8 +59,13 @@ type session struct {
 	ch      *amqp.Channel
 	started time.Time
 	blocked atomic.Bool // connection.blocked: the broker is not reading
-	// onBlocked hears every connection.blocked and connection.unblocked.
+	// onBlocked hears connection.blocked and connection.unblocked, the
+	// latest one only when it falls behind; it may block (it logs).
 	onBlocked func(amqp.Blocking)
+	blockNote chan amqp.Blocking // the latest one onBlocked has not heard yet
+
+	slots    chan struct{} // one per publish sent and not yet answered
+	answered atomic.Int64  // when the latest answer came, as time since started
 
 	pubMu sync.Mutex // serializes publishes so delivery tags match waiters
 
@@ -50,21 +73,68 @@ type session struct {
 	pending  map[uint64]*waiter
 	returned map[uint64]*ReturnedError // delivery tag -> return not yet matched to its confirm
 	dead     error                     // set once the session is closed
+	closing  chan struct{}             // closed when dead is set
 
-	done chan struct{} // closed when the confirm loop has finished
+	done    chan struct{}  // closed when the confirm loop has finished
+	helpers sync.WaitGroup // goroutines that close waits for
 }
 
 func newSession(conn *amqp.Connection, ch *amqp.Channel) *session {
 	return &session{
 		conn: conn, ch: ch, started: time.Now(),
-		pending:  map[uint64]*waiter{},
-		returned: map[uint64]*ReturnedError{},
-		done:     make(chan struct{}),
+		blockNote: make(chan amqp.Blocking, 1),
+		slots:     make(chan struct{}, maxOutstanding),
+		pending:   map[uint64]*waiter{},
+		returned:  map[uint64]*ReturnedError{},
+		closing:   make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 }
 
-// publish sends one message and returns its waiter; a waiter whose publish
-// could not be sent is already resolved.
+// start registers the session's listeners on its channel and connection
+// and starts its goroutines.
+func (s *session) start() {
+	confirms := s.ch.NotifyPublish(make(chan amqp.Confirmation, maxOutstanding))
+	returns := s.ch.NotifyReturn(make(chan amqp.Return, maxOutstanding))
+	chClose := s.ch.NotifyClose(make(chan *amqp.Error, 1))
+	connClose := s.conn.NotifyClose(make(chan *amqp.Error, 1))
+	blocked := s.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	s.helpers.Add(1)
+	go s.tellBlocked()
+	go s.confirmLoop(confirms, returns, chClose, connClose, blocked)
+}
+
+// acquire takes a slot for one publish, waiting at most timeout for an
+// answer to free one up.
+func (s *session) acquire(ctx context.Context, timeout time.Duration) error {
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-t.C:
+		return ErrTimeout
+	case <-ctx.Done():
+		return ErrStopped
+	case <-s.closing:
+		return s.deadErr()
+	}
+}
+
+func (s *session) release() {
+	select {
+	case <-s.slots:
+	default:
+	}
+}
+
+// publish sends one message, on a slot taken with acquire, and returns its
+// waiter; a waiter whose publish could not be sent is already resolved.
 func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) *waiter {
 	w := newWaiter()
 	s.pubMu.Lock()
@@ -72,6 +142,7 @@ func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Pu
 	s.mu.Lock()
 	if s.dead != nil {
 		s.mu.Unlock()
+		s.release()
 		w.resolve(s.dead)
 		return w
 	}
@@ -79,11 +150,95 @@ func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Pu
 	s.pending[w.tag] = w
 	s.mu.Unlock()
 	msg.Headers[seqHeader] = int64(w.tag)
-	if err := s.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+	err := s.ch.PublishWithContext(ctx, exchange, key, true, false, msg)
+	w.sent = time.Now()
+	if err != nil {
+		// The library took no delivery tag for it: no answer will come.
 		s.forget(w)
+		s.release()
 		w.resolve(&LostError{Reason: err.Error()})
 	}
 	return w
+}
+
+// confirmDeadline is when w counts as timed out: timeout after it was
+// written, or after the latest answer on the channel if that is later.
+// Written is not sent: the kernel takes megabytes at once, which a slow
+// link then needs seconds to carry. Answers come in publish order (the
+// library puts them in order), so while they keep coming the broker is
+// working through what was sent before w; when they stop for the timeout,
+// w is given up.
+func (s *session) confirmDeadline(w *waiter, timeout time.Duration) time.Time {
+	from := w.sent
+	if a := s.started.Add(time.Duration(s.answered.Load())); a.After(from) {
+		from = a
+	}
+	return from.Add(timeout)
+}
+
+// alone is a confirm-mode channel opened for one message.
+type alone struct {
+	ch       *amqp.Channel
+	confirms chan amqp.Confirmation
+	returns  chan amqp.Return
+	closed   chan *amqp.Error
+}
+
+// publishAlone opens a confirm-mode channel of its own and publishes msg
+// on it (mandatory), giving up after timeout: a broker that blocks the
+// connection (a memory or disk alarm) answers no RPC on it for as long as
+// the alarm lasts. The RPCs then finish in the background, at the latest
+// when the session ends. A channel it returns, with or without an error,
+// is the caller's to close.
+func (s *session) publishAlone(ctx context.Context, timeout time.Duration, exchange, key string, msg amqp.Publishing) (*alone, error) {
+	type result struct {
+		a   *alone
+		err error
+	}
+	res := make(chan result)
+	abandoned := make(chan struct{})
+	if !s.spawn(func() {
+		var r result
+		if ch, err := s.conn.Channel(); err != nil {
+			r.err = &LostError{Reason: err.Error()}
+		} else if err := ch.Confirm(false); err != nil {
+			r.a, r.err = &alone{ch: ch}, &LostError{Reason: err.Error()}
+		} else {
+			r.a = &alone{
+				ch:       ch,
+				confirms: ch.NotifyPublish(make(chan amqp.Confirmation, 1)),
+				returns:  ch.NotifyReturn(make(chan amqp.Return, 1)),
+				closed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
+			}
+			if err := ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+				r.err = &LostError{Reason: err.Error()}
+			}
+		}
+		select {
+		case res <- r:
+		case <-abandoned:
+			if r.a != nil {
+				r.a.ch.Close()
+			}
+		}
+	}) {
+		return nil, s.deadErr()
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-res:
+		return r.a, r.err
+	case <-t.C:
+		close(abandoned)
+		return nil, fmt.Errorf("open a channel of its own: the broker did not answer: %w", ErrTimeout)
+	case <-ctx.Done():
+		close(abandoned)
+		return nil, ErrStopped
+	case <-s.closing:
+		close(abandoned)
+		return nil, s.deadErr()
+	}
 }
 
 // forget drops a waiter that the caller stopped waiting for; a late
@@ -96,13 +251,32 @@ func (s *session) forget(w *waiter) {
 	}
 }
 
+// spawn runs f in a goroutine that close waits for; it reports false,
+// running nothing, once the session is closed.
+func (s *session) spawn(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead != nil {
+		return false
+	}
+	s.helpers.Add(1)
+	go func() {
+		defer s.helpers.Done()
+		f()
+	}()
+	return true
+}
+
 // confirmLoop matches confirms and returns to waiters until the channel
-// or connection closes. Returns come on an unbuffered channel and are read
-// here, in the same goroutine as confirms: the broker sends basic.return
-// before the basic.ack of the same message, and the library hands the
-// return over before it reads the ack, so a returned message is always
-// known as such by the time its ack is seen.
-func (s *session) confirmLoop(confirms chan amqp.Confirmation, returns chan amqp.Return, chClose, connClose chan *amqp.Error, blocked chan amqp.Blocking) {
+// or connection closes. It never blocks on anything but its inputs, so
+// the library never has to wait for it (see maxOutstanding).
+//
+// The broker sends basic.return before the basic.ack of the same message,
+// and the library hands the return over before it reads the ack; but from
+// two buffered channels a select may take the ack first. So before each
+// confirm the returns already handed over are taken: its own is among
+// them.
+func (s *session) confirmLoop(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, chClose, connClose <-chan *amqp.Error, blocked <-chan amqp.Blocking) {
 	defer close(s.done)
 	for {
 		select {
@@ -111,11 +285,7 @@ func (s *session) confirmLoop(confirms chan amqp.Confirmation, returns chan amqp
 				returns = nil
 				continue
 			}
-			if tag, ok := r.Headers[seqHeader].(int64); ok {
-				s.mu.Lock()
-				s.returned[uint64(tag)] = &ReturnedError{Code: r.ReplyCode, Reason: r.ReplyText}
-				s.mu.Unlock()
-			}
+			s.noteReturn(r)
 		case c, ok := <-confirms:
 			if !ok {
 				// The library sends the close reason (buffered) before it
@@ -128,11 +298,14 @@ func (s *session) confirmLoop(confirms chan amqp.Confirmation, returns chan amqp
 				}
 				return
 			}
+			s.takeReturns(returns)
 			s.confirm(c)
 		case e := <-chClose:
+			s.drain(confirms, returns)
 			s.shutdown(s.channelClosed(e))
 			return
 		case e := <-connClose:
+			s.drain(confirms, returns)
 			reason := "connection closed"
 			if e != nil {
 				reason = e.Error()
@@ -145,10 +318,86 @@ func (s *session) confirmLoop(confirms chan amqp.Confirmation, returns chan amqp
 				continue
 			}
 			s.blocked.Store(b.Active)
+			// Replace what tellBlocked has not taken yet; as the only
+			// sender, this send finds room.
+			select {
+			case <-s.blockNote:
+			default:
+			}
+			s.blockNote <- b
+		}
+	}
+}
+
+// tellBlocked passes blocked and unblocked notes on to onBlocked, away
+// from the confirm loop: a log write may stall.
+func (s *session) tellBlocked() {
+	defer s.helpers.Done()
+	for {
+		select {
+		case b := <-s.blockNote:
 			if s.onBlocked != nil {
 				s.onBlocked(b)
 			}
+		case <-s.done:
+			return
 		}
+	}
+}
+
+// drain settles the publishes whose answers the library handed over
+// before a close: the broker has them, and failing them would publish them
+// again. The library closes the confirms channel once it has closed the
+// channel; if that takes too long, what is buffered by then is taken.
+func (s *session) drain(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return) {
+	t := time.NewTimer(drainWait)
+	defer t.Stop()
+	late := false
+	for {
+		var c amqp.Confirmation
+		ok := false
+		if late {
+			select {
+			case c, ok = <-confirms:
+			default:
+				return
+			}
+		} else {
+			select {
+			case c, ok = <-confirms:
+			case <-t.C:
+				late = true
+				continue
+			}
+		}
+		if !ok {
+			return
+		}
+		s.takeReturns(returns)
+		s.confirm(c)
+	}
+}
+
+// takeReturns notes every return already handed over, without waiting.
+func (s *session) takeReturns(returns <-chan amqp.Return) {
+	for {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				return
+			}
+			s.noteReturn(r)
+		default:
+			return
+		}
+	}
+}
+
+func (s *session) noteReturn(r amqp.Return) {
+	if tag, ok := r.Headers[seqHeader].(int64); ok {
+		s.mu.Lock()
+		s.returned[uint64(tag)] = &ReturnedError{Code: r.ReplyCode, Reason: r.ReplyText}
+		s.mu.Unlock()
 	}
 }
 
@@ -163,6 +412,8 @@ func (s *session) channelClosed(e *amqp.Error) error {
 }
 
 func (s *session) confirm(c amqp.Confirmation) {
+	s.answered.Store(int64(time.Since(s.started)))
+	s.release()
 	s.mu.Lock()
 	w := s.pending[c.DeliveryTag]
 	delete(s.pending, c.DeliveryTag)
@@ -187,6 +438,7 @@ func (s *session) shutdown(err error) {
 	s.mu.Lock()
 	if s.dead == nil {
 		s.dead = err
+		close(s.closing)
 	}
 	pending := s.pending
 	s.pending = map[uint64]*waiter{}
@@ -196,7 +448,14 @@ func (s *session) shutdown(err error) {
 	}
 }
 
-// close ends the session and waits for its confirm loop.
+func (s *session) deadErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dead
+}
+
+// close ends the session and waits for its goroutines. Closing the
+// connection ends any RPC still waiting on it.
 func (s *session) close() {
 	s.shutdown(&LostError{Reason: "publisher closed"})
 	// The close handshake is a courtesy to the broker: a healthy one
@@ -204,4 +463,5 @@ func (s *session) close() {
 	// would only stretch the daemon's shutdown past its timeout.
 	_ = s.conn.CloseDeadline(time.Now().Add(time.Second))
 	<-s.done
+	s.helpers.Wait()
 }

@@ -51,9 +51,22 @@ func (s *Scanner) dispatch(work context.Context, b batch) {
 		msgs = append(msgs, s.message(t))
 	}
 
+	// Publishing ends before the batch's lease does, less a margin to
+	// settle: past it another instance may take the tasks over. What is
+	// not confirmed by then counts as timed out and is retried.
+	margin := min(time.Second, s.opt.Lease/4)
+	leased, cancel := context.WithTimeout(work, time.Duration(b.deadline-s.serverNow())*time.Millisecond-margin)
+	defer cancel()
 	publishedAt := s.serverNow()
-	errs := s.pub.Publish(work, msgs)
-	s.isolateRefused(work, b.deadline, msgs, errs)
+	errs := s.pub.Publish(leased, msgs)
+	s.isolateRefused(leased, msgs, errs)
+	if work.Err() == nil {
+		for n, err := range errs {
+			if errors.Is(err, publisher.ErrStopped) {
+				errs[n] = publisher.ErrTimeout // the lease ran short, not a stop
+			}
+		}
+	}
 
 	for n, err := range errs {
 		t := sent[n]
@@ -118,19 +131,15 @@ func (s *Scanner) message(t Task) publisher.Message {
 // messages that failed because the broker closed the shared channel over
 // something it refused: one poison message takes down everything in
 // flight on that channel, and only a message refused on its own channel
-// is surely the poison. It stops at the batch's lease deadline (less a
-// margin to settle): what is not isolated by then is retried later.
-func (s *Scanner) isolateRefused(work context.Context, deadline int64, msgs []publisher.Message, errs []error) {
-	margin := min(time.Second, s.opt.Lease/4) // kept for settling the batch in Redis
-	left := time.Duration(deadline-s.serverNow())*time.Millisecond - margin
-	ctx, cancel := context.WithTimeout(work, left)
-	defer cancel()
+// is surely the poison. It stops when ctx (the batch's lease) ends: what
+// is not isolated by then is retried later.
+func (s *Scanner) isolateRefused(ctx context.Context, msgs []publisher.Message, errs []error) {
 	for n, err := range errs {
 		if publisher.Kind(err) != "refused" {
 			continue
 		}
 		if ctx.Err() != nil {
-			errs[n] = publisher.ErrTimeout
+			errs[n] = publisher.ErrStopped
 			continue
 		}
 		wait, cancelWait := context.WithTimeout(ctx, 10*time.Second)
@@ -140,9 +149,7 @@ func (s *Scanner) isolateRefused(work context.Context, deadline int64, msgs []pu
 			errs[n] = publisher.ErrNotConnected
 			continue
 		}
-		if errs[n] = s.pub.PublishAlone(ctx, msgs[n]); publisher.Kind(errs[n]) == "stopped" && work.Err() == nil {
-			errs[n] = publisher.ErrTimeout // the lease ran short, not a stop
-		}
+		errs[n] = s.pub.PublishAlone(ctx, msgs[n])
 	}
 }
 
