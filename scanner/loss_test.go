@@ -3,6 +3,7 @@ package scanner
 import (
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -285,4 +286,80 @@ func TestClaimKeepsShardsThatSucceeded(t *testing.T) {
 		t.Fatalf("batches %+v: shard 0's claim was discarded although it is in flight (%v)",
 			batches, admin.ZRange(ctx, s.keys.Inflight(0), 0, -1).Val())
 	}
+}
+
+// Found by the model test: lease deadlines are the fence, so two claims
+// of a shard must never share one (two claims in the same ms did, as did
+// claims by instances with different leases).
+func TestLeaseDeadlinesAreUnique(t *testing.T) {
+	rdb := testenv.Redis(t)
+	a := newStore(t, rdb, 30*time.Second)
+	b := &store{rdb: rdb, keys: a.keys, lease: 30 * time.Second, instance: "b"}
+	now := serverMs(t, rdb)
+	for i := 0; i < 400; i++ {
+		schedule(t, a, "m"+strconv.Itoa(i), now-1000)
+	}
+	seen := map[int64]int{}
+	for n := 0; n < 200; n++ {
+		st := []*store{a, b}[n%2]
+		c, err := st.claim(context.Background(), 0, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev, dup := seen[c.deadline]; dup {
+			t.Fatalf("claims %d and %d share the lease deadline %d", prev, n, c.deadline)
+		}
+		seen[c.deadline] = n
+	}
+	// A shorter lease claimed later must not land on an earlier deadline.
+	short := &store{rdb: rdb, keys: a.keys, lease: time.Second, instance: "short"}
+	schedule(t, a, "late", serverMs(t, rdb)-1000)
+	c, err := short.claim(context.Background(), 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, dup := seen[c.deadline]; dup {
+		t.Fatalf("a 1s lease got deadline %d of an earlier 30s claim", c.deadline)
+	}
+}
+
+// Found by the model test: a producer's ZADD of the member and due time of
+// a scheduling in flight is the same scheduling (the same message_id); it
+// must not take the entry from its holder, nor be handed out twice.
+func TestSameSchedulingWhileInFlight(t *testing.T) {
+	ctx := context.Background()
+	t.Run("live lease", func(t *testing.T) {
+		rdb := testenv.Redis(t)
+		a := newStore(t, rdb, 30*time.Second)
+		b := &store{rdb: rdb, keys: a.keys, lease: 30 * time.Second, instance: "b"}
+		due := serverMs(t, rdb) - 1000
+		e := schedule(t, a, "m", due)
+		ca := mustClaim(t, a, 10)
+		schedule(t, a, "m", due) // the producer schedules it again, same due
+		cb, err := b.claim(ctx, 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(cb.entries, e) {
+			t.Fatalf("b took %s, which a holds", e)
+		}
+		if s := rdb.ZScore(ctx, a.keys.Inflight(0), e).Val(); int64(s) != ca.deadline {
+			t.Fatalf("a's lease %d became %v", ca.deadline, s)
+		}
+		if rdb.ZCard(ctx, a.keys.Pending(0)).Val() != 0 {
+			t.Fatal("the same scheduling stayed pending as well")
+		}
+	})
+	t.Run("expired lease", func(t *testing.T) {
+		rdb := testenv.Redis(t)
+		st := newStore(t, rdb, 30*time.Second)
+		now := serverMs(t, rdb)
+		e := EntryOf([]byte("m"), now-1000)
+		rdb.ZAdd(ctx, st.keys.Inflight(0), redis.Z{Score: float64(now - 5), Member: e})
+		schedule(t, st, "m", now-1000)
+		c := mustClaim(t, st, 10)
+		if len(c.entries) != 1 || c.entries[0] != e {
+			t.Fatalf("claimed %q, want %s once", c.entries, e)
+		}
+	})
 }

@@ -14,7 +14,7 @@ import "github.com/redis/go-redis/v9"
 // and neither swallows the other.
 //
 // Leases fence stale writers. A claim gives every entry of its batch the
-// same lease deadline and returns it; fail and release act on an entry
+// same lease deadline, unique to that claim, and returns it; fail and release act on an entry
 // only while its score is still that deadline. An instance that stalled
 // past its lease, whose tasks another instance has reaped, can then
 // neither shorten the new holder's lease nor release its live entry; and
@@ -59,12 +59,14 @@ end
 
 // claimScript re-leases expired in-flight entries in place and moves due
 // tasks from pending to in-flight, up to a batch in all, every one with
-// the same new lease deadline.
+// the same new lease deadline: now + lease, or one more than the shard's
+// last deadline if that is not later, so that no two claims of a shard
+// share a deadline (the fence) even in the same ms or with other leases.
 //
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] attempts hash P:{Q:i}:attempts
-// KEYS[4] last claim P:{Q:i}:claim (string "<token> <deadline>", expires with the lease)
+// KEYS[4] last claim P:{Q:i}:claim (string "<token> <deadline>")
 // ARGV[1] most tasks to claim; 0 only reads when the shard next needs
 //
 //	attention, changing nothing
@@ -85,16 +87,15 @@ local out = {now, '', '', 0, ''}
 if limit > 0 then
   local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'string'})
   if bad then return redis.error_reply(bad) end
-  local last = redis.call('GET', KEYS[4])
-  local sep = last and string.find(last, ' ', 1, true)
-  if sep and string.sub(last, 1, sep - 1) == ARGV[3] then
-    local deadline = string.sub(last, sep + 1)
-    out[5] = deadline
-    for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], deadline, deadline)) do
+  local lastToken, lastDeadline = string.match(redis.call('GET', KEYS[4]) or '', '^(.*) (%d+)$')
+  if lastToken == ARGV[3] then
+    out[5] = lastDeadline
+    for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)) do
       out[#out + 1] = e
     end
   else
-    local deadline = string.format('%d', now + tonumber(ARGV[2]))
+    -- Deadlines only grow, so no two claims of the shard share one.
+    local deadline = string.format('%d', math.max(now + tonumber(ARGV[2]), (tonumber(lastDeadline) or 0) + 1))
     out[5] = deadline
     -- Leases that ran out (score 0: released) are re-leased in place.
     local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
@@ -112,15 +113,18 @@ if limit > 0 then
       if #items > 0 then
         for i = 1, #items, 2 do
           local e = string.format('%d', math.floor(tonumber(items[i + 1]))) .. ':' .. items[i]
-          redis.call('ZADD', KEYS[2], deadline, e)
-          out[#out + 1] = e
+          -- NX: the same member and due time already in flight is the same
+          -- scheduling (one message_id), which its holder delivers.
+          if redis.call('ZADD', KEYS[2], 'NX', deadline, e) == 1 then
+            out[#out + 1] = e
+          end
         end
         -- The claimed tasks are exactly the lowest ranks.
         redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #items / 2 - 1)
       end
     end
     if #out > 5 then
-      redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. deadline, 'PX', ARGV[2])
+      redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. deadline)
     end
   end
 end
