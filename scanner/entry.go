@@ -3,6 +3,7 @@ package scanner
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"strconv"
 )
 
@@ -33,6 +34,8 @@ func EntryOf(member []byte, dueMs int64) string {
 }
 
 // parseScore reads a score the scripts return as a string; "" means none.
+// A fraction rounds up: a score is due once the server's whole-ms clock
+// has reached it (a retry's lease ends in half a ms).
 func parseScore(v any) (int64, bool) {
 	s, ok := v.(string)
 	if !ok || s == "" {
@@ -48,5 +51,5 @@ func parseScore(v any) (int64, bool) {
 	case f < -(1 << 62):
 		return -(1 << 62), true
 	}
-	return int64(f), true
+	return int64(math.Ceil(f)), true
 }

@@ -363,3 +363,43 @@ func TestSameSchedulingWhileInFlight(t *testing.T) {
 		}
 	})
 }
+
+// Found by the model test: a retry's backoff lease must never equal a
+// claim's lease deadline, or a stale re-run of that claim's fail counts
+// an attempt on an entry it no longer holds (here: C's retry lease lands
+// on B's old deadline, then B's go-redis retry of its fail runs).
+func TestRetryLeaseNeverMatchesAFence(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	k := newStore(t, rdb, time.Second).keys
+	for try := 0; try < 30; try++ {
+		m := "poison-" + strconv.Itoa(try)
+		schedule(t, &store{rdb: rdb, keys: k}, m, serverMs(t, rdb)-100)
+		b := &store{rdb: rdb, keys: k, lease: 2 * time.Second, retryMin: 10 * time.Millisecond, retryMax: 10 * time.Millisecond, maxAttempts: 3, instance: "B"}
+		cb, err := b.claim(ctx, 0, 1)
+		if err != nil || len(cb.entries) != 1 {
+			t.Fatal(cb, err)
+		}
+		f := []failed{{cb.entries[0], "poison", "refused"}}
+		if _, _, err := b.fail(ctx, 0, cb.deadline, f); err != nil { // its reply is lost
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		c := &store{rdb: rdb, keys: k, lease: 100 * time.Millisecond, maxAttempts: 3, instance: "C"}
+		cc, err := c.claim(ctx, 0, 1)
+		if err != nil || len(cc.entries) != 1 {
+			t.Fatal(cc, err)
+		}
+		backoff := time.Duration(cb.deadline-serverMs(t, rdb)) * time.Millisecond
+		c.retryMin, c.retryMax = backoff, backoff
+		if _, _, err := c.fail(ctx, 0, cc.deadline, f); err != nil {
+			t.Fatal(err)
+		}
+		if retried, dead, err := b.fail(ctx, 0, cb.deadline, f); err != nil || retried+dead != 0 {
+			t.Fatalf("try %d: B's stale fail run again acted on %s (retried %d, dead %d, %v): attempts %s",
+				try, cb.entries[0], retried, dead, err, rdb.HGet(ctx, k.Attempts(0), cb.entries[0]).Val())
+		}
+		rdb.ZRem(ctx, k.Inflight(0), cb.entries[0])
+		rdb.HDel(ctx, k.Attempts(0), cb.entries[0])
+	}
+}

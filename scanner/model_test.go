@@ -79,6 +79,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -161,11 +162,28 @@ type mOcc struct {
 	entry    string
 	member   string
 	due      int64
-	lease    int64   // its score
+	lease    int64   // its score, less the half ms of a retry's lease (half)
+	half     bool    // the score is lease + 0.5: a retry's backoff lease
 	leaseBy  string  // what set the lease, for diagnoses
 	holder   *mBatch // the last claim that handed it out, nil once that batch failed or released it
 	group    []*mSched
 	confirms []*mBatch // batches whose publish of it was confirmed
+}
+
+// expired reports whether a claim at server time now takes o over.
+func (o *mOcc) expired(now int64) bool {
+	if o.half {
+		return o.lease < now
+	}
+	return o.lease <= now
+}
+
+// score2 is twice o's score, a whole number.
+func (o *mOcc) score2() int64 {
+	if o.half {
+		return 2*o.lease + 1
+	}
+	return 2 * o.lease
 }
 
 func (o *mOcc) String() string {
@@ -828,12 +846,12 @@ func (r *mRun) fenceDiag(sh *mShard, b *mBatch, entries []string) string {
 func (r *mRun) predictClaim(sh *mShard, now int64, limit int) ([]*mOcc, []*mSched) {
 	var occs []*mOcc
 	for _, o := range sh.inflight {
-		if o.lease <= now {
+		if o.expired(now) {
 			occs = append(occs, o)
 		}
 	}
 	slices.SortFunc(occs, func(a, b *mOcc) int {
-		return cmp.Or(cmp.Compare(a.lease, b.lease), strings.Compare(a.entry, b.entry))
+		return cmp.Or(cmp.Compare(a.score2(), b.score2()), strings.Compare(a.entry, b.entry))
 	})
 	occs = occs[:min(len(occs), limit)]
 	var due []*mSched
@@ -881,7 +899,7 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 	if !slices.Equal(wantE, c.entries) {
 		var diag strings.Builder
 		for _, e := range c.entries {
-			if o := sh.inflight[e]; o != nil && o.lease > c.now && !slices.Contains(wantE, e) {
+			if o := sh.inflight[e]; o != nil && !o.expired(c.now) && !slices.Contains(wantE, e) {
 				fmt.Fprintf(&diag, "\n  LIVE LEASE TAKEN: %s handed out at %d", o, c.now)
 			}
 		}
@@ -914,7 +932,7 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 		default:
 			r.event("claim took an entry whose backoff ran out")
 		}
-		o.lease, o.holder = b.deadline, b
+		o.lease, o.half, o.holder = b.deadline, false, b
 		o.leaseBy = fmt.Sprintf("the claim of %s (re-leased)", b)
 		b.add(o)
 	}
@@ -926,7 +944,7 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 		case o == nil:
 			o = &mOcc{id: r.nextID(), entry: e, member: s.member, due: s.due}
 			sh.inflight[e] = o
-			o.lease, o.holder = b.deadline, b
+			o.lease, o.half, o.holder = b.deadline, false, b
 			o.leaseBy = fmt.Sprintf("the claim of %s", b)
 			b.add(o)
 			r.event("claim took a due pending task")
@@ -958,7 +976,11 @@ func (r *mRun) checkNext(sh *mShard, c claimed) {
 		wantP = append(wantP, s.due)
 	}
 	for _, o := range sh.inflight {
-		wantL = append(wantL, o.lease)
+		l := o.lease
+		if o.half {
+			l++ // parseScore rounds up: the first whole ms it is due
+		}
+		wantL = append(wantL, l)
 	}
 	for _, x := range []struct {
 		name string
@@ -1257,7 +1279,7 @@ func (r *mRun) doRelease(sh *mShard, b *mBatch, entries []string) bool {
 			continue
 		}
 		want++
-		o.lease, o.holder = 0, nil
+		o.lease, o.half, o.holder = 0, false, nil
 		o.leaseBy = fmt.Sprintf("the release of %s (step %d)", b, r.step)
 		b.lost[o] = "released"
 	}
@@ -1320,14 +1342,14 @@ func (r *mRun) doFail(sh *mShard, b *mBatch, idxs []int) bool {
 		if err != nil {
 			r.fatalf("retried entry %q not in flight after fail: %v", f.entry, err)
 		}
-		got := int64(s)
-		if got == b.deadline {
-			r.fatalf("retry of %q kept the held lease deadline %d: a re-run would count again", f.entry, got)
+		got := int64(math.Floor(s))
+		if s-float64(got) != 0.5 {
+			r.fatalf("retry of %q: lease %v, want a whole ms and a half (never a claim's deadline)", f.entry, s)
 		}
 		if got < t0+backoff-1 || got > t1+backoff {
 			r.fatalf("retry %d of %q: lease %d, want the server time (%d..%d) + backoff %d", n, f.entry, got, t0, t1, backoff)
 		}
-		o.lease, o.holder = got, nil
+		o.lease, o.half, o.holder = got, true, nil
 		o.leaseBy = fmt.Sprintf("the retry backoff %d ms of %s's fail at server time %d..%d (step %d)", backoff, b, t0, t1, r.step)
 		b.lost[o] = "failed"
 	}
@@ -1523,8 +1545,12 @@ func (r *mRun) check() {
 				}
 				got.z[k] = map[string]int64{}
 				for _, z := range zs {
-					got.z[k][z.Member.(string)] = int64(z.Score)
-					if float64(int64(z.Score)) != z.Score {
+					score := z.Score
+					if k == kInflight {
+						score *= 2 // a retry's lease ends in half a ms
+					}
+					got.z[k][z.Member.(string)] = int64(score)
+					if float64(int64(score)) != score {
 						diffs = append(diffs, fmt.Sprintf("shard %d %s: %q has a fractional score %v", i, kindNames[k], z.Member, z.Score))
 					}
 				}
@@ -1581,7 +1607,7 @@ func (r *mRun) compareShard(sh *mShard, got *snapShard, t0, t1 int64) []string {
 		wantZ[kPending][m] = s.due
 	}
 	for e, o := range sh.inflight {
-		wantZ[kInflight][e] = o.lease
+		wantZ[kInflight][e] = o.score2() // the snapshot holds twice the in-flight scores
 	}
 	for e, d := range sh.dead {
 		wantZ[kDead][e] = d

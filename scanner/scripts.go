@@ -20,7 +20,8 @@ import "github.com/redis/go-redis/v9"
 // neither shorten the new holder's lease nor release its live entry; and
 // a script that go-redis runs again after a lost reply finds the score
 // already changed and does nothing twice. Released entries get lease 0:
-// any instance reclaims them at once.
+// any instance reclaims them at once. A retry's backoff lease ends in
+// half a ms, so it never equals a claim's deadline (whole ms).
 //
 // Scripts check the type of every key they write before their first
 // write: Redis does not undo a script's earlier writes when a later call
@@ -176,10 +177,10 @@ for i = 5, #ARGV, 3 do
       redis.call('HDEL', KEYS[2], e)
       dead = dead + 1
     else
-      local until_ = now + math.min(first * math.pow(2, math.min(n - 1, 30)), longest)
-      -- Never the held deadline itself, or a re-run would count again.
-      if until_ == held then until_ = until_ - 1 end
-      redis.call('ZADD', KEYS[1], 'XX', until_, e)
+      -- Half a ms on top: a retry's lease is never a claim's (whole ms)
+      -- deadline, so no fence, and no claim run again, can match it.
+      local until_ = now + math.min(first * math.pow(2, math.min(n - 1, 30)), longest) + 0.5
+      redis.call('ZADD', KEYS[1], 'XX', string.format('%.1f', until_), e)
       retried = retried + 1
     end
   end

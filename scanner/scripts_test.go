@@ -152,7 +152,7 @@ func TestClaimOddMembersAndScores(t *testing.T) {
 // fail runs the fail script as the holder of the entry's current lease.
 func fail(t *testing.T, rdb *redis.Client, k shard.Keys, maxAttempts int, triples ...string) []int64 {
 	t.Helper()
-	held := int64(rdb.ZScore(context.Background(), k.Inflight(0), triples[0]).Val())
+	held := rdb.ZScore(context.Background(), k.Inflight(0), triples[0]).Val()
 	args := []any{1000, 8000, maxAttempts, held}
 	for _, s := range triples {
 		args = append(args, s)
