@@ -821,7 +821,7 @@ func (r *mRun) claimAgain(sh *mShard, c claimed, lc *mLostClaim) *mBatch {
 // not hold it).
 func (r *mRun) holds(sh *mShard, b *mBatch, o *mOcc, what string) bool {
 	spec := o != nil && o.holder == b
-	script := o != nil && o.lease == b.deadline
+	script := o != nil && o.lease == b.deadline && !o.half
 	if spec != script {
 		r.fatalf("COLLISION: %s by %s acts on %s, which it does not hold (it lost it: %s)%s",
 			what, b, o, cmp.Or(b.lost[o], "never held"), r.fenceDiag(sh, b, []string{o.entry}))
@@ -834,7 +834,7 @@ func (r *mRun) holds(sh *mShard, b *mBatch, o *mOcc, what string) bool {
 func (r *mRun) fenceDiag(sh *mShard, b *mBatch, entries []string) string {
 	var out strings.Builder
 	for _, e := range entries {
-		if o := sh.inflight[e]; o != nil && o.lease == b.deadline && o.holder != b {
+		if o := sh.inflight[e]; o != nil && o.lease == b.deadline && !o.half && o.holder != b {
 			fmt.Fprintf(&out, "\n  FENCING: entry %s has the lease deadline %d of %s, which does not hold it "+
 				"(lost by %s: %q); its lease was set by %s.",
 				o, b.deadline, b, b, cmp.Or(b.lost[o], "never held"), o.leaseBy)
