@@ -42,7 +42,7 @@ type Settings struct {
 	Pipeline        int           `envconfig:"DISPATCHER_PIPELINE" default:"4" desc:"claimed batches per queue being published at once (1 to 64)"`
 	PollInterval    time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often the queue's sweeping instance looks at every shard for newly scheduled tasks; known due times are waited for exactly"`
 	ConfirmTimeout  time.Duration `envconfig:"DISPATCHER_CONFIRM_TIMEOUT" defaultText:"LEASE/3, at most 10s" desc:"how long to wait for the broker to confirm a publish, counted from when it was written or from the broker's latest answer, whichever is later, before retrying it; must be shorter than DISPATCHER_LEASE"`
-	ShutdownTimeout time.Duration `envconfig:"DISPATCHER_SHUTDOWN_TIMEOUT" default:"10s" desc:"on SIGTERM, how long to wait for outstanding confirms before returning the rest to pending"`
+	ShutdownTimeout time.Duration `envconfig:"DISPATCHER_SHUTDOWN_TIMEOUT" default:"10s" desc:"on SIGTERM, how long to wait for outstanding confirms before handing the rest back to the other instances"`
 	MaxMessageBytes int           `envconfig:"DISPATCHER_MAX_MESSAGE_BYTES" default:"16777216" desc:"members larger than this go straight to the shard's dead-letter set"`
 	MaxAttempts     int           `envconfig:"DISPATCHER_MAX_ATTEMPTS" default:"5" desc:"publishes the broker refuses (e.g. over its max_message_size) before a task goes to the dead-letter set"`
 	RetryMin        time.Duration `envconfig:"DISPATCHER_RETRY_MIN" default:"1s" desc:"first backoff before a failed publish (nack, unroutable, timeout) is retried; doubles per attempt"`

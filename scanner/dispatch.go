@@ -25,7 +25,7 @@ type failed struct {
 // dispatch publishes one claimed batch and settles every task of it in
 // Redis: confirmed ones leave the in-flight set, failed ones are retried
 // with backoff or dead-lettered, and those that never reached the broker
-// go back to pending. If the process dies anywhere in here, the tasks are
+// are handed back (lease 0). If the process dies anywhere in here, the tasks are
 // still in the in-flight set and their lease brings them back.
 func (s *Scanner) dispatch(work context.Context, b batch) {
 	var (

@@ -25,9 +25,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m := &Metrics{
 		dispatched: counter("dispatcher_tasks_dispatched_total", "Tasks the broker confirmed and that left Redis.", "queue"),
-		returned:   counter("dispatcher_tasks_returned_total", "Claimed tasks put back to pending unpublished (shutdown, broker connection lost).", "queue"),
+		returned:   counter("dispatcher_tasks_returned_total", "Claimed tasks handed back unpublished for any instance to claim at once (shutdown, broker connection lost).", "queue"),
 		retried:    counter("dispatcher_tasks_retried_total", "Failed publishes (nack, unroutable, timeout, refused) scheduled for a retry with backoff.", "queue"),
-		reaped:     counter("dispatcher_tasks_reaped_total", "Tasks whose lease ran out (their instance died) returned to pending.", "queue"),
+		reaped:     counter("dispatcher_tasks_reaped_total", "Tasks whose lease ran out (their instance died or stalled) taken over by a claim.", "queue"),
 		dead:       counter("dispatcher_tasks_dead_lettered_total", "Tasks moved to the dead-letter set.", "queue"),
 		seconds:    counter("dispatcher_tasks_seconds_scores_total", "Tasks whose score looks like seconds, not milliseconds, since the epoch (dispatched at once, as due).", "queue"),
 		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, not_connected, stopped, too_large, ack, other.", "queue", "kind"),

@@ -124,8 +124,8 @@ func (s *Scanner) Wake() {
 }
 
 // Run dispatches until ctx ends. Then it claims nothing new, waits up to
-// ShutdownTimeout for outstanding confirms, and returns what is still
-// unconfirmed to pending. It returns nil on a clean stop.
+// ShutdownTimeout for outstanding confirms, and hands what is still
+// unconfirmed back (lease 0) to any instance. It returns nil on a clean stop.
 func (s *Scanner) Run(ctx context.Context) error {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
@@ -150,7 +150,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-t.C:
-		s.log.Warn("confirms still outstanding at shutdown timeout; returning those tasks to pending")
+		s.log.Warn("confirms still outstanding at shutdown timeout; handing those tasks back to the other instances")
 		stopWork()
 		// A publish stuck writing to a broker that stopped reading ignores
 		// its context; do not wait for it forever. Its tasks stay in flight
