@@ -42,11 +42,9 @@ import "github.com/redis/go-redis/v9"
 // a read-only replica refuses these outright with READONLY, the read-only
 // sweep (batch 0) included, and keys must all come through KEYS.
 
-// luaPrelude is shared by the scripts: the server clock, and the check
-// that a key is absent or of the type a script is about to write.
+// luaPrelude is shared by the scripts: the check that a key is absent or
+// of the type a script is about to write.
 const luaPrelude = `#!lua flags=allow-oom
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function wrongType(kt)
   for i = 1, #kt, 2 do
     local got = redis.call('TYPE', kt[i])['ok']
@@ -56,6 +54,12 @@ local function wrongType(kt)
   end
   return nil
 end
+`
+
+// luaNow reads the server clock in ms, for the scripts that need it (ack
+// and release, run once per batch, do not).
+const luaNow = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 `
 
 // claimScript re-leases expired in-flight entries in place and moves due
@@ -82,7 +86,7 @@ end
 // deadline, entry...}; reaped counts only re-leased entries that had no
 // failed attempt and were not released, i.e. whose instance died or
 // stalled, not retries whose backoff ran out.
-var claimScript = redis.NewScript(luaPrelude + `
+var claimScript = redis.NewScript(luaPrelude + luaNow + `
 local limit = tonumber(ARGV[1])
 local out = {now, '', '', 0, ''}
 if limit > 0 then
@@ -156,7 +160,7 @@ return out
 //
 // Returns {retried, dead}. Entries no longer under that lease (settled, or
 // reaped by another instance) are skipped.
-var failScript = redis.NewScript(luaPrelude + `
+var failScript = redis.NewScript(luaPrelude + luaNow + `
 local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash'})
 if bad then return redis.error_reply(bad) end
 local first, longest, maxAttempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])

@@ -39,9 +39,11 @@ type claimed struct {
 // claimCmd queues a claim of up to limit tasks of shard i on pipe (limit
 // 0 only reads when the shard next needs attention).
 func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int) *redis.Cmd {
-	return claimScript.EvalSha(ctx, pipe,
-		[]string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i)},
-		limit, st.lease.Milliseconds(), st.token())
+	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), st.token())
+}
+
+func (st *store) claimKeys(i int) []string {
+	return []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i)}
 }
 
 // token is unique per claim, so the script can tell a run of the same
@@ -58,9 +60,7 @@ func (st *store) claim(ctx context.Context, i, limit int) (claimed, error) {
 // claimAs is claim with a given token: running it again with the same
 // token is what a retry after a lost reply does.
 func (st *store) claimAs(ctx context.Context, i, limit int, token string) (claimed, error) {
-	vals, err := claimScript.Run(ctx, st.rdb,
-		[]string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i)},
-		limit, st.lease.Milliseconds(), token).Slice()
+	vals, err := claimScript.Run(ctx, st.rdb, st.claimKeys(i), limit, st.lease.Milliseconds(), token).Slice()
 	if err != nil {
 		return claimed{}, fmt.Errorf("claim on %s: %w", st.keys.Pending(i), err)
 	}
