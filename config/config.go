@@ -14,9 +14,9 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/internal/tlsfiles"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -26,7 +26,7 @@ const Prefix = "DISPATCHER"
 
 // Settings are the instance-wide settings. The desc tags feed --help.
 type Settings struct {
-	RedisURL        string        `envconfig:"DISPATCHER_REDIS_URL" default:"redis://localhost:6379/0" desc:"Redis URL (redis:// or rediss://); the password in it is never logged"`
+	RedisURL        string        `envconfig:"DISPATCHER_REDIS_URL" default:"redis://localhost:6379/0" desc:"Redis URL: redis:// or rediss:// (one server), redis+cluster:// (Redis Cluster: seed nodes as host and addr=), redis+sentinel:// (Sentinel: sentinels as host and addr=, master_name= required), each also rediss+...; the password in it is never logged"`
 	AMQPURL         string        `envconfig:"DISPATCHER_AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL (amqp:// or amqps://); the password in it is never logged"`
 	RedisCAFile     string        `envconfig:"DISPATCHER_REDIS_CA_FILE" default:"" desc:"PEM file of the CA(s) to trust for rediss:// (default: the system's)"`
 	RedisCertFile   string        `envconfig:"DISPATCHER_REDIS_CERT_FILE" default:"" desc:"PEM client certificate for rediss://, with DISPATCHER_REDIS_KEY_FILE"`
@@ -107,10 +107,12 @@ func oneLine(s string) string {
 // urlReason is why a URL setting is bad, unless saying so would show its
 // password: parsers quote the pieces they choke on.
 func urlReason(raw string, err error) string {
-	if redact.Leaks(err.Error(), redact.Password(raw)) {
-		return "not a valid URL (details withheld as they would show the password; percent-encode reserved characters in it)"
+	for _, pw := range redact.Passwords(raw) {
+		if redact.Leaks(err.Error(), pw) {
+			return "not a valid URL (details withheld as they would show the password; percent-encode reserved characters in it)"
+		}
 	}
-	return err.Error()
+	return redact.String(err.Error())
 }
 
 // DefaultConfirmTimeout is the confirm timeout when none is given: a third
@@ -223,10 +225,10 @@ func (s *Settings) Validate() error {
 	if err := validAMQPURL(s.AMQPURL); err != nil {
 		return &Error{Var: v("AMQP_URL"), Value: s.AMQPURL, Reason: urlReason(s.AMQPURL, err)}
 	}
-	if err := validTLS("REDIS", s.RedisURL, "rediss://", s.RedisTLSFiles()); err != nil {
+	if err := validTLS("REDIS", s.RedisURL, "rediss", s.RedisTLSFiles()); err != nil {
 		return err
 	}
-	if err := validTLS("AMQP", s.AMQPURL, "amqps://", s.AMQPTLSFiles()); err != nil {
+	if err := validTLS("AMQP", s.AMQPURL, "amqps", s.AMQPTLSFiles()); err != nil {
 		return err
 	}
 	if !validPrefix(s.KeyPrefix) {
@@ -317,7 +319,7 @@ func validTLS(name, url, scheme string, f tlsfiles.Files) error {
 	}
 	if !strings.HasPrefix(strings.ToLower(url), scheme) {
 		return &Error{Var: first, Value: value,
-			Reason: fmt.Sprintf("TLS files are set but %s is not a %s URL", v("URL"), scheme)}
+			Reason: fmt.Sprintf("TLS files are set but %s is not a %s URL", v("URL"), scheme+"://")}
 	}
 	if (f.Cert == "") != (f.Key == "") {
 		return &Error{Var: first, Value: value, Reason: fmt.Sprintf("%s and %s must be set together", v("CERT_FILE"), v("KEY_FILE"))}
@@ -352,10 +354,8 @@ func validPrefix(p string) bool {
 }
 
 func validRedisURL(u string) error {
-	if _, err := redis.ParseURL(u); err != nil {
-		return err
-	}
-	return nil
+	_, err := redisconn.Parse(u)
+	return err
 }
 
 func validAMQPURL(u string) error {

@@ -26,8 +26,12 @@ type failed struct {
 // Redis: confirmed ones leave the in-flight set, failed ones are retried
 // with backoff or dead-lettered, and those that never reached the broker
 // are handed back (lease 0). If the process dies anywhere in here, the tasks are
-// still in the in-flight set and their lease brings them back.
-func (s *Scanner) dispatch(work context.Context, b batch) {
+// still in the in-flight set and their lease brings them back. published
+// is called once publishing is over: settling needs no publish slot, and a
+// primary that went away while its batch was out must not keep the slots
+// from the other primaries' shards.
+func (s *Scanner) dispatch(work context.Context, b batch, published func()) {
+	defer published()
 	var (
 		acked    []string
 		fails    []failed
@@ -55,11 +59,12 @@ func (s *Scanner) dispatch(work context.Context, b batch) {
 	// settle: past it another instance may take the tasks over. What is
 	// not confirmed by then counts as timed out and is retried.
 	margin := min(time.Second, s.opt.Lease/4)
-	leased, cancel := context.WithTimeout(work, time.Duration(b.deadline-s.serverNow())*time.Millisecond-margin)
+	leased, cancel := context.WithTimeout(work, time.Duration(b.deadline-s.serverNow(b.shard))*time.Millisecond-margin)
 	defer cancel()
-	publishedAt := s.serverNow()
+	publishedAt := s.serverNow(b.shard)
 	errs := s.pub.Publish(leased, msgs)
 	s.isolateRefused(leased, msgs, errs)
+	published()
 	if work.Err() == nil {
 		for n, err := range errs {
 			if errors.Is(err, publisher.ErrStopped) {

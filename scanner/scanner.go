@@ -7,7 +7,6 @@ package scanner
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sort"
 	"strconv"
@@ -19,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/balancer"
-	"github.com/dispatcher/dispatcher/internal/wait"
 	"github.com/dispatcher/dispatcher/publisher"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -76,15 +74,34 @@ type Scanner struct {
 	wake  chan struct{}
 	notes notes
 
-	offset  atomic.Int64 // Redis server clock minus local clock, ms
+	// Redis server clock minus local clock, ms: per shard, since on a
+	// cluster shards live on primaries with clocks of their own; offset is
+	// the last one seen on any shard, for shards not seen yet.
+	offset  atomic.Int64
+	offsets []atomic.Int64
+	clocked []atomic.Bool
 	refusal atomic.Value // string: why Redis refuses the scripts now, "" if it does not
+	cluster bool         // Redis Cluster: shards live on several primaries
+
+	leadDone chan leadResult
+	busySent atomic.Bool // an announceBusy is on its way
 
 	// Owned by Run's goroutine.
-	known    map[int]int64 // shard -> server ms at which it next needs a claim
-	badUntil map[int]time.Time
-	leader   bool      // this instance holds the sweeper role
-	lastLead time.Time // last renewal of or bid for the role
-	lastBusy time.Time // last time this instance told the others of a backlog
+	known      map[int]int64 // shard -> server ms at which it next needs a claim
+	badUntil   map[int]time.Time
+	nodes      map[string]*nodeState
+	localNext  int       // next shard of the local walk when the balancer is unreachable
+	leader     bool      // this instance holds the sweeper role
+	leading    bool      // a renewal of or bid for the role is on its way
+	lastLead   time.Time // last renewal of or bid for the role
+	lastLeadOK time.Time // last answer to one
+	lastBusy   time.Time // last time this instance told the others of a backlog
+}
+
+// leadResult is the answer to a renewal of or bid for the sweeper role.
+type leadResult struct {
+	leader bool
+	err    error
 }
 
 // New returns a scanner for one queue.
@@ -100,7 +117,10 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	}
 	log := opt.Logger.With("queue", opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
+	_, cluster := rdb.(*redis.ClusterClient)
 	return &Scanner{
+		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{},
+		offsets: make([]atomic.Int64, opt.Shards), clocked: make([]atomic.Bool, opt.Shards),
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease, retryMin: opt.RetryMin, retryMax: opt.RetryMax,
 			maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
@@ -164,116 +184,11 @@ func (s *Scanner) Run(ctx context.Context) error {
 	return nil
 }
 
-func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan struct{}) {
-	var lastSweep time.Time
-	busy := false
-	errDelay := time.Duration(0)
-	for ctx.Err() == nil {
-		if err := s.pub.WaitReady(ctx); err != nil {
-			return
-		}
-		if errDelay > 0 && !s.pause(ctx, errDelay) {
-			return
-		}
-		if err := s.takeNotes(ctx, &busy); err != nil {
-			errDelay = s.redisTrouble(ctx, err, errDelay)
-			continue
-		}
-		if s.leader && !busy && time.Since(lastSweep) >= s.opt.PollInterval {
-			lastSweep = time.Now()
-			if err := s.sweep(ctx); err != nil {
-				errDelay = s.redisTrouble(ctx, err, errDelay)
-				continue
-			}
-			errDelay = 0
-			s.refusal.Store("")
-		}
-
-		// Hold as many publish slots as are free (at least one).
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		held := 1
-	fill:
-		for held < cap(slots) {
-			select {
-			case slots <- struct{}{}:
-				held++
-			default:
-				break fill
-			}
-		}
-		// The broker may have blocked the connection (connection.blocked)
-		// while this loop waited for a slot: claiming now would only take
-		// more tasks into flight that cannot be confirmed until it unblocks.
-		if err := s.pub.WaitReady(ctx); err != nil {
-			for ; held > 0; held-- {
-				<-slots
-			}
-			return
-		}
-
-		var targets []int
-		var err error
-		if busy {
-			targets, err = s.bal.NextN(ctx, held)
-		} else {
-			targets = s.dueShards(held)
-		}
-		if err != nil || len(targets) == 0 {
-			for ; held > 0; held-- {
-				<-slots
-			}
-			if err != nil {
-				// Back to sweeping: a Redis at maxmemory refuses the
-				// balancer's INCRBY for as long as it stays full, while
-				// claims (allow-oom) still drain it.
-				busy = false
-				errDelay = s.redisTrouble(ctx, err, errDelay)
-				continue
-			}
-			if !s.sleep(ctx, s.idleDelay(lastSweep)) {
-				return
-			}
-			continue
-		}
-
-		// Batches claimed before a failure (a shard on a Redis that went
-		// away, a refusal of one command) are in flight under a lease:
-		// publish them now rather than after the lease runs out.
-		batches, full, err := s.claim(ctx, targets)
-		for _, b := range batches {
-			held--
-			wg.Add(1)
-			go func(b batch) {
-				defer func() { <-slots; wg.Done() }()
-				s.dispatch(work, b)
-			}(b)
-		}
-		for ; held > 0; held-- {
-			<-slots
-		}
-		if err != nil {
-			errDelay = s.redisTrouble(ctx, err, errDelay)
-			continue
-		}
-		errDelay = 0
-		s.refusal.Store("")
-		busy = full
-		if full {
-			s.announceBusy(ctx)
-		} else if !s.leader {
-			// What a helper learnt while busy is the sweeper's business.
-			clear(s.known)
-		}
-	}
-}
-
-// takeNotes applies the wake-ups received since the last turn and renews
-// or bids for the sweeper role when that is due.
-func (s *Scanner) takeNotes(ctx context.Context, busy *bool) error {
+// takeNotes applies the wake-ups received since the last turn and sends a
+// renewal of or bid for the sweeper role when that is due. The role's key
+// lives on one primary: its answer comes back on leadDone, so a primary
+// that is slow to answer holds up no other.
+func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	wasBusy, free, soon := s.notes.take()
 	if wasBusy {
 		*busy = true
@@ -281,68 +196,66 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) error {
 	if free {
 		s.lastLead = time.Time{}
 	}
-	if time.Since(s.lastLead) >= s.leadEvery(s.leader) {
-		leader, err := s.lead(ctx)
-		if err != nil {
-			return err
-		}
+	if !s.leading && time.Since(s.lastLead) >= s.leadEvery(s.leader) {
+		s.leading = true
 		s.lastLead = time.Now()
-		if leader != s.leader {
-			s.log.Debug("sweeper role", "held", leader)
-			s.met.sweeper(leader)
-			if !leader {
-				clear(s.known)
-			}
-		}
-		s.leader = leader
+		go func() {
+			leader, err := s.lead(ctx)
+			s.leadDone <- leadResult{leader, err}
+		}()
 	}
 	if !s.leader {
-		return nil
+		return
 	}
 	for i, at := range soon {
 		if cur, ok := s.known[i]; !ok || at < cur {
 			s.known[i] = at
 		}
 	}
-	return nil
+}
+
+// applyLead takes the answer about the sweeper role in. When the role's
+// primary cannot be reached for longer than the role lives, nobody can
+// hold it: the instance sweeps anyway (two sweepers cost Redis calls, none
+// would cost tasks).
+func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
+	s.leading = false
+	leader := r.leader
+	if r.err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		s.met.error("redis", 1)
+		s.lim.Warn("lead", "cannot reach the sweeper role's key", "key", s.keys.Sweeper(), "err", r.err)
+		leader = s.leader || time.Since(s.lastLeadOK) > s.roleTTL()
+	} else {
+		s.lastLeadOK = time.Now()
+	}
+	if leader != s.leader {
+		s.log.Debug("sweeper role", "held", leader)
+		s.met.sweeper(leader)
+		if !leader {
+			clear(s.known)
+		}
+	}
+	s.leader = leader
 }
 
 // announceBusy tells every instance that this one found a backlog, so they
 // all claim (spread by the balancer) until it is gone. At most once per
-// poll interval: helpers that ran dry go back to idle in between.
+// poll interval: helpers that ran dry go back to idle in between. It is
+// sent on its own goroutine: the channel's primary may be the slow one.
 func (s *Scanner) announceBusy(ctx context.Context) {
-	if time.Since(s.lastBusy) < s.opt.PollInterval {
+	if time.Since(s.lastBusy) < s.opt.PollInterval || !s.busySent.CompareAndSwap(false, true) {
 		return
 	}
 	s.lastBusy = time.Now()
-	if err := s.rdb.Publish(ctx, s.keys.Wake(), shard.WakeBusy).Err(); err != nil {
-		s.lim.Warn("announce", "cannot tell other instances of the backlog", "err", err)
-	}
-}
-
-// redisTrouble logs a Redis failure (rate-limited) and returns how long to
-// wait before the next try.
-func (s *Scanner) redisTrouble(ctx context.Context, err error, prev time.Duration) time.Duration {
-	if ctx.Err() != nil {
-		return prev
-	}
-	s.met.error("redis", 1)
-	// One log key per kind of trouble, so that a LOADING after a lost
-	// connection is not held back as a repeat of it.
-	class := redisErrorClass(err)
-	args := []any{"err", err}
-	if hint, ok := redisHints[class]; ok {
-		args = append(args, "hint", hint)
-	}
-	s.lim.Warn("redis:"+class, "redis unavailable; retrying", args...)
-	if class != "conn" {
-		why := class
-		if hint, ok := redisHints[class]; ok {
-			why += ": " + hint
+	go func() {
+		defer s.busySent.Store(false)
+		if err := s.rdb.Publish(ctx, s.keys.Wake(), shard.WakeBusy).Err(); err != nil && ctx.Err() == nil {
+			s.lim.Warn("announce", "cannot tell other instances of the backlog", "err", err)
 		}
-		s.refusal.Store(why)
-	}
-	return min(max(2*prev, 50*time.Millisecond), 2*time.Second)
+	}()
 }
 
 // RedisRefusal says why Redis refuses this scanner's scripts (READONLY on
@@ -353,57 +266,71 @@ func (s *Scanner) RedisRefusal() string {
 	return why
 }
 
-// serverNow estimates the Redis server's clock in ms.
-func (s *Scanner) serverNow() int64 { return s.opt.Now().UnixMilli() + s.offset.Load() }
-
-// observeClock updates the clock offset from a server time read between
-// before and after.
-func (s *Scanner) observeClock(serverMs int64, before, after time.Time) {
-	mid := before.UnixMilli() + after.Sub(before).Milliseconds()/2
-	s.offset.Store(serverMs - mid)
+// serverNow estimates the clock of the Redis primary of shard i, in ms.
+func (s *Scanner) serverNow(i int) int64 {
+	if i >= 0 && i < len(s.clocked) && s.clocked[i].Load() {
+		return s.opt.Now().UnixMilli() + s.offsets[i].Load()
+	}
+	return s.opt.Now().UnixMilli() + s.offset.Load()
 }
 
-// idleDelay is how long to sleep when no shard needs a claim: until the
-// earliest known due time, the next sweep or the next turn at the sweeper
-// role, whichever is first.
-func (s *Scanner) idleDelay(lastSweep time.Time) time.Duration {
+// observeClock updates shard i's clock offset from a server time read
+// between before and after.
+func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
+	mid := before.UnixMilli() + after.Sub(before).Milliseconds()/2
+	s.offset.Store(serverMs - mid)
+	if i >= 0 && i < len(s.clocked) {
+		s.offsets[i].Store(serverMs - mid)
+		s.clocked[i].Store(true)
+	}
+}
+
+// idleDelay is how long the loop may sleep: until the earliest known due
+// time on a primary it may claim from, the end of a backoff, the next
+// sweep or the next turn at the sweeper role, whichever is first. Shards
+// whose primary is busy with a job are left out: its answer wakes the loop.
+func (s *Scanner) idleDelay(lastSweep time.Time, busy bool) time.Duration {
 	d := time.Until(s.lastLead.Add(s.leadEvery(s.leader)))
+	if s.leading {
+		d = time.Hour // its answer wakes the loop
+	}
 	if s.leader {
 		d = min(d, time.Until(lastSweep.Add(s.opt.PollInterval)))
 	}
-	now := s.serverNow()
-	for _, at := range s.known {
-		if w := time.Duration(at-now) * time.Millisecond; w < d {
-			d = w
+	now := time.Now()
+	backedOff := false
+	for _, n := range s.nodes {
+		if n.until.After(now) {
+			d = min(d, n.until.Sub(now))
+			backedOff = true
 		}
+	}
+	if busy && !backedOff {
+		return 0
+	}
+	ctx := context.Background()
+	for i, at := range s.known {
+		n := s.node(s.nodeOf(ctx, i))
+		if n.claiming || n.until.After(now) {
+			continue
+		}
+		w := time.Duration(at-s.serverNow(i)) * time.Millisecond
+		if bad := s.badUntil[i]; bad.After(now) {
+			w = max(w, bad.Sub(now))
+		}
+		d = min(d, w)
 	}
 	return max(d, time.Millisecond)
 }
 
-// pause waits d unless ctx ends. Unlike sleep, wake-ups do not cut it
-// short: it is the backoff after a Redis error, which must hold however
-// many producers announce tasks meanwhile.
-func (s *Scanner) pause(ctx context.Context, d time.Duration) bool { return wait.For(ctx, d) }
-
-func (s *Scanner) sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-s.wake:
-	case <-ctx.Done():
-		return false
-	}
-	return true
-}
-
-// dueShards returns up to n shards known to need a claim now, the longest
-// waiting first.
+// dueShards returns up to n shards known to need a claim now on primaries
+// the loop may claim from, the longest waiting first.
 func (s *Scanner) dueShards(n int) []int {
-	now := s.serverNow()
+	now := time.Now()
+	ctx := context.Background()
 	var due []int
 	for i, at := range s.known {
-		if at <= now {
+		if at <= s.serverNow(i) && !now.Before(s.badUntil[i]) && s.free(s.nodeOf(ctx, i), now) {
 			due = append(due, i)
 		}
 	}
@@ -412,24 +339,6 @@ func (s *Scanner) dueShards(n int) []int {
 		due = due[:n]
 	}
 	return due
-}
-
-// sweep reads every shard's next due time and lease deadline in one
-// pipelined round trip: the claim script with a batch of 0 claims and
-// reaps nothing.
-func (s *Scanner) sweep(ctx context.Context) error {
-	now := time.Now()
-	var shards []int
-	for i := 0; i < s.opt.Shards; i++ {
-		if !now.Before(s.badUntil[i]) {
-			shards = append(shards, i)
-		}
-	}
-	if len(shards) == 0 {
-		return nil
-	}
-	_, err := s.claimShards(ctx, shards, 0)
-	return err
 }
 
 // noteNext records when shard i next needs a claim.
@@ -467,105 +376,6 @@ type batch struct {
 	shard    int
 	deadline int64 // the lease all its tasks are claimed under (server ms)
 	tasks    []Task
-}
-
-// claim runs the claim script on each target shard in one pipelined round
-// trip. full reports whether any shard gave a whole batch (more is due).
-// The batches of shards that were claimed come back even when err says
-// that others failed.
-func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, error) {
-	results, err := s.claimShards(ctx, targets, s.opt.BatchSize)
-	var out []batch
-	full := false
-	for n, c := range results {
-		if c == nil {
-			continue
-		}
-		i := targets[n]
-		if c.reaped > 0 {
-			s.met.reaped(c.reaped)
-			s.lim.Warn("reaped", "took over tasks whose lease ran out", "shard", i, "tasks", c.reaped)
-		}
-		b := batch{shard: i, deadline: c.deadline}
-		for _, e := range c.entries {
-			t, err := ParseEntry(e)
-			if err != nil {
-				s.lim.Error("entry", "skipping malformed in-flight entry", "shard", i, "err", err)
-				continue
-			}
-			b.tasks = append(b.tasks, t)
-		}
-		if len(b.tasks) > 0 {
-			s.met.batchSize(len(b.tasks))
-			out = append(out, b)
-		}
-		if len(c.entries) >= s.opt.BatchSize {
-			full = true
-		}
-	}
-	return out, full, err
-}
-
-// claimShards runs the claim script with batch limit on each shard in one
-// pipeline, loading the script first where the server does not know it
-// (new or restarted Redis). Each shard's answer is handled on its own: it
-// notes the shard's next due time and the server clock, and results[n] is
-// nil where shards[n] failed. A shard whose keys are unusable is left
-// alone for a while (shardTrouble); a failure that is not the shard's own
-// (connection lost, a server-wide refusal) is returned as err, alongside
-// the results of the shards that were claimed.
-func (s *Scanner) claimShards(ctx context.Context, shards []int, limit int) ([]*claimed, error) {
-	results := make([]*claimed, len(shards))
-	todo := make([]int, len(shards)) // indexes into shards
-	for n := range todo {
-		todo[n] = n
-	}
-	var trouble error
-	clocked := false
-	for attempt := 0; len(todo) > 0; attempt++ {
-		before := s.opt.Now()
-		pipe := s.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(todo))
-		for n, at := range todo {
-			cmds[n] = s.st.claimCmd(ctx, pipe, shards[at], limit)
-		}
-		_, _ = pipe.Exec(ctx) // each command's own error is read below
-		after := s.opt.Now()
-		var again []int
-		for n, cmd := range cmds {
-			at, i := todo[n], shards[todo[n]]
-			vals, err := cmd.Slice()
-			switch {
-			case err == nil:
-				c, err := parseClaimed(vals)
-				if err != nil {
-					s.shardTrouble(i, err)
-					continue
-				}
-				if !clocked {
-					s.observeClock(c.now, before, after)
-					clocked = true
-				}
-				s.noteNext(i, c.nextPending, c.nextLease)
-				results[at] = &c
-			case attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT"):
-				again = append(again, at)
-			case !isReply(err) || serverRefuses(err):
-				if trouble == nil {
-					trouble = err
-				}
-			default:
-				s.shardTrouble(i, err)
-			}
-		}
-		if len(again) > 0 {
-			if err := claimScript.Load(ctx, s.rdb).Err(); err != nil {
-				return results, fmt.Errorf("load claim script: %w", err)
-			}
-		}
-		todo = again
-	}
-	return results, trouble
 }
 
 // serverRefuses reports whether err is Redis refusing every command for

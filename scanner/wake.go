@@ -132,7 +132,15 @@ func (s *Scanner) shardOfKey(key string) (int, bool) {
 // events if the server publishes them for sorted sets ('K' with 'z' or 'A'
 // in notify-keyspace-events). The dispatcher never turns them on itself:
 // that is the operator's call (they cost Redis some CPU for every write).
+//
+// On Redis Cluster they are not used: a node publishes keyspace events only
+// to its own subscribers, so one subscription would hear only the shards
+// of one primary. Producers' wake-ups (plain PUBLISH, which the cluster
+// passes to every node) and polling serve a cluster.
 func (s *Scanner) keyspacePattern(ctx context.Context) string {
+	if s.cluster {
+		return ""
+	}
 	cfg, err := s.rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
 	if err != nil {
 		return "" // e.g. an ACL user without CONFIG: polling only

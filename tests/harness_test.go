@@ -157,7 +157,7 @@ type queueSpec struct {
 type harness struct {
 	t      testing.TB
 	prefix string
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	conn   *amqp.Connection
 	queues []queueSpec
 	got    map[string]<-chan amqp.Delivery
@@ -170,13 +170,16 @@ func newHarness(t testing.TB, queues ...queueSpec) *harness {
 }
 
 // newHarnessOn is newHarness with producing, leftovers and clean-up on rdb,
-// e.g. a private Redis server a fault test breaks; the test points the
-// dispatcher at that server with h.extra["DISPATCHER_REDIS_URL"].
-func newHarnessOn(t testing.TB, rdb *redis.Client, queues ...queueSpec) *harness {
+// e.g. a private Redis server a fault test breaks, or a private Redis
+// Cluster (a *redis.ClusterClient); the test points the dispatcher at it
+// with h.extra["DISPATCHER_REDIS_URL"].
+func newHarnessOn(t testing.TB, rdb redis.UniversalClient, queues ...queueSpec) *harness {
 	t.Helper()
 	h := &harness{t: t, prefix: testenv.Name(t), rdb: rdb, conn: testenv.AMQP(t),
 		got: map[string]<-chan amqp.Delivery{}, extra: map[string]string{}}
-	testenv.CleanRedis(t, h.rdb, h.prefix)
+	if c, ok := rdb.(*redis.Client); ok {
+		testenv.CleanRedis(t, c, h.prefix) // a private cluster goes with its test
+	}
 	for _, q := range queues {
 		if q.Exchange == "" {
 			q.Exchange = h.prefix + "." + q.Name

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sort"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +27,7 @@ type httpServer struct {
 // broker are reachable, and Redis runs the scripts) and /metrics.
 // refusals says why Redis refuses the scripts, if it does: a read-only
 // replica answers PING, so only the scripts' answers tell.
-func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *publisher.Publisher, refusals func() []string, log *slog.Logger) (*httpServer, error) {
+func startHTTP(addr string, reg *prometheus.Registry, rdb redis.UniversalClient, pub *publisher.Publisher, refusals func() []string, log *slog.Logger) (*httpServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -34,8 +36,8 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb *redis.Client, pub *pu
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		var problems []string
-		if err := rdb.Ping(ctx).Err(); err != nil {
-			problems = append(problems, "redis: unreachable")
+		if down := unreachablePrimaries(ctx, rdb); len(down) > 0 {
+			problems = append(problems, down...)
 		} else {
 			for _, why := range refusals() {
 				problems = append(problems, "redis: refuses the dispatcher's scripts: "+why)
@@ -105,4 +107,32 @@ func listenAddr(addr string) (network, bind string, loopback bool, err error) {
 		return "tcp4", addr, false, nil
 	}
 	return "tcp", addr, false, nil
+}
+
+// unreachablePrimaries names the Redis primaries that do not answer PING.
+// On a cluster each is asked: the shards of one that is down wait while
+// the others dispatch, and /readyz says which.
+func unreachablePrimaries(ctx context.Context, rdb redis.UniversalClient) []string {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		if rdb.Ping(ctx).Err() != nil {
+			return []string{"redis: unreachable"}
+		}
+		return nil
+	}
+	var mu sync.Mutex
+	var down []string
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		if err := c.Ping(ctx).Err(); err != nil {
+			mu.Lock()
+			down = append(down, "redis: primary "+c.Options().Addr+" unreachable (its shards wait)")
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil && len(down) == 0 {
+		down = append(down, "redis: cluster unreachable")
+	}
+	sort.Strings(down)
+	return down
 }

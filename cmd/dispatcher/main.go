@@ -24,6 +24,7 @@ import (
 	"github.com/dispatcher/dispatcher/bench"
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/publisher"
 	"github.com/dispatcher/dispatcher/scanner"
 	"github.com/dispatcher/dispatcher/shard"
@@ -73,17 +74,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	ropt, err := redis.ParseURL(cfg.RedisURL)
+	ropt, err := redisconn.Parse(cfg.RedisURL)
 	if err != nil { // Load validated it; kept for safety
 		fmt.Fprintf(stderr, "dispatcher: DISPATCHER_REDIS_URL: %v\n", redact.Error(err))
 		return exitSettings
 	}
-	redisTimeouts(ropt)
+	ropt.SetDefaultTimeouts()
 	if f := cfg.RedisTLSFiles(); !f.Empty() {
-		if ropt.TLSConfig, err = f.Apply(ropt.TLSConfig); err != nil { // Load validated it; kept for safety
+		tc, err := f.Apply(ropt.TLSConfig())
+		if err != nil { // Load validated it; kept for safety
 			fmt.Fprintf(stderr, "dispatcher: Redis TLS: %v\n", err)
 			return exitSettings
 		}
+		ropt.SetTLSConfig(tc)
 	}
 	var amqpTLS *tls.Config
 	if f := cfg.AMQPTLSFiles(); !f.Empty() {
@@ -92,7 +95,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return exitSettings
 		}
 	}
-	rdb := redis.NewClient(ropt)
+	rdb := ropt.NewClient()
 	defer rdb.Close()
 
 	if err := startChecks(ctx, rdb, cfg, log); err != nil {
@@ -163,7 +166,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		scanners.Add(1)
 		go func() { defer scanners.Done(); _ = sc.Run(ctx) }()
 	}
-	log.Info("dispatching", "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "amqp", redact.URL(cfg.AMQPURL))
+	log.Info("dispatching", "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URL(cfg.AMQPURL))
+	logShardPlacement(ctx, rdb, cfg, log)
 
 	<-ctx.Done()
 	log.Info("stopping: claiming nothing new, waiting for outstanding confirms", "timeout", cfg.ShutdownTimeout)
@@ -189,7 +193,7 @@ func newLogger(cfg *config.Settings, w io.Writer) *slog.Logger {
 
 // startChecks waits for Redis, then checks every queue's shard count
 // against the one recorded in Redis (recording it if none is).
-func startChecks(ctx context.Context, rdb *redis.Client, cfg *config.Settings, log *slog.Logger) error {
+func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Settings, log *slog.Logger) error {
 	for delay, logged := 100*time.Millisecond, false; ; delay = min(2*delay, 5*time.Second) {
 		err := rdb.Ping(ctx).Err()
 		if err == nil {
@@ -209,14 +213,18 @@ func startChecks(ctx context.Context, rdb *redis.Client, cfg *config.Settings, l
 		}
 	}
 	// A least-privilege ACL user, or a managed Redis, may not allow CONFIG:
-	// the check is advice, so it is skipped with a note, never fatal.
-	if policy, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result(); err != nil {
-		log.Info("cannot read maxmemory-policy; make sure it is noeviction (an evicting Redis can drop scheduled tasks)",
-			"err", redact.Error(err))
-	} else if p := policy["maxmemory-policy"]; p != "" && p != "noeviction" {
-		log.Warn("Redis may evict keys: scheduled tasks can silently disappear; set maxmemory-policy noeviction",
-			"maxmemory-policy", p)
-	}
+	// the check is advice, so it is skipped with a note, never fatal. On a
+	// cluster every primary holds shards, so every primary is asked.
+	_ = redisconn.ForEachPrimary(ctx, rdb, func(ctx context.Context, addr string, c *redis.Client) error {
+		if policy, err := c.ConfigGet(ctx, "maxmemory-policy").Result(); err != nil {
+			log.Info("cannot read maxmemory-policy; make sure it is noeviction (an evicting Redis can drop scheduled tasks)",
+				"node", addr, "err", redact.Error(err))
+		} else if p := policy["maxmemory-policy"]; p != "" && p != "noeviction" {
+			log.Warn("Redis may evict keys: scheduled tasks can silently disappear; set maxmemory-policy noeviction",
+				"node", addr, "maxmemory-policy", p)
+		}
+		return nil
+	})
 	var errs []error
 	for _, q := range cfg.QueueSettings {
 		keys := shard.Keys{Prefix: cfg.KeyPrefix, Queue: q.Name}
@@ -229,22 +237,6 @@ func startChecks(ctx context.Context, rdb *redis.Client, cfg *config.Settings, l
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// redisTimeouts sets how soon a Redis call gives up, unless the URL says
-// (read_timeout, write_timeout, max_retries). Every call here is a short
-// script or pipeline, and the scan loop and the settling of a batch retry
-// failures themselves, with backoff and a log line. go-redis's defaults
-// (5s read timeout, 3 retries of its own) kept the loop waiting about 20s
-// on a connection that had silently died before anything was logged or
-// retried; these notice it in about 6s.
-func redisTimeouts(o *redis.Options) {
-	if o.ReadTimeout == 0 {
-		o.ReadTimeout = 3 * time.Second // the write timeout follows it
-	}
-	if o.MaxRetries == 0 {
-		o.MaxRetries = 1 // one quick retry for a connection that broke while idle
-	}
 }
 
 // testClock returns the local clock, shifted by DISPATCHER_TEST_CLOCK_SKEW

@@ -10,13 +10,23 @@ import (
 
 var userinfoRE = regexp.MustCompile(`(://[^/@:\s"]*:)[^@/\s"]*@`)
 
-// String hides the password of every well-formed URL in s.
-func String(s string) string { return userinfoRE.ReplaceAllString(s, "${1}xxxxx@") }
+// queryPasswordRE finds a password given as a query parameter, as the
+// Sentinel URL gives the primary's (redis+sentinel://...&password=...).
+var queryPasswordRE = regexp.MustCompile(`([?&](?:sentinel_)?password=)[^&#\s"]*`)
 
-// URL hides the password of one URL, parsed or not: everything between
-// the user name and the last '@' of the authority goes, so a password
-// with unencoded '/', '?', '#' or spaces is hidden too.
-func URL(raw string) string {
+// String hides the password of every well-formed URL in s.
+func String(s string) string {
+	return queryPasswordRE.ReplaceAllString(userinfoRE.ReplaceAllString(s, "${1}xxxxx@"), "${1}xxxxx")
+}
+
+// URL hides the passwords of one URL: the one in its user info and any
+// password= query parameter.
+func URL(raw string) string { return queryPasswordRE.ReplaceAllString(userinfoURL(raw), "${1}xxxxx") }
+
+// userinfoURL hides the password of one URL, parsed or not: everything
+// between the user name and the last '@' of the authority goes, so a
+// password with unencoded '/', '?', '#' or spaces is hidden too.
+func userinfoURL(raw string) string {
 	if u, err := url.Parse(raw); err == nil && u.User != nil {
 		// Trust the parser only if the password it found is the one written
 		// up to the last '@': with an unencoded '@' and then '#', '/' or '?'
@@ -43,6 +53,21 @@ func URL(raw string) string {
 		return raw
 	}
 	return prefix + user + ":xxxxx@" + rest[at+1:]
+}
+
+// Passwords returns every password a URL holds as written: its user
+// info's and any password= query parameter's.
+func Passwords(raw string) []string {
+	var out []string
+	if pw := Password(raw); pw != "" {
+		out = append(out, pw)
+	}
+	for _, m := range queryPasswordRE.FindAllStringSubmatchIndex(raw, -1) {
+		if pw := raw[m[3]:m[1]]; pw != "" {
+			out = append(out, pw)
+		}
+	}
+	return out
 }
 
 // Password returns the password part of a URL as written, or "". A URL

@@ -55,3 +55,18 @@ func FuzzURL(f *testing.F) {
 		}
 	})
 }
+
+func TestQueryPasswordHidden(t *testing.T) {
+	raw := "redis+sentinel://su:s3cret-one@127.0.0.1:26379?addr=127.0.0.1:26380&master_name=m&password=pr1mary-pw&db=0"
+	for name, got := range map[string]string{"URL": URL(raw), "String": String("dial " + raw + " failed")} {
+		if strings.Contains(got, "s3cret-one") || strings.Contains(got, "pr1mary-pw") {
+			t.Errorf("%s shows a password: %s", name, got)
+		}
+		if !strings.Contains(got, "master_name=m") || !strings.Contains(got, "password=xxxxx") {
+			t.Errorf("%s hides more than the passwords: %s", name, got)
+		}
+	}
+	if got := Passwords(raw); len(got) != 2 || got[0] != "s3cret-one" || got[1] != "pr1mary-pw" {
+		t.Errorf("Passwords = %q", got)
+	}
+}

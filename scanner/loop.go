@@ -1,0 +1,462 @@
+package scanner
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/redisconn"
+)
+
+// The scan loop claims shard by shard, in one pipelined round trip per
+// Redis primary. On Redis Cluster the shards of a queue live on several
+// primaries, and one that is slow or gone must only hold up its own
+// shards: so each primary's claims run on their own goroutine, at most one
+// at a time per primary, and the loop never waits for a particular one.
+// A primary that fails is backed off on its own. With one server (or
+// Sentinel) there is one primary and the loop behaves as a simple
+// claim-publish cycle.
+
+// claimJob is one pipelined claim (limit > 0) or sweep (limit 0, reads
+// only) of shards that live on one primary.
+type claimJob struct {
+	node   string // primary's address; "" with one server
+	shards []int
+	limit  int
+	slots  int // publish slots held for its batches
+}
+
+// claimDone is what Redis said to a claimJob, per shard.
+type claimDone struct {
+	job           claimJob
+	vals          [][]any // nil where errs says why
+	errs          []error
+	before, after time.Time
+	err           error // the job as a whole failed (loading the script)
+}
+
+// nodeState is the loop's view of one primary.
+type nodeState struct {
+	claiming bool          // a job is running on it
+	until    time.Time     // backed off until
+	delay    time.Duration // last backoff
+	refusal  string        // why it refuses the scripts, "" if it does not
+}
+
+func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan struct{}) {
+	var lastSweep time.Time
+	busy := false
+	done := make(chan claimDone, 1)
+	freed := make(chan struct{}, 1) // a publish slot came free
+	outstanding := 0
+
+	launch := func(j claimJob) {
+		s.node(j.node).claiming = true
+		outstanding++
+		go func() { done <- s.runClaims(ctx, j) }()
+	}
+	finish := func(d claimDone) {
+		outstanding--
+		s.node(d.job.node).claiming = false
+		batches, full, err := s.absorb(d)
+		held := d.job.slots
+		for _, b := range batches {
+			held--
+			wg.Add(1)
+			go func(b batch) {
+				defer wg.Done()
+				var once sync.Once
+				s.dispatch(work, b, func() {
+					once.Do(func() {
+						<-slots
+						select {
+						case freed <- struct{}{}:
+						default:
+						}
+					})
+				})
+			}(b)
+		}
+		for ; held > 0; held-- {
+			<-slots
+		}
+		if err != nil {
+			s.nodeTrouble(ctx, d.job.node, err)
+			return
+		}
+		s.nodeFine(d.job.node)
+		if d.job.limit == 0 {
+			return
+		}
+		busy = full
+		if full {
+			s.announceBusy(ctx)
+		} else if !s.leader {
+			// What a helper learnt while busy is the sweeper's business.
+			clear(s.known)
+		}
+	}
+	defer func() {
+		// Claims still running when the loop stops may have taken tasks
+		// into flight: publish them rather than leave them to their lease.
+		for outstanding > 0 {
+			finish(<-done)
+		}
+		if s.leading {
+			s.applyLead(ctx, <-s.leadDone)
+		}
+	}()
+
+	for ctx.Err() == nil {
+		if err := s.pub.WaitReady(ctx); err != nil {
+			return
+		}
+		s.takeNotes(ctx, &busy)
+		if s.leader && !busy && time.Since(lastSweep) >= s.opt.PollInterval {
+			lastSweep = time.Now()
+			for _, j := range s.jobs(ctx, s.sweepable(), 0) {
+				launch(j)
+			}
+		}
+
+		// Hold as many publish slots as are free, and claim from that many
+		// shards on primaries that are free.
+		held := 0
+	fill:
+		for held < cap(slots) {
+			select {
+			case slots <- struct{}{}:
+				held++
+			default:
+				break fill
+			}
+		}
+		if held > 0 {
+			var targets []int
+			if busy {
+				targets = s.balanced(ctx, held)
+			} else {
+				targets = s.dueShards(held)
+			}
+			for _, j := range s.jobs(ctx, targets, s.opt.BatchSize) {
+				j.slots = len(j.shards)
+				held -= j.slots
+				launch(j)
+			}
+			for ; held > 0; held-- {
+				<-slots
+			}
+		}
+
+		t := time.NewTimer(s.idleDelay(lastSweep, busy && outstanding == 0 && len(slots) < cap(slots)))
+		select {
+		case d := <-done:
+			finish(d)
+		case r := <-s.leadDone:
+			s.applyLead(ctx, r)
+		case <-freed:
+		case <-s.wake:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// node returns the loop's state of a primary.
+func (s *Scanner) node(addr string) *nodeState {
+	n := s.nodes[addr]
+	if n == nil {
+		n = &nodeState{}
+		s.nodes[addr] = n
+	}
+	return n
+}
+
+// nodeOf returns the primary that holds shard i ("" with one server).
+func (s *Scanner) nodeOf(ctx context.Context, i int) string {
+	if !s.cluster {
+		return ""
+	}
+	return redisconn.NodeOf(ctx, s.rdb, s.keys.Pending(i))
+}
+
+// free reports whether the loop may send a job to a primary now.
+func (s *Scanner) free(addr string, now time.Time) bool {
+	n := s.node(addr)
+	return !n.claiming && !now.Before(n.until)
+}
+
+// jobs groups shards by primary into one job each, leaving out shards
+// whose primary is busy with a job or backed off.
+func (s *Scanner) jobs(ctx context.Context, shards []int, limit int) []claimJob {
+	now := time.Now()
+	var out []claimJob
+	at := map[string]int{}
+	for _, i := range shards {
+		addr := s.nodeOf(ctx, i)
+		if !s.free(addr, now) {
+			continue
+		}
+		n, ok := at[addr]
+		if !ok {
+			n = len(out)
+			at[addr] = n
+			out = append(out, claimJob{node: addr, limit: limit})
+		}
+		out[n].shards = append(out[n].shards, i)
+	}
+	return out
+}
+
+// sweepable lists the shards a sweep reads: all but those left alone for
+// trouble of their own.
+func (s *Scanner) sweepable() []int {
+	now := time.Now()
+	var out []int
+	for i := 0; i < s.opt.Shards; i++ {
+		if !now.Before(s.badUntil[i]) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// balanced returns the next n shards from the queue's balancer counter.
+// The counter is one key on one primary: when it cannot be reached, the
+// instance walks the shards on its own from a random start, so that the
+// other primaries' shards still drain.
+func (s *Scanner) balanced(ctx context.Context, n int) []int {
+	out, err := s.bal.NextN(ctx, n)
+	if err == nil {
+		return out
+	}
+	s.met.error("redis", 1)
+	s.lim.Warn("balancer", "cannot reach the balancer counter; picking shards locally", "key", s.keys.Counter(), "err", err)
+	if s.localNext == 0 {
+		s.localNext = 1 + rand.IntN(s.opt.Shards)
+	}
+	seen := map[int]bool{}
+	for k := 0; k < n; k++ {
+		i := (s.localNext - 1) % s.opt.Shards
+		s.localNext++
+		if !seen[i] {
+			seen[i] = true
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// runClaims runs a job's scripts in one pipeline, loading the claim script
+// first where the server does not know it (a new or restarted primary).
+// It touches only Redis: the loop applies the answers (absorb).
+func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
+	d := claimDone{job: j, vals: make([][]any, len(j.shards)), errs: make([]error, len(j.shards))}
+	todo := make([]int, len(j.shards)) // indexes into j.shards
+	for n := range todo {
+		todo[n] = n
+	}
+	d.before = s.opt.Now()
+	for attempt := 0; len(todo) > 0; attempt++ {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(todo))
+		for n, at := range todo {
+			cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit)
+		}
+		_, _ = pipe.Exec(ctx) // each command's own error is read below
+		if attempt == 0 {
+			d.after = s.opt.Now()
+		}
+		var again []int
+		for n, cmd := range cmds {
+			at := todo[n]
+			vals, err := cmd.Slice()
+			if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				again = append(again, at)
+				continue
+			}
+			d.vals[at], d.errs[at] = vals, err
+		}
+		if len(again) > 0 {
+			if err := claimScript.Load(ctx, s.rdb).Err(); err != nil {
+				d.err = fmt.Errorf("load claim script: %w", err)
+				for _, at := range again {
+					d.errs[at] = d.err
+				}
+				return d
+			}
+		}
+		todo = again
+	}
+	return d
+}
+
+// absorb applies a job's answers: each shard's next due time and server
+// clock, reaped leases, and the batches claimed. full reports whether any
+// shard gave a whole batch (more is due). A shard whose keys are unusable
+// is left alone for a while (shardTrouble); a failure that is not the
+// shard's own (connection lost, a server-wide refusal) is returned as
+// err, alongside the batches of the shards that were claimed.
+func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
+	for n, i := range d.job.shards {
+		vals, err := d.vals[n], d.errs[n]
+		switch {
+		case err == nil:
+		case !isReply(err) || serverRefuses(err):
+			if trouble == nil {
+				trouble = err
+			}
+			continue
+		case clusterTransient(err):
+			s.shardWait(i, err)
+			continue
+		default:
+			s.shardTrouble(i, err)
+			continue
+		}
+		c, err := parseClaimed(vals)
+		if err != nil {
+			s.shardTrouble(i, err)
+			continue
+		}
+		s.observeClock(i, c.now, d.before, d.after)
+		s.noteNext(i, c.nextPending, c.nextLease)
+		if d.job.limit == 0 {
+			continue
+		}
+		if c.reaped > 0 {
+			s.met.reaped(c.reaped)
+			s.lim.Warn("reaped", "took over tasks whose lease ran out", "shard", i, "tasks", c.reaped)
+		}
+		b := batch{shard: i, deadline: c.deadline}
+		for _, e := range c.entries {
+			t, err := ParseEntry(e)
+			if err != nil {
+				s.lim.Error("entry", "skipping malformed in-flight entry", "shard", i, "err", err)
+				continue
+			}
+			b.tasks = append(b.tasks, t)
+		}
+		if len(b.tasks) > 0 {
+			s.met.batchSize(len(b.tasks))
+			out = append(out, b)
+		}
+		if len(c.entries) >= d.job.limit {
+			full = true
+		}
+	}
+	return out, full, trouble
+}
+
+// claim claims up to BatchSize tasks of each target shard, the way the
+// loop does, and returns the batches (the caller publishes them).
+func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, error) {
+	var out []batch
+	full := false
+	var errs []error
+	for _, j := range s.jobs(ctx, targets, s.opt.BatchSize) {
+		b, f, err := s.absorb(s.runClaims(ctx, j))
+		out, full = append(out, b...), full || f
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return out, full, errs[0]
+	}
+	return out, full, nil
+}
+
+// clusterTransient reports whether err is Redis Cluster moving a slot or
+// electing a primary (after go-redis's own redirects and retries): the
+// shard is looked at again shortly, not set aside like a broken one.
+func clusterTransient(err error) bool {
+	for _, p := range []string{"TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK", "MASTERDOWN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// shardWait leaves shard i alone briefly after a transient cluster answer.
+func (s *Scanner) shardWait(i int, err error) {
+	s.met.error("cluster", 1)
+	s.badUntil[i] = time.Now().Add(100 * time.Millisecond)
+	s.reloadSlots()
+	s.lim.Warn("shard:"+fmt.Sprint(i)+":cluster", "shard's slot is moving or its primary changing; retrying shortly",
+		"shard", i, "key", s.keys.Pending(i), "err", err)
+}
+
+// nodeTrouble logs a primary's failure (rate-limited) and backs that
+// primary off: only its shards wait.
+func (s *Scanner) nodeTrouble(ctx context.Context, addr string, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	n := s.node(addr)
+	n.delay = min(max(2*n.delay, 50*time.Millisecond), 2*time.Second)
+	n.until = time.Now().Add(n.delay)
+	s.met.error("redis", 1)
+	s.reloadSlots()
+	// One log key per kind of trouble, so that a LOADING after a lost
+	// connection is not held back as a repeat of it.
+	class := redisErrorClass(err)
+	args := []any{"err", err}
+	if addr != "" {
+		args = append(args, "primary", addr)
+	}
+	if hint, ok := redisHints[class]; ok {
+		args = append(args, "hint", hint)
+	}
+	s.lim.Warn("redis:"+addr+":"+class, "redis unavailable; retrying", args...)
+	if class != "conn" {
+		why := class
+		if hint, ok := redisHints[class]; ok {
+			why += ": " + hint
+		}
+		if addr != "" {
+			why = addr + ": " + why
+		}
+		n.refusal = why
+		s.storeRefusals()
+	}
+}
+
+// reloadSlots has a cluster client read the slot map again (in the
+// background): go-redis reads it every minute and on MOVED, but a
+// pipeline to a primary that died only fails to dial, and its replica's
+// promotion would otherwise go unnoticed for up to a minute.
+func (s *Scanner) reloadSlots() {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+}
+
+// nodeFine clears a primary's backoff and refusal after a good answer.
+func (s *Scanner) nodeFine(addr string) {
+	n := s.node(addr)
+	n.delay, n.until = 0, time.Time{}
+	if n.refusal != "" {
+		n.refusal = ""
+		s.storeRefusals()
+	}
+}
+
+func (s *Scanner) storeRefusals() {
+	var whys []string
+	for _, n := range s.nodes {
+		if n.refusal != "" {
+			whys = append(whys, n.refusal)
+		}
+	}
+	sort.Strings(whys)
+	s.refusal.Store(strings.Join(whys, "; "))
+}
