@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +40,9 @@ type RedisOptions struct {
 	Users []string
 	// Args are extra config lines, e.g. "enable-debug-command local".
 	Args []string
+	// Sentinel runs the server as a Redis Sentinel (redis-server <conf>
+	// --sentinel); Args then carry the "sentinel ..." lines.
+	Sentinel bool
 }
 
 // RedisServer is a redis-server process owned by one test, in a temporary
@@ -52,9 +56,10 @@ type RedisServer struct {
 	conf     string
 	adminPwd string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+	paused bool
 }
 
 // StartRedis starts a private redis-server and waits until it answers.
@@ -136,7 +141,11 @@ func (s *RedisServer) launch() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	cmd := exec.Command("redis-server", s.conf)
+	args := []string{s.conf}
+	if s.opt.Sentinel {
+		args = append(args, "--sentinel")
+	}
+	cmd := exec.Command("redis-server", args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		out.Close()
@@ -205,15 +214,78 @@ func (s *RedisServer) clientTLS() *tls.Config {
 }
 
 // Kill stops the server with SIGKILL, as a crash would, and waits for it.
+// A paused server is resumed first.
 func (s *RedisServer) Kill() {
 	s.mu.Lock()
-	cmd, done := s.cmd, s.done
+	cmd, done, paused := s.cmd, s.done, s.paused
+	s.paused = false
 	s.mu.Unlock()
 	if cmd == nil {
 		return
 	}
+	if paused {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+	}
 	_ = cmd.Process.Kill()
 	<-done
+}
+
+// PID is the process id of the server, 0 if it has exited.
+func (s *RedisServer) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.exited() {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// Running reports whether the process is alive (a paused one is).
+func (s *RedisServer) Running() bool { return s.PID() != 0 }
+
+// Paused reports whether the process is stopped by Pause.
+func (s *RedisServer) Paused() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.paused
+}
+
+func (s *RedisServer) exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Pause stops the process with SIGSTOP: it keeps its port and connections
+// but answers nothing until Resume (or Kill/Restart, or the test's end).
+func (s *RedisServer) Pause() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.exited() {
+		s.t.Fatalf("pause %s: not running", s)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("pause %s: %v", s, err)
+	}
+	s.paused = true
+}
+
+// Resume continues a paused process with SIGCONT.
+func (s *RedisServer) Resume() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.exited() {
+		s.t.Fatalf("resume %s: not running", s)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		s.t.Fatalf("resume %s: %v", s, err)
+	}
+	s.paused = false
 }
 
 // Restart starts the server again on the same port and directory, so it
