@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -212,7 +213,10 @@ func TestClusterPrimaryPaused(t *testing.T) {
 	c := testenv.StartRedisCluster(t, testenv.ClusterOptions{NodeTimeout: 30 * time.Second})
 	q := queueSpec{Name: "paused", Shards: 16}
 	h := newClusterHarness(t, c, q)
+	addr := testenv.FreeAddr(t)
+	h.extra["DISPATCHER_HTTP_ADDR"] = addr
 	h.start()
+	delete(h.extra, "DISPATCHER_HTTP_ADDR")
 	h.start()
 	from := time.Now().Add(time.Second)
 	const n, span = 3000, 12 * time.Second
@@ -234,8 +238,23 @@ func TestClusterPrimaryPaused(t *testing.T) {
 	go func() { defer wg.Done(); got = h.collect(q.Name, n, 60*time.Second) }()
 	time.Sleep(time.Until(pauseAt))
 	c.Pause(paused)
-	time.Sleep(pause)
+	resumeAt := time.Now().Add(pause)
+	// /readyz names the primary that does not answer.
+	code, body := 0, ""
+	for time.Now().Before(resumeAt.Add(-time.Second)) {
+		if code, body = readyz(addr); code == http.StatusServiceUnavailable && strings.Contains(body, paused.Addr) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, paused.Addr) {
+		t.Errorf("/readyz while %s was paused: %d %q, want 503 naming it", paused.Addr, code, body)
+	}
+	time.Sleep(time.Until(resumeAt))
 	c.Resume(paused)
+	resumed := time.Now()
+	eventually(t, 10*time.Second, "/readyz to say ready after the resume", func() bool { return readyStatus(addr) == http.StatusOK })
+	t.Logf("/readyz named %s while paused (%q); ready again %s after the resume", paused.Addr, strings.TrimSpace(body), time.Since(resumed).Round(time.Millisecond))
 	wg.Wait()
 
 	ids, dups := countIDs(got)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/publisher"
 )
 
@@ -33,7 +35,7 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb redis.UniversalClient,
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
 		var problems []string
 		if down := unreachablePrimaries(ctx, rdb); len(down) > 0 {
@@ -109,30 +111,53 @@ func listenAddr(addr string) (network, bind string, loopback bool, err error) {
 	return "tcp", addr, false, nil
 }
 
-// unreachablePrimaries names the Redis primaries that do not answer PING.
-// On a cluster each is asked: the shards of one that is down wait while
-// the others dispatch, and /readyz says which.
+// unreachablePrimaries names the Redis primaries that do not answer PING
+// before ctx ends. On a cluster each is asked: the shards of one that is
+// down wait while the others dispatch, and /readyz says which. go-redis
+// waits for its read timeout whatever ctx says, so a primary that stopped
+// answering (paused, partitioned) is given up on here, not there.
 func unreachablePrimaries(ctx context.Context, rdb redis.UniversalClient) []string {
-	cc, ok := rdb.(*redis.ClusterClient)
-	if !ok {
-		if rdb.Ping(ctx).Err() != nil {
-			return []string{"redis: unreachable"}
-		}
-		return nil
-	}
 	var mu sync.Mutex
+	asked := map[string]bool{} // addr -> answered
 	var down []string
-	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-		if err := c.Ping(ctx).Err(); err != nil {
+	finished := make(chan error, 1)
+	go func() {
+		finished <- redisconn.ForEachPrimary(ctx, rdb, func(ctx context.Context, addr string, c *redis.Client) error {
 			mu.Lock()
-			down = append(down, "redis: primary "+c.Options().Addr+" unreachable (its shards wait)")
+			asked[addr] = false
 			mu.Unlock()
+			err := c.Ping(ctx).Err()
+			mu.Lock()
+			defer mu.Unlock()
+			asked[addr] = true
+			if err != nil {
+				down = append(down, primaryProblem(rdb, addr, "unreachable"))
+			}
+			return nil
+		})
+	}()
+	var err error
+	select {
+	case err = <-finished:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for addr, answered := range asked {
+		if !answered {
+			down = append(down, primaryProblem(rdb, addr, "not answering"))
 		}
-		return nil
-	})
-	if err != nil && len(down) == 0 {
-		down = append(down, "redis: cluster unreachable")
+	}
+	if len(asked) == 0 && (err != nil || ctx.Err() != nil) {
+		down = append(down, "redis: unreachable")
 	}
 	sort.Strings(down)
-	return down
+	return slices.Compact(down)
+}
+
+func primaryProblem(rdb redis.UniversalClient, addr, what string) string {
+	if _, ok := rdb.(*redis.ClusterClient); !ok {
+		return "redis: " + what
+	}
+	return "redis: primary " + addr + " " + what + " (its shards wait)"
 }
