@@ -41,6 +41,12 @@ ensure_rabbit() {
 	log "rabbitmq did not come up"; return 1
 }
 
+# The cluster contract test runs a Python producer with Debian's interpreter.
+ensure_python_test_deps() {
+	/usr/bin/python3 -c 'import redis.cluster, xxhash' 2>/dev/null && return 0
+	apt_install python3-redis python3-xxhash
+}
+
 ensure_services() {
 	[ "${DEV_SKIP_SERVICES:-}" = 1 ] && return 0
 	ensure_redis
@@ -62,6 +68,7 @@ run)
 	;;
 test)
 	ensure_services
+	ensure_python_test_deps
 	log "gofmt"
 	unformatted="$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"
 	if [ -n "$unformatted" ]; then
