@@ -121,10 +121,10 @@ func (m *measurement) wait(ctx context.Context, extra func() string) error {
 }
 
 // finish settles the counts, reads Redis's and the instances' figures and
-// stops the instances; before is Redis's counts at the start, own what
-// the bench sent meanwhile, cpu0 the instances' CPU at the start (nil:
-// their whole life).
-func (m *measurement) finish(ctx context.Context, before cmdStats, own map[string]int64, cpu0 []float64, began time.Time) error {
+// stops the instances; before is Redis's counts at the start, ownZadds
+// the ZADDs the bench sent to each shard meanwhile (nil: none), cpu0 the
+// instances' CPU at the start (nil: their whole life).
+func (m *measurement) finish(ctx context.Context, before redisSnap, ownZadds []int64, cpu0 []float64, began time.Time) error {
 	res, rec := m.res, m.rec
 	if n, err := settle(ctx, m.fleet, rec.unique.Load()); err != nil {
 		return err
@@ -132,13 +132,8 @@ func (m *measurement) finish(ctx context.Context, before cmdStats, own map[strin
 		m.r.warnf("%s: the instances count %.0f tasks dispatched, the consumer got %d; Redis's figures may miss the last ones",
 			m.p, n, rec.unique.Load())
 	}
-	after, err := readCmdStats(ctx, m.r.rdb)
-	if err != nil {
-		return err
-	}
-	res.Redis = redisUse(before, after, own)
-	res.Redis.Seconds = time.Since(began).Seconds()
-	if res.Redis.OtherClients, err = otherClients(ctx, m.r.rdb, m.r.clientPrefix(), time.Since(began)); err != nil {
+	var err error
+	if res.Redis, err = m.redisUse(ctx, before, ownZadds, began); err != nil {
 		return err
 	}
 	if err := fleetUse(m.fleet, cpu0, res); err != nil {
@@ -164,8 +159,47 @@ func (m *measurement) finish(ctx context.Context, before cmdStats, own map[strin
 		res.CmdsPerTask = float64(res.Redis.Commands) / float64(res.Delivered)
 		res.ScriptsPerTask = float64(res.Redis.ScriptCalls) / float64(res.Delivered)
 		res.CPUPer10k = res.CPUSeconds / float64(res.Delivered) * 10000
+		for _, pu := range res.Redis.Primaries {
+			pu.CmdsPerTask = float64(pu.Commands) / float64(res.Delivered)
+		}
 	}
 	return nil
+}
+
+// redisUse reads Redis's counts now and returns what the point cost Redis
+// since before (taken at began), in all and per primary; ownZadds is what
+// the bench sent to each shard itself (nil: nothing).
+func (m *measurement) redisUse(ctx context.Context, before redisSnap, ownZadds []int64, began time.Time) (RedisUse, error) {
+	after, err := readCmdStats(ctx, m.r.rdb)
+	if err != nil {
+		return RedisUse{}, err
+	}
+	since := time.Since(began)
+	where := m.r.shardPrimaries(ctx, m.keys, m.p.Shards, after)
+	own := map[string]map[string]int64{}
+	for s, n := range ownZadds {
+		if n > 0 {
+			if own[where[s]] == nil {
+				own[where[s]] = map[string]int64{}
+			}
+			own[where[s]]["zadd"] += n
+		}
+	}
+	u := redisUse(before, after, own)
+	u.Seconds = since.Seconds()
+	others, err := otherClients(ctx, m.r.rdb, m.r.clientPrefix(), since)
+	if err != nil {
+		return u, err
+	}
+	for _, pu := range u.Primaries {
+		pu.OtherClients = others[pu.Addr]
+		u.OtherClients += pu.OtherClients
+		pu.Shards = countOf(where, pu.Addr)
+		if u.Seconds > 0 {
+			pu.CmdsPerSec = float64(pu.Commands) / u.Seconds
+		}
+	}
+	return u, nil
 }
 
 // runBacklog: N tasks pending, W of them due, when K dispatchers start;

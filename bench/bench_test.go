@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
 )
@@ -226,4 +227,77 @@ func TestBenchFailsWhenTasksGoMissing(t *testing.T) {
 		t.Error("no failure in the JSON report")
 	}
 	assertCleanedUp(t, rep.RunID)
+}
+
+// A backlog and a rate point against a private Redis Cluster (3 primaries
+// with a replica each): everything arrives, the Redis figures cover every
+// primary, each holding some of the 16 shards, and no key is left on any.
+func TestBenchRedisCluster(t *testing.T) {
+	cluster := testenv.StartRedisCluster(t, testenv.ClusterOptions{})
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "bench.json")
+	var out, errOut bytes.Buffer
+	code := Main([]string{"-redis", cluster.URL(), "-amqp", testenv.AMQPURL(t),
+		"-mode", "backlog,rate", "-backlog", "2000", "-window", "1500", "-rate", "500", "-duration", "2s",
+		"-shards", "16", "-batch", "200", "-size", "100", "-queue-type", "transient",
+		"-ceiling-count", "1000", "-ceiling-window", "300", "-stall", "20s",
+		"-json", jsonPath, "-dispatcher", binary}, &out, &errOut)
+	t.Logf("stdout:\n%s", out.String())
+	if code != exitOK {
+		t.Fatalf("exit code %d; stderr:\n%s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "| point | primary | shards |") {
+		t.Errorf("no per-primary table")
+	}
+	var rep Report
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("JSON report: %v", err)
+	}
+	if len(rep.Failures) != 0 || len(rep.Results) != 2 {
+		t.Fatalf("failures %q, %d results", rep.Failures, len(rep.Results))
+	}
+	if rep.Machine.RedisMode != "cluster of 3 primaries" {
+		t.Errorf("redis mode %q", rep.Machine.RedisMode)
+	}
+	checkResult(t, rep.Results[0], 1500)
+	checkResult(t, rep.Results[1], 1000)
+	for _, r := range rep.Results {
+		u := r.Redis
+		if len(u.Primaries) != 3 {
+			t.Fatalf("%s: %d primaries: %+v", r.Point, len(u.Primaries), u.Primaries)
+		}
+		var cmds, zadds int64
+		shards := 0
+		for _, p := range u.Primaries {
+			if p.Commands <= 0 || p.ScriptCalls <= 0 || p.CmdsPerTask <= 0 || p.Shards <= 0 {
+				t.Errorf("%s: primary %+v", r.Point, p)
+			}
+			cmds += p.Commands
+			zadds += p.Subtracted["zadd"]
+			shards += p.Shards
+		}
+		if cmds != u.Commands || shards != 16 || zadds != u.Subtracted["zadd"] {
+			t.Errorf("%s: primaries sum to %d commands, %d shards, %d ZADDs subtracted; totals %d, %d",
+				r.Point, cmds, shards, zadds, u.Commands, u.Subtracted["zadd"])
+		}
+	}
+	if rep.Results[1].Redis.Subtracted["zadd"] == 0 {
+		t.Errorf("rate: no ZADD subtracted")
+	}
+	// No key of the run is left on any primary.
+	ctx := context.Background()
+	err = cluster.Client().ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		keys, err := c.Keys(ctx, "dispatcher-bench-"+rep.RunID+"-*").Result()
+		if err == nil && len(keys) > 0 {
+			t.Errorf("keys left behind on %s: %q", c.Options().Addr, keys)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

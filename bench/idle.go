@@ -54,16 +54,10 @@ func (r *runner) runIdle(ctx context.Context, p Point) (*IdleResult, error) {
 	if !ok {
 		return res, ctx.Err()
 	}
-	after, err := readCmdStats(ctx, r.rdb)
-	if err != nil {
+	if res.Redis, err = m.redisUse(ctx, before, nil, began); err != nil {
 		return res, err
 	}
-	res.Seconds = time.Since(began).Seconds()
-	res.Redis = redisUse(before, after, nil)
-	res.Redis.Seconds = res.Seconds
-	if res.Redis.OtherClients, err = otherClients(ctx, r.rdb, r.clientPrefix(), time.Since(began)); err != nil {
-		return res, err
-	}
+	res.Seconds = res.Redis.Seconds
 	use := &Result{}
 	if err := fleetUse(m.fleet, cpu0, use); err != nil {
 		return res, err

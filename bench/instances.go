@@ -80,13 +80,20 @@ func (sp instanceSpec) env(n int, httpAddr string) ([]string, error) {
 
 // withClientName names the instance's Redis connections, so that the
 // bench can tell them from clients it does not know.
-func withClientName(raw, name string) (string, error) {
+func withClientName(raw, name string) (string, error) { return withQuery(raw, "client_name", name) }
+
+// withQuery sets the URL's query parameters named in kv (name, value,
+// ...). Every mode's URL takes them: go-redis reads the query of single,
+// cluster and Sentinel URLs alike.
+func withQuery(raw string, kv ...string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "", errors.New("redis URL does not parse") // never echo it: it may hold a password
 	}
 	q := u.Query()
-	q.Set("client_name", name)
+	for i := 0; i+1 < len(kv); i += 2 {
+		q.Set(kv[i], kv[i+1])
+	}
 	u.RawQuery = q.Encode()
 	return u.String(), nil
 }

@@ -32,7 +32,7 @@ func pairsPerZADD(size int) int { return min(zaddPairs, max(1, zaddBytes/size)) 
 // load schedules tasks from..to-1 of size bytes on the queue's m shards,
 // task i due at dueMs(i), each in its shard by the contract's hashing.
 // loaded counts the tasks written so far.
-func load(ctx context.Context, rdb *redis.Client, keys shard.Keys, m, size, from, to int,
+func load(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, m, size, from, to int,
 	dueMs func(i int) int64, loaded *atomic.Int64) error {
 	chunks := make(chan int)
 	ctx, cancel := context.WithCancel(ctx)
@@ -76,7 +76,7 @@ feed:
 // loader is one loading connection's state: per shard, the ZADD being
 // filled.
 type loader struct {
-	rdb      *redis.Client
+	rdb      redis.UniversalClient
 	keys     shard.Keys
 	m        int
 	pairs    int     // score/member pairs per ZADD
@@ -149,15 +149,17 @@ func (l *loader) flushAll(ctx context.Context) error {
 // produce schedules rate tasks a second for d, from task 0 on, each with
 // a plain ZADD (no notification) about a second before its due time:
 // task j is due at start + 1s + j/rate. It returns how many ZADD commands
-// it sent, to be taken out of Redis's counts.
-func produce(ctx context.Context, rdb *redis.Client, keys shard.Keys, m, size, rate int,
-	d time.Duration, start time.Time, scheduled *atomic.Int64) (zadds int64, err error) {
+// it sent to each shard, to be taken out of Redis's counts (on a cluster,
+// out of those of the shard's primary).
+func produce(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, m, size, rate int,
+	d time.Duration, start time.Time, scheduled *atomic.Int64) (zadds []int64, err error) {
 	const ahead = 1000 // ms
 	total := int(int64(rate) * d.Milliseconds() / 1000)
 	startMs := start.UnixMilli()
 	due := func(j int) int64 { return startMs + ahead + int64(j)*1000/int64(rate) }
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
+	zadds = make([]int64, m)
 	var mem []byte
 	byShard := map[int][]any{}
 	for j := 0; j < total; {
@@ -168,12 +170,13 @@ func produce(ctx context.Context, rdb *redis.Client, keys shard.Keys, m, size, r
 			byShard[s] = append(byShard[s], due(j), string(mem))
 		}
 		if len(byShard) > 0 {
+			// A cluster client splits the pipeline by node.
 			pipe := rdb.Pipeline()
 			for s, pairs := range byShard {
 				pipe.Do(ctx, append([]any{"zadd", keys.Pending(s)}, pairs...)...)
+				zadds[s]++
 				delete(byShard, s)
 			}
-			zadds += int64(pipe.Len())
 			if _, err := pipe.Exec(ctx); err != nil {
 				return zadds, fmt.Errorf("schedule tasks: %w", err)
 			}

@@ -6,10 +6,13 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 )
 
 // Machine describes where the bench ran, for the README and for comparing
@@ -22,12 +25,24 @@ type Machine struct {
 	Kernel       string `json:"kernel"`
 	GoVersion    string `json:"go_version"`
 	Redis        string `json:"redis_version"`
+	RedisMode    string `json:"redis_mode"`        // single, sentinel, or cluster of N primaries
 	RedisPersist string `json:"redis_persistence"` // appendonly and save settings
 	RabbitMQ     string `json:"rabbitmq_version"`
 }
 
-func machineInfo(ctx context.Context, rdb *redis.Client, amqpURL string) Machine {
-	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
+func machineInfo(ctx context.Context, rdb redis.UniversalClient, mode redisconn.Mode, amqpURL string) Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), RedisMode: string(mode)}
+	if mode == redisconn.Cluster {
+		var mu sync.Mutex
+		n := 0
+		_ = redisconn.ForEachPrimary(ctx, rdb, func(context.Context, string, *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			n++
+			return nil
+		})
+		m.RedisMode = fmt.Sprintf("cluster of %d primaries", n)
+	}
 	m.Host, _ = os.Hostname()
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for line := range strings.SplitSeq(string(b), "\n") {
@@ -52,7 +67,8 @@ func machineInfo(ctx context.Context, rdb *redis.Client, amqpURL string) Machine
 	if info, err := rdb.InfoMap(ctx, "server").Result(); err == nil {
 		m.Redis = info["Server"]["redis_version"]
 	}
-	// CONFIG may be disabled on a managed Redis; then this stays empty.
+	// CONFIG may be disabled on a managed Redis; then this stays empty. On
+	// a cluster, it is one node's.
 	if cfg, err := rdb.ConfigGet(ctx, "appendonly").Result(); err == nil {
 		if save, err := rdb.ConfigGet(ctx, "save").Result(); err == nil {
 			m.RedisPersist = fmt.Sprintf("appendonly %s, save %q", cfg["appendonly"], save["save"])
@@ -68,6 +84,10 @@ func machineInfo(ctx context.Context, rdb *redis.Client, amqpURL string) Machine
 }
 
 func (m Machine) String() string {
+	redisText := m.Redis
+	if m.RedisMode != "" && m.RedisMode != string(redisconn.Single) {
+		redisText += ", " + m.RedisMode
+	}
 	return fmt.Sprintf("%d CPUs (%s), %d GiB, Linux %s, Redis %s (%s), RabbitMQ %s, %s",
-		m.CPUs, m.CPUModel, m.MemoryGiB, m.Kernel, m.Redis, m.RedisPersist, m.RabbitMQ, m.GoVersion)
+		m.CPUs, m.CPUModel, m.MemoryGiB, m.Kernel, redisText, m.RedisPersist, m.RabbitMQ, m.GoVersion)
 }

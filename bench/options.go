@@ -223,7 +223,10 @@ Figures:
                    backlog: whole life, rate and idle: from ready on
   peak RSS         the largest VmHWM of the instances
 Redis figures include other clients' commands: a note says when any were
-active. Exit code 0 if every task arrived exactly once and none early, 1
+active. -redis may be any DISPATCHER_REDIS_URL (redis://, redis+cluster://,
+redis+sentinel://, with s for TLS); on a cluster, the Redis figures are
+summed over every primary and also given per primary (replicas' REPLCONF
+left out). Exit code 0 if every task arrived exactly once and none early, 1
 otherwise or when something failed, 2 for bad flags.
 
 Flags:

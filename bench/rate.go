@@ -43,7 +43,7 @@ func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 	began := time.Now()
 	var scheduled atomic.Int64
 	type produced struct {
-		zadds int64
+		zadds []int64
 		err   error
 	}
 	done := make(chan produced, 1)
@@ -66,7 +66,7 @@ func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 	if waitErr != nil {
 		return m.res, waitErr
 	}
-	if err := m.finish(ctx, before, map[string]int64{"zadd": out.zadds}, cpu0, began); err != nil {
+	if err := m.finish(ctx, before, out.zadds, cpu0, began); err != nil {
 		return m.res, err
 	}
 	return m.res, nil

@@ -4,30 +4,56 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 )
 
 // cmdStats is Redis's INFO commandstats: calls per command name. Redis
 // counts every command it executes, those run by Lua scripts included.
 type cmdStats map[string]int64
 
+// redisSnap is the cmdStats of every primary, by its address: the one
+// server, or each master of a cluster.
+type redisSnap map[string]cmdStats
+
 // benchOwn are commands only the bench sends during a measurement (its
 // snapshots); they are left out of every count.
 var benchOwn = map[string]bool{"info": true, "client|list": true}
 
+// replication are the commands a primary's replicas send it (a cluster's
+// replicas ack every second); they are not the dispatchers' and are left
+// out too.
+var replication = map[string]bool{"replconf": true, "psync": true, "sync": true}
+
 // scriptCmds are the commands that run a script: one per script call.
 var scriptCmds = map[string]bool{"eval": true, "evalsha": true, "eval_ro": true, "evalsha_ro": true, "fcall": true, "fcall_ro": true}
 
-func readCmdStats(ctx context.Context, rdb *redis.Client) (cmdStats, error) {
-	info, err := rdb.Info(ctx, "commandstats").Result()
+// readCmdStats reads INFO commandstats of every primary.
+func readCmdStats(ctx context.Context, rdb redis.UniversalClient) (redisSnap, error) {
+	var mu sync.Mutex
+	snap := redisSnap{}
+	err := redisconn.ForEachPrimary(ctx, rdb, func(ctx context.Context, addr string, c *redis.Client) error {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return fmt.Errorf("redis INFO commandstats on %s: %w", addr, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		snap[addr] = parseCmdStats(info)
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("redis INFO commandstats: %w", err)
+		return nil, err
 	}
-	return parseCmdStats(info), nil
+	return snap, nil
 }
 
 // parseCmdStats reads lines such as
@@ -52,11 +78,12 @@ func parseCmdStats(info string) cmdStats {
 	return out
 }
 
-// RedisUse is what the dispatchers cost Redis over one measurement.
+// RedisUse is what the dispatchers cost Redis over one measurement: on a
+// cluster, the sum over every primary.
 type RedisUse struct {
 	// Commands is every command Redis executed, those run inside Lua
 	// scripts included (that is how Redis counts them, and it is the
-	// server's work), without the bench's own.
+	// server's work), without the bench's own and the replicas'.
 	Commands int64 `json:"commands"`
 	// ScriptCalls is the EVAL/EVALSHA calls among them.
 	ScriptCalls int64 `json:"script_calls"`
@@ -65,59 +92,120 @@ type RedisUse struct {
 	// Subtracted is what the bench itself sent (the rate mode's ZADDs).
 	Subtracted map[string]int64 `json:"subtracted,omitempty"`
 	// OtherClients counts clients that are neither the bench nor its
-	// dispatchers and sent commands during the measurement: their
-	// commands are in the figures too.
+	// dispatchers (nor a replica) and sent commands during the
+	// measurement: their commands are in the figures too.
 	OtherClients int     `json:"other_clients"`
 	Seconds      float64 `json:"seconds"`
+	// Primaries breaks the figures down by primary, ordered by address:
+	// the one server (with Sentinel, the primary), or each master of a
+	// cluster.
+	Primaries []*PrimaryUse `json:"primaries"`
 }
 
-// redisUse is after minus before, without the bench's own commands and
-// minus own (commands the bench sent on purpose).
-func redisUse(before, after cmdStats, own map[string]int64) RedisUse {
-	u := RedisUse{ByCommand: map[string]int64{}, Subtracted: own}
+// PrimaryUse is one primary's share of a RedisUse.
+type PrimaryUse struct {
+	Addr string `json:"addr"`
+	// Shards is how many of the point's shards the primary holds.
+	Shards       int              `json:"shards"`
+	Commands     int64            `json:"commands"`
+	ScriptCalls  int64            `json:"script_calls"`
+	ByCommand    map[string]int64 `json:"by_command"`
+	Subtracted   map[string]int64 `json:"subtracted,omitempty"`
+	OtherClients int              `json:"other_clients"`
+	// CmdsPerTask is Commands per task delivered (backlog and rate
+	// modes); CmdsPerSec per second of the measurement.
+	CmdsPerTask float64 `json:"cmds_per_task,omitempty"`
+	CmdsPerSec  float64 `json:"cmds_per_sec"`
+}
+
+// redisUse is after minus before, primary by primary and summed, without
+// the bench's own commands and the replicas', and minus own (by primary:
+// commands the bench sent on purpose). A primary missing from before
+// (promoted during the measurement) counts from its start.
+func redisUse(before, after redisSnap, own map[string]map[string]int64) RedisUse {
+	u := RedisUse{ByCommand: map[string]int64{}}
+	addrs := slices.Sorted(maps.Keys(after))
+	for _, addr := range addrs {
+		p := primaryUse(before[addr], after[addr], own[addr])
+		p.Addr = addr
+		u.Primaries = append(u.Primaries, p)
+		u.Commands += p.Commands
+		u.ScriptCalls += p.ScriptCalls
+		for name, n := range p.ByCommand {
+			u.ByCommand[name] += n
+		}
+		for name, n := range p.Subtracted {
+			if u.Subtracted == nil {
+				u.Subtracted = map[string]int64{}
+			}
+			u.Subtracted[name] += n
+		}
+	}
+	return u
+}
+
+// primaryUse is one primary's after minus before, minus own.
+func primaryUse(before, after cmdStats, own map[string]int64) *PrimaryUse {
+	p := &PrimaryUse{ByCommand: map[string]int64{}}
+	if len(own) > 0 {
+		p.Subtracted = own
+	}
 	for name, n := range after {
-		if benchOwn[name] {
+		if benchOwn[name] || replication[name] {
 			continue
 		}
 		d := n - before[name] - own[name]
 		if d <= 0 {
 			continue
 		}
-		u.ByCommand[name] = d
-		u.Commands += d
+		p.ByCommand[name] = d
+		p.Commands += d
 		if scriptCmds[name] {
-			u.ScriptCalls += d
+			p.ScriptCalls += d
 		}
 	}
-	return u
+	return p
 }
 
-// otherClients counts clients whose name does not start with ours and
-// that ran a command within the last since.
-func otherClients(ctx context.Context, rdb *redis.Client, ours string, since time.Duration) (int, error) {
-	list, err := rdb.ClientList(ctx).Result()
-	if err != nil {
-		return 0, fmt.Errorf("redis CLIENT LIST: %w", err)
-	}
-	return countOthers(list, ours, since), nil
+// otherClients counts, on every primary by address, the clients whose
+// name does not start with ours and that ran a command within the last
+// since.
+func otherClients(ctx context.Context, rdb redis.UniversalClient, ours string, since time.Duration) (map[string]int, error) {
+	var mu sync.Mutex
+	out := map[string]int{}
+	err := redisconn.ForEachPrimary(ctx, rdb, func(ctx context.Context, addr string, c *redis.Client) error {
+		list, err := c.ClientList(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("redis CLIENT LIST on %s: %w", addr, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out[addr] = countOthers(list, ours, since)
+		return nil
+	})
+	return out, err
 }
 
+// countOthers counts the clients of one CLIENT LIST; the primary's
+// replicas (flag S) are not counted.
 func countOthers(list, ours string, since time.Duration) int {
 	n := 0
 	for line := range strings.SplitSeq(list, "\n") {
 		if strings.TrimSpace(line) == "" {
 			continue
 		}
-		var name string
+		var name, flags string
 		idle := int64(-1)
 		for f := range strings.FieldsSeq(line) {
 			if v, ok := strings.CutPrefix(f, "name="); ok {
 				name = v
 			} else if v, ok := strings.CutPrefix(f, "idle="); ok {
 				idle, _ = strconv.ParseInt(v, 10, 64)
+			} else if v, ok := strings.CutPrefix(f, "flags="); ok {
+				flags = v
 			}
 		}
-		if strings.HasPrefix(name, ours) || idle < 0 {
+		if strings.HasPrefix(name, ours) || idle < 0 || strings.Contains(flags, "S") {
 			continue
 		}
 		// idle is whole seconds since the client's last command.
@@ -130,7 +218,7 @@ func countOthers(list, ours string, since time.Duration) int {
 
 // clockOffset estimates Redis's clock minus the local one (µs) from the
 // TIME sample with the shortest round trip, and that round trip.
-func clockOffset(ctx context.Context, rdb *redis.Client) (offsetUs, rttUs int64, err error) {
+func clockOffset(ctx context.Context, rdb redis.UniversalClient) (offsetUs, rttUs int64, err error) {
 	rttUs = -1
 	for range 20 {
 		before := time.Now()

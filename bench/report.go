@@ -68,6 +68,30 @@ func writeTables(w io.Writer, rep *Report) {
 				}
 			})
 	}
+	if perPrimary(rep) {
+		fmt.Fprintf(w, "\nRedis per primary: each primary's share of the Redis figures above (shards: the point's shards it holds)\n\n")
+		table(w, []string{"point", "primary", "shards", "Redis cmds", "cmds/task", "cmds/s", "script calls", "other clients"},
+			func(add func(...string)) {
+				row := func(p Point, u RedisUse) {
+					for _, pu := range u.Primaries {
+						perTask := ""
+						if pu.CmdsPerTask > 0 {
+							perTask = fmt.Sprintf("%.2f", pu.CmdsPerTask)
+						}
+						add(p.String(), pu.Addr, itoa(pu.Shards), thousands(int(pu.Commands)), perTask,
+							fmt.Sprintf("%.0f", pu.CmdsPerSec), thousands(int(pu.ScriptCalls)), itoa(pu.OtherClients))
+					}
+				}
+				for _, mode := range []string{modeBacklog, modeRate} {
+					for _, r := range results(rep, mode) {
+						row(r.Point, r.Redis)
+					}
+				}
+				for _, r := range rep.Idle {
+					row(r.Point, r.Redis)
+				}
+			})
+	}
 	others := 0
 	for _, r := range rep.Results {
 		others = max(others, r.Redis.OtherClients)
@@ -84,6 +108,22 @@ func writeTables(w io.Writer, rep *Report) {
 			fmt.Fprintf(w, "- %s\n", f)
 		}
 	}
+}
+
+// perPrimary says whether Redis had more than one primary (a cluster):
+// then the figures are also given per primary.
+func perPrimary(rep *Report) bool {
+	for _, r := range rep.Results {
+		if len(r.Redis.Primaries) > 1 {
+			return true
+		}
+	}
+	for _, r := range rep.Idle {
+		if len(r.Redis.Primaries) > 1 {
+			return true
+		}
+	}
+	return false
 }
 
 // results returns the mode's results ordered for reading: by instances,

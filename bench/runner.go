@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -21,7 +23,7 @@ var errStalled = errors.New("stalled")
 // runner runs the points of one bench and keeps their results.
 type runner struct {
 	opt    *Options
-	rdb    *redis.Client
+	rdb    redis.UniversalClient // *redis.ClusterClient on a cluster
 	runID  string
 	seq    int
 	prog   *progress
@@ -45,13 +47,17 @@ func newRunner(ctx context.Context, opt *Options, stderr io.Writer, rep *Report)
 		prog:     &progress{w: stderr, every: time.Second},
 		ceilings: map[int]*Ceiling{},
 	}
-	ropt, err := redis.ParseURL(opt.RedisURL)
+	// Any mode redisconn knows: the bench's name and pool size go into
+	// the URL, which all three of go-redis's URL parsers read.
+	raw, err := withQuery(opt.RedisURL, "client_name", r.clientPrefix()+"-bench", "pool_size", strconv.Itoa(2*loadWorkers))
+	if err != nil {
+		return nil, fmt.Errorf("-redis: %w", err)
+	}
+	ropt, err := redisconn.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("-redis: %w", redact.Error(err))
 	}
-	ropt.ClientName = r.clientPrefix() + "-bench"
-	ropt.PoolSize = 2 * loadWorkers
-	r.rdb = redis.NewClient(ropt)
+	r.rdb = ropt.NewClient()
 	if err := r.rdb.Ping(ctx).Err(); err != nil {
 		r.rdb.Close()
 		return nil, fmt.Errorf("redis %s: %w", redact.URL(opt.RedisURL), redact.Error(err))
@@ -63,7 +69,7 @@ func newRunner(ctx context.Context, opt *Options, stderr io.Writer, rep *Report)
 	}
 	r.earlyUs = -offset - rtt/2 - 100
 	rep.ClockOffsetUs, rep.ClockRTTUs = offset, rtt
-	rep.Machine = machineInfo(ctx, r.rdb, opt.AMQPURL)
+	rep.Machine = machineInfo(ctx, r.rdb, ropt.Mode, opt.AMQPURL)
 	rep.RunID = r.runID
 	return r, nil
 }
@@ -107,41 +113,83 @@ func received(rec *recorder) func() int64 {
 // cleanKeys removes every key of a point: the ones the dispatcher is
 // known to use, then whatever else is under the prefix. UNLINK frees big
 // sets in the background. It runs after the run's context may have ended.
+// On a cluster, keys of different hash slots cannot share an UNLINK, and
+// SCAN sees one node's keys only.
 func (r *runner) cleanKeys(keys shard.Keys, m int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	names := []string{keys.Counter(), keys.ShardCount()}
-	flush := func() error {
-		if len(names) == 0 {
-			return nil
-		}
-		err := r.rdb.Unlink(ctx, names...).Err()
-		names = names[:0]
-		return err
-	}
+	// The known keys: one UNLINK per hash tag ({Q} for the queue's own,
+	// {Q:i} for shard i's), pipelined; a cluster client splits the
+	// pipeline by node.
+	pipe := r.rdb.Pipeline()
+	pipe.Unlink(ctx, keys.Counter(), keys.ShardCount(), keys.Sweeper(), keys.Wake())
 	var err error
 	for i := 0; i < m && err == nil; i++ {
-		names = append(names, keys.Pending(i), keys.Inflight(i), keys.Attempts(i), keys.Dead(i), keys.DeadReason(i), keys.LastClaim(i))
-		if len(names) >= 500 {
-			err = flush()
+		pipe.Unlink(ctx, keys.Pending(i), keys.Inflight(i), keys.Attempts(i), keys.Dead(i), keys.DeadReason(i), keys.LastClaim(i))
+		if pipe.Len() >= 100 {
+			_, err = pipe.Exec(ctx)
 		}
 	}
-	if err == nil {
-		err = flush()
+	if err == nil && pipe.Len() > 0 {
+		_, err = pipe.Exec(ctx)
 	}
-	iter := r.rdb.Scan(ctx, 0, keys.Prefix+":*", 1000).Iterator()
-	for err == nil && iter.Next(ctx) {
-		names = append(names, iter.Val())
-		if len(names) >= 500 {
-			err = flush()
-		}
-	}
+	// Whatever else: SCAN on every primary, one UNLINK per key found
+	// (pipelined), on the node that holds it.
 	if err == nil {
-		err = errors.Join(iter.Err(), flush())
+		err = redisconn.ForEachPrimary(ctx, r.rdb, func(ctx context.Context, addr string, c *redis.Client) error {
+			pipe := c.Pipeline()
+			iter := c.Scan(ctx, 0, keys.Prefix+":*", 1000).Iterator()
+			for iter.Next(ctx) {
+				pipe.Unlink(ctx, iter.Val())
+				if pipe.Len() >= 500 {
+					if _, err := pipe.Exec(ctx); err != nil {
+						return fmt.Errorf("%s: %w", addr, err)
+					}
+				}
+			}
+			if err := iter.Err(); err != nil {
+				return fmt.Errorf("%s: %w", addr, err)
+			}
+			if pipe.Len() > 0 {
+				if _, err := pipe.Exec(ctx); err != nil {
+					return fmt.Errorf("%s: %w", addr, err)
+				}
+			}
+			return nil
+		})
 	}
 	if err != nil {
 		r.warnf("removing keys under %s: %v", keys.Prefix, err)
 	}
+}
+
+// shardPrimaries returns the address of the primary (as readCmdStats
+// names it in snap) that holds each of the m shards: on one server, or
+// with Sentinel, that server.
+func (r *runner) shardPrimaries(ctx context.Context, keys shard.Keys, m int, snap redisSnap) []string {
+	var only string
+	if len(snap) == 1 {
+		for addr := range snap {
+			only = addr
+		}
+	}
+	out := make([]string, m)
+	for i := range out {
+		if out[i] = redisconn.NodeOf(ctx, r.rdb, keys.Pending(i)); out[i] == "" {
+			out[i] = only
+		}
+	}
+	return out
+}
+
+func countOf(xs []string, x string) int {
+	n := 0
+	for _, v := range xs {
+		if v == x {
+			n++
+		}
+	}
+	return n
 }
 
 // fleetUse reads the instances' CPU and memory into res.

@@ -50,20 +50,55 @@ func TestCmdStats(t *testing.T) {
 	before := parseCmdStats("# Commandstats\r\ncmdstat_zadd:calls=10,usec=5,usec_per_call=0.5,rejected_calls=0,failed_calls=0\r\n" +
 		"cmdstat_info:calls=3,usec=1\r\n")
 	after := parseCmdStats("cmdstat_zadd:calls=110,usec=50\r\ncmdstat_evalsha:calls=7,usec=9\r\ncmdstat_info:calls=9,usec=2\r\n" +
-		"cmdstat_client|list:calls=1,usec=2\r\n")
-	u := redisUse(before, after, map[string]int64{"zadd": 40})
-	if u.Commands != 67 || u.ScriptCalls != 7 || u.ByCommand["zadd"] != 60 || u.ByCommand["info"] != 0 {
+		"cmdstat_client|list:calls=1,usec=2\r\ncmdstat_replconf:calls=5,usec=1\r\n")
+	// A second primary that was there all along, and a third promoted
+	// during the measurement (no before: counted from its start).
+	other := parseCmdStats("cmdstat_evalsha:calls=3\r\ncmdstat_zadd:calls=20\r\n")
+	u := redisUse(redisSnap{"a:1": before, "b:2": other}, redisSnap{"a:1": after, "b:2": other, "c:3": other},
+		map[string]map[string]int64{"a:1": {"zadd": 40}, "c:3": {"zadd": 5}})
+	if u.Commands != 67+18 || u.ScriptCalls != 10 || u.ByCommand["zadd"] != 75 || u.ByCommand["info"] != 0 ||
+		u.ByCommand["replconf"] != 0 || u.Subtracted["zadd"] != 45 {
 		t.Errorf("use %+v", u)
+	}
+	if len(u.Primaries) != 3 {
+		t.Fatalf("primaries %+v", u.Primaries)
+	}
+	a, b, c := u.Primaries[0], u.Primaries[1], u.Primaries[2]
+	if a.Addr != "a:1" || a.Commands != 67 || a.ScriptCalls != 7 || a.ByCommand["zadd"] != 60 || a.Subtracted["zadd"] != 40 {
+		t.Errorf("primary a: %+v", a)
+	}
+	if b.Addr != "b:2" || b.Commands != 0 || b.Subtracted != nil {
+		t.Errorf("primary b: %+v", b)
+	}
+	if c.Addr != "c:3" || c.Commands != 18 || c.ScriptCalls != 3 || c.ByCommand["zadd"] != 15 {
+		t.Errorf("primary c: %+v", c)
 	}
 }
 
 func TestCountOthers(t *testing.T) {
-	list := "id=1 addr=a name=dispatcher-bench-ab-bench age=9 idle=0 cmd=client|list\n" +
-		"id=2 addr=b name=dispatcher-bench-ab-d-0 age=9 idle=0 cmd=evalsha\n" +
-		"id=3 addr=c name= age=99 idle=2 cmd=get\n" +
-		"id=4 addr=d name=other age=99 idle=50 cmd=get\n"
+	list := "id=1 addr=a name=dispatcher-bench-ab-bench age=9 idle=0 flags=N cmd=client|list\n" +
+		"id=2 addr=b name=dispatcher-bench-ab-d-0 age=9 idle=0 flags=N cmd=evalsha\n" +
+		"id=3 addr=c name= age=99 idle=2 flags=N cmd=get\n" +
+		"id=4 addr=d name=other age=99 idle=50 flags=N cmd=get\n" +
+		"id=5 addr=e name= age=99 idle=0 flags=S cmd=replconf\n"
 	if n := countOthers(list, "dispatcher-bench-ab", 10*time.Second); n != 1 {
 		t.Errorf("countOthers = %d, want 1", n)
+	}
+}
+
+func TestWithQuery(t *testing.T) {
+	for raw, want := range map[string]string{
+		"redis://u:p@h:1/2": "redis://u:p@h:1/2?client_name=n&pool_size=8",
+		"redis+cluster://h:7000?addr=h:7001&addr=h:7002":     "redis+cluster://h:7000?addr=h%3A7001&addr=h%3A7002&client_name=n&pool_size=8",
+		"redis+sentinel://h:26379?master_name=m&pool_size=1": "redis+sentinel://h:26379?client_name=n&master_name=m&pool_size=8",
+	} {
+		got, err := withQuery(raw, "client_name", "n", "pool_size", "8")
+		if err != nil || got != want {
+			t.Errorf("withQuery(%q) = %q, %v; want %q", raw, got, err, want)
+		}
+	}
+	if _, err := withQuery("redis://u:p@h:1/%zz", "client_name", "n"); err == nil || strings.Contains(err.Error(), "u:p") {
+		t.Errorf("bad URL: %v", err)
 	}
 }
 
