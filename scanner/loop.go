@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -137,7 +138,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				break fill
 			}
 		}
-		if held > 0 {
+		if held > 0 && s.anyFree(ctx) {
 			var targets []int
 			if busy {
 				targets = s.balanced(ctx, held)
@@ -149,12 +150,15 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				held -= j.slots
 				launch(j)
 			}
-			for ; held > 0; held-- {
-				<-slots
-			}
+		}
+		for ; held > 0; held-- {
+			<-slots
 		}
 
-		t := time.NewTimer(s.idleDelay(lastSweep, busy && outstanding == 0 && len(slots) < cap(slots)))
+		// With every slot publishing, due shards wait for a slot to come
+		// free (freed), not for a timer.
+		canClaim := len(slots) < cap(slots)
+		t := time.NewTimer(s.idleDelay(lastSweep, canClaim, busy && outstanding == 0 && canClaim))
 		select {
 		case d := <-done:
 			finish(d)
@@ -185,6 +189,32 @@ func (s *Scanner) nodeOf(ctx context.Context, i int) string {
 		return ""
 	}
 	return redisconn.NodeOf(ctx, s.rdb, s.keys.Pending(i))
+}
+
+// anyFree reports whether some primary may take a job now, so that the
+// loop does not pick shards (and, when busy, advance the balancer) only to
+// find every primary busy. The list of primaries is read at most once a
+// second.
+func (s *Scanner) anyFree(ctx context.Context) bool {
+	now := time.Now()
+	if !s.cluster {
+		return s.free("", now)
+	}
+	if now.Sub(s.primariesAt) > time.Second {
+		s.primariesAt = now
+		s.primaries = s.primaries[:0]
+		for i := 0; i < s.opt.Shards; i++ {
+			if a := s.nodeOf(ctx, i); !slices.Contains(s.primaries, a) {
+				s.primaries = append(s.primaries, a)
+			}
+		}
+	}
+	for _, a := range s.primaries {
+		if s.free(a, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // free reports whether the loop may send a job to a primary now.

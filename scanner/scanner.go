@@ -87,15 +87,17 @@ type Scanner struct {
 	busySent atomic.Bool // an announceBusy is on its way
 
 	// Owned by Run's goroutine.
-	known      map[int]int64 // shard -> server ms at which it next needs a claim
-	badUntil   map[int]time.Time
-	nodes      map[string]*nodeState
-	localNext  int       // next shard of the local walk when the balancer is unreachable
-	leader     bool      // this instance holds the sweeper role
-	leading    bool      // a renewal of or bid for the role is on its way
-	lastLead   time.Time // last renewal of or bid for the role
-	lastLeadOK time.Time // last answer to one
-	lastBusy   time.Time // last time this instance told the others of a backlog
+	known       map[int]int64 // shard -> server ms at which it next needs a claim
+	badUntil    map[int]time.Time
+	nodes       map[string]*nodeState
+	localNext   int       // next shard of the local walk when the balancer is unreachable
+	primaries   []string  // the primaries holding the queue's shards (cluster)
+	primariesAt time.Time // when primaries was read
+	leader      bool      // this instance holds the sweeper role
+	leading     bool      // a renewal of or bid for the role is on its way
+	lastLead    time.Time // last renewal of or bid for the role
+	lastLeadOK  time.Time // last answer to one
+	lastBusy    time.Time // last time this instance told the others of a backlog
 }
 
 // leadResult is the answer to a renewal of or bid for the sweeper role.
@@ -289,7 +291,7 @@ func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
 // time on a primary it may claim from, the end of a backoff, the next
 // sweep or the next turn at the sweeper role, whichever is first. Shards
 // whose primary is busy with a job are left out: its answer wakes the loop.
-func (s *Scanner) idleDelay(lastSweep time.Time, busy bool) time.Duration {
+func (s *Scanner) idleDelay(lastSweep time.Time, canClaim, busy bool) time.Duration {
 	d := time.Until(s.lastLead.Add(s.leadEvery(s.leader)))
 	if s.leading {
 		d = time.Hour // its answer wakes the loop
@@ -307,6 +309,9 @@ func (s *Scanner) idleDelay(lastSweep time.Time, busy bool) time.Duration {
 	}
 	if busy && !backedOff {
 		return 0
+	}
+	if !canClaim {
+		return max(d, time.Millisecond)
 	}
 	ctx := context.Background()
 	for i, at := range s.known {
