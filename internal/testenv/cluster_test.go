@@ -313,3 +313,137 @@ func TestRedisSentinelFailover(t *testing.T) {
 		t.Fatalf("get after failover: %q %v", v, err)
 	}
 }
+
+// TestRedisClusterTLSAndACL: a cluster that speaks TLS only (client
+// certificates required) on the client port, the cluster bus and for
+// replication, with the default user off: the helpers, Client, redis-cli
+// and the replicas use the admin user; URL, given a user's credentials and
+// the TLS files, reaches it; plain TCP and the default user are refused;
+// failover, slot migration and a restart of a killed node work.
+func TestRedisClusterTLSAndACL(t *testing.T) {
+	certs := NewCerts(t)
+	done := timedStep(t, "TLS+ACL cluster start")
+	c := StartRedisCluster(t, ClusterOptions{TLS: &certs, Users: []string{"user default off"}})
+	done()
+	ctx := context.Background()
+	if p, r := len(c.Primaries()), len(c.Replicas()); p != 3 || r != 3 {
+		t.Fatalf("%d primaries, %d replicas; want 3 and 3", p, r)
+	}
+	u := c.URL()
+	if !strings.HasPrefix(u, "rediss+cluster://127.0.0.1:") || strings.Count(u, "addr=127.0.0.1:") != 2 || strings.Contains(u, "@") {
+		t.Fatalf("URL %s", u)
+	}
+	if c.AdminPassword() == "" {
+		t.Fatal("no admin password with Users")
+	}
+	for _, s := range c.Servers() {
+		cl := s.Client()
+		if v, err := cl.ConfigGet(ctx, "tls-cluster").Result(); err != nil || v["tls-cluster"] != "yes" {
+			t.Fatalf("tls-cluster on %s: %v %v", s, v, err)
+		}
+		if v, err := cl.ConfigGet(ctx, "port").Result(); err != nil || v["port"] != "0" {
+			t.Fatalf("port on %s: %v %v", s, v, err)
+		}
+	}
+
+	cc := c.Client()
+	for i := 0; i < 20; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if err := cc.Set(ctx, k, i, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := c.PrimaryOf(k).Server.Client().Get(ctx, k).Int(); err != nil || v != i {
+			t.Fatalf("GET %s on its primary: %v, %v", k, v, err)
+		}
+	}
+
+	// A user with the URL's seeds, its own credentials and the TLS files.
+	if err := forEachNode(c, "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "+@all"); err != nil {
+		t.Fatal(err)
+	}
+	opt, err := redis.ParseClusterURL("rediss://app:app-pw@" + strings.TrimPrefix(u, "rediss+cluster://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.TLSConfig = c.clientTLS()
+	app := redis.NewClusterClient(opt)
+	defer app.Close()
+	if v, err := app.Get(ctx, "k7").Int(); err != nil || v != 7 {
+		t.Fatalf("GET through URL as app: %v %v", v, err)
+	}
+	if who, err := app.Do(ctx, "ACL", "WHOAMI").Text(); err != nil || who != "app" {
+		t.Fatalf("ACL WHOAMI through URL: %q %v", who, err)
+	}
+
+	// Refused: plain TCP, TLS without a client certificate, the default user.
+	addr := c.Servers()[0].Addr()
+	plain := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+	defer plain.Close()
+	if err := plain.Ping(ctx).Err(); err == nil {
+		t.Fatal("a node answered plain TCP")
+	}
+	noCert := c.clientTLS()
+	noCert.Certificates = nil
+	anon := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: noCert, MaxRetries: -1})
+	defer anon.Close()
+	if err := anon.Ping(ctx).Err(); err == nil {
+		t.Fatal("a node answered TLS without a client certificate")
+	}
+	dflt := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: c.clientTLS(), MaxRetries: -1})
+	defer dflt.Close()
+	if err := dflt.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Fatalf("the default user: %v, want NOAUTH", err)
+	}
+
+	// Replication (tls-replication, masteruser) carries the writes: a
+	// failover loses none; MIGRATE (TLS, AUTH2) moves a slot.
+	pr := c.PrimaryOf("k3")
+	if n, err := pr.Server.Client().Do(ctx, "WAIT", 1, 2000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT: %v %v", n, err)
+	}
+	done = timedStep(t, "TLS manual failover")
+	np := c.Failover(c.ReplicaOf(pr))
+	done()
+	if v, err := np.Server.Client().Get(ctx, "k3").Int(); err != nil || v != 3 {
+		t.Fatalf("GET k3 on the promoted replica: %v %v", v, err)
+	}
+	slot := c.Slot("k5")
+	var dst *ClusterNode
+	for _, q := range c.Primaries() {
+		if !q.Serves(slot) {
+			dst = q
+			break
+		}
+	}
+	done = timedStep(t, "TLS migrate slot")
+	if err := c.MigrateSlot(ctx, slot, dst); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	if v, err := dst.Server.Client().Get(ctx, "k5").Int(); err != nil || v != 5 {
+		t.Fatalf("GET k5 on the slot's new primary: %v %v", v, err)
+	}
+	// A killed replica restarts with its ACL file (the admin password) and
+	// resyncs over TLS.
+	r := c.Replicas()[0]
+	c.KillPrimary(r)
+	done = timedStep(t, "TLS restart replica")
+	c.Restart(r)
+	done()
+	if v, err := r.Server.Client().Do(ctx, "ROLE").Slice(); err != nil || len(v) == 0 || v[0] != "slave" {
+		t.Fatalf("ROLE of the restarted replica: %v %v", v, err)
+	}
+	if err := cc.Set(ctx, "after", 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// forEachNode runs a command on every node as the admin user.
+func forEachNode(c *RedisCluster, args ...any) error {
+	for _, s := range c.Servers() {
+		if err := c.admin(s).Do(context.Background(), args...).Err(); err != nil {
+			return fmt.Errorf("%v on %s: %w", args[:2], s.Addr(), err)
+		}
+	}
+	return nil
+}

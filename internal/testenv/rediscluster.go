@@ -2,9 +2,11 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"sort"
 	"strconv"
@@ -29,6 +31,21 @@ type ClusterOptions struct {
 	NodeTimeout time.Duration
 	// Args are extra config lines for every node.
 	Args []string
+	// TLS, when set, makes every node speak TLS only (port 0, tls-port),
+	// on the cluster bus and for replication too (tls-cluster,
+	// tls-replication), with these certificates, and demand a client
+	// certificate from every client (tls-auth-clients yes). Nodes connect
+	// to each other with Certs.ClientCert. URL is then rediss+cluster://,
+	// and Client, the helpers and redis-cli use TLS with the client
+	// certificate.
+	TLS *Certs
+	// Users are ACL file lines for every node, e.g. "user default off".
+	// When any is given, every node also has the user "admin" with every
+	// right and one password on all nodes (AdminPassword): the helpers,
+	// Client, redis-cli and the replicas (masteruser) authenticate as it.
+	// ACLs are per node: a test that adds users later (ACL SETUSER) does
+	// so on every node.
+	Users []string
 }
 
 // RedisCluster is a private Redis Cluster of redis-server processes owned
@@ -37,7 +54,10 @@ type RedisCluster struct {
 	t       testing.TB
 	opt     ClusterOptions
 	servers []*RedisServer
-	seeds   []string // the first primaries, for URL and Client
+	seeds   []string    // the first primaries, for URL and Client
+	tls     *tls.Config // for clients, with TLS
+	user    string      // admin user and password for clients, with Users
+	pass    string
 
 	mu      sync.Mutex
 	clients map[*RedisServer]*redis.Client
@@ -102,6 +122,17 @@ func StartRedisCluster(t testing.TB, opt ClusterOptions) *RedisCluster {
 	}
 	c := &RedisCluster{t: t, opt: opt, clients: map[*RedisServer]*redis.Client{}}
 	t.Cleanup(c.closeClients)
+	var secure []string // config lines for TLS and ACL
+	if opt.TLS != nil {
+		secure = append(secure, "tls-cluster yes", "tls-replication yes",
+			// The server certificate is for servers only (its extended key
+			// usage): as a client of other nodes, a node shows the client's.
+			"tls-client-cert-file "+opt.TLS.ClientCert, "tls-client-key-file "+opt.TLS.ClientKey)
+	}
+	if len(opt.Users) > 0 {
+		c.user, c.pass = "admin", "admin-"+randomHex()
+		secure = append(secure, "masteruser "+c.user, "masterauth "+c.pass)
+	}
 	n := opt.Primaries * (1 + opt.ReplicasPer)
 	addrs := make([]string, 0, n)
 	for i := 0; i < n; i++ {
@@ -121,7 +152,15 @@ func StartRedisCluster(t testing.TB, opt ClusterOptions) *RedisCluster {
 			"repl-diskless-sync-delay 0",
 			"repl-ping-replica-period 1",
 		}
-		s := StartRedis(t, RedisOptions{Args: append(args, opt.Args...)})
+		args = append(args, secure...)
+		s := StartRedis(t, RedisOptions{TLS: opt.TLS, TLSAuthClients: opt.TLS != nil, Users: opt.Users,
+			Args: append(args, opt.Args...)})
+		if c.user != "" {
+			c.sharePassword(s)
+		}
+		if c.tls == nil && opt.TLS != nil {
+			c.tls = s.clientTLS()
+		}
 		c.servers = append(c.servers, s)
 		addrs = append(addrs, s.Addr())
 	}
@@ -130,9 +169,15 @@ func StartRedisCluster(t testing.TB, opt ClusterOptions) *RedisCluster {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	args := append([]string{"--cluster", "create"}, addrs...)
+	args := append(c.cliArgs(), "--cluster", "create")
+	args = append(args, addrs...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(opt.ReplicasPer), "--cluster-yes")
-	out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput()
+	cli := exec.CommandContext(ctx, "redis-cli", args...)
+	if c.pass != "" {
+		// Not on the command line, where ps would show it.
+		cli.Env = append(os.Environ(), "REDISCLI_AUTH="+c.pass)
+	}
+	out, err := cli.CombinedOutput()
 	if err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s\n%s", err, out, c.logTails())
 	}
@@ -146,10 +191,67 @@ func StartRedisCluster(t testing.TB, opt ClusterOptions) *RedisCluster {
 	return c
 }
 
+// sharePassword gives the admin user StartRedis added to s the cluster's
+// admin password, which redis-cli and the replicas (masterauth) need to be
+// the same on every node, and saves it to the ACL file for restarts.
+func (c *RedisCluster) sharePassword(s *RedisServer) {
+	c.t.Helper()
+	opt, err := redis.ParseURL(s.URL())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if c.opt.TLS != nil {
+		opt.TLSConfig = s.clientTLS()
+	}
+	cl := redis.NewClient(opt)
+	defer cl.Close()
+	ctx := context.Background()
+	if err := cl.Do(ctx, "ACL", "SETUSER", c.user, "resetpass", ">"+c.pass).Err(); err != nil {
+		c.t.Fatalf("ACL SETUSER %s on %s: %v", c.user, s.Addr(), err)
+	}
+	if err := cl.Do(ctx, "ACL", "SAVE").Err(); err != nil {
+		c.t.Fatalf("ACL SAVE on %s: %v", s.Addr(), err)
+	}
+	s.adminPwd = c.pass // no one else has s yet
+}
+
+// cliArgs are redis-cli's connection flags: TLS and the admin user.
+func (c *RedisCluster) cliArgs() []string {
+	var args []string
+	if c.opt.TLS != nil {
+		args = append(args, "--tls", "--cacert", c.opt.TLS.CA,
+			"--cert", c.opt.TLS.ClientCert, "--key", c.opt.TLS.ClientKey)
+	}
+	if c.user != "" {
+		// The password comes from REDISCLI_AUTH.
+		args = append(args, "--user", c.user)
+	}
+	return args
+}
+
+// AdminPassword is the password of the user "admin" on every node when
+// ClusterOptions.Users is set, "" otherwise.
+func (c *RedisCluster) AdminPassword() string { return c.pass }
+
+// clientTLS is a fresh copy of the clients' TLS configuration (nil without
+// TLS): CA, client certificate and ServerName 127.0.0.1.
+func (c *RedisCluster) clientTLS() *tls.Config {
+	if c.tls == nil {
+		return nil
+	}
+	return c.tls.Clone()
+}
+
 // URL is the cluster's redis+cluster:// URL with the primaries at start as
-// seeds: redis+cluster://127.0.0.1:p1?addr=127.0.0.1:p2&addr=...
+// seeds: redis+cluster://127.0.0.1:p1?addr=127.0.0.1:p2&addr=..., with
+// TLS rediss+cluster://. It carries no credentials (with Users, a test
+// adds its user's) and no TLS files.
 func (c *RedisCluster) URL() string {
-	u := "redis+cluster://" + c.seeds[0]
+	scheme := "redis+cluster://"
+	if c.opt.TLS != nil {
+		scheme = "rediss+cluster://"
+	}
+	u := scheme + c.seeds[0]
 	for i, a := range c.seeds[1:] {
 		if i == 0 {
 			u += "?addr=" + a
@@ -160,15 +262,17 @@ func (c *RedisCluster) URL() string {
 	return u
 }
 
-// Client returns a new cluster client seeded with every node, closed when
-// the test ends. Failover, WaitPromoted, Restart and MigrateSlot make it
-// reload the slot map: go-redis does not by itself after a dial error.
+// Client returns a new cluster client seeded with every node (TLS and the
+// admin user handled), closed when the test ends. Failover, WaitPromoted,
+// Restart and MigrateSlot make it reload the slot map: go-redis does not
+// by itself after a dial error.
 func (c *RedisCluster) Client() *redis.ClusterClient {
 	addrs := make([]string, len(c.servers))
 	for i, s := range c.servers {
 		addrs[i] = s.Addr()
 	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs,
+		TLSConfig: c.clientTLS(), Username: c.user, Password: c.pass})
 	c.mu.Lock()
 	c.users = append(c.users, cc)
 	c.mu.Unlock()
@@ -198,6 +302,7 @@ func (c *RedisCluster) admin(s *RedisServer) *redis.Client {
 		cl = redis.NewClient(&redis.Options{
 			Addr: s.Addr(), MaxRetries: -1, PoolSize: 4,
 			DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: time.Second,
+			TLSConfig: c.clientTLS(), Username: c.user, Password: c.pass,
 		})
 		c.clients[s] = cl
 	}
@@ -647,7 +752,11 @@ func (c *RedisCluster) migrateSlot(ctx context.Context, slot int, to *ClusterNod
 		if len(keys) == 0 {
 			break
 		}
-		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		args := []any{"MIGRATE", host, port, "", 0, 5000}
+		if c.user != "" {
+			args = append(args, "AUTH2", c.user, c.pass)
+		}
+		args = append(args, "KEYS")
 		for _, k := range keys {
 			args = append(args, k)
 		}
