@@ -29,6 +29,7 @@ import (
 type claimJob struct {
 	node   string // primary's address; "" with one server
 	shards []int
+	tokens []string // the claim token of each shard
 	limit  int
 	slots  int // publish slots held for its batches
 }
@@ -38,8 +39,7 @@ type claimDone struct {
 	job           claimJob
 	vals          [][]any // nil where errs says why
 	errs          []error
-	before, after time.Time
-	err           error // the job as a whole failed (loading the script)
+	before, after []time.Time // local clock around the round trip that answered
 }
 
 // nodeState is the loop's view of one primary.
@@ -48,11 +48,21 @@ type nodeState struct {
 	until    time.Time     // backed off until
 	delay    time.Duration // last backoff
 	refusal  string        // why it refuses the scripts, "" if it does not
+	sweptAt  time.Time     // its shards' last sweep
+	full     bool          // its last claim gave a whole batch: more is due
 }
 
+// Time limits of the loop's Redis calls. go-redis honours them because
+// redisconn turns ContextTimeoutEnabled on; without them a primary that
+// stopped answering would hold a claim for the read timeout times go-redis's
+// retries and redirects (about 20 s on a cluster).
+const (
+	claimTimeout   = 3 * time.Second        // one job's pipeline
+	counterTimeout = 250 * time.Millisecond // the balancer's INCRBY
+)
+
 func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan struct{}) {
-	var lastSweep time.Time
-	busy := false
+	busy := false // a primary gave a whole batch, or another instance told of a backlog
 	done := make(chan claimDone, 1)
 	freed := make(chan struct{}, 1) // a publish slot came free
 	outstanding := 0
@@ -64,7 +74,8 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	}
 	finish := func(d claimDone) {
 		outstanding--
-		s.node(d.job.node).claiming = false
+		n := s.node(d.job.node)
+		n.claiming = false
 		batches, full, err := s.absorb(d)
 		held := d.job.slots
 		for _, b := range batches {
@@ -88,6 +99,8 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			<-slots
 		}
 		if err != nil {
+			n.full = false
+			busy = s.anyFull()
 			s.nodeTrouble(ctx, d.job.node, err)
 			return
 		}
@@ -95,10 +108,11 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		if d.job.limit == 0 {
 			return
 		}
-		busy = full
+		n.full = full
+		busy = s.anyFull()
 		if full {
 			s.announceBusy(ctx)
-		} else if !s.leader {
+		} else if !busy && !s.leader {
 			// What a helper learnt while busy is the sweeper's business.
 			clear(s.known)
 		}
@@ -115,15 +129,28 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	}()
 
 	for ctx.Err() == nil {
-		if err := s.pub.WaitReady(ctx); err != nil {
-			return
+		if !s.brokerReady() {
+			// Claim nothing until the broker takes publishes again (a lost
+			// connection, connection.blocked), but keep taking in the
+			// claims that were running: publishing them fails fast and
+			// hands their tasks back to any instance.
+			wait, stop := context.WithCancel(ctx)
+			ready := make(chan struct{})
+			go func() { _ = s.pub.WaitReady(wait); close(ready) }()
+			select {
+			case <-ready:
+			case d := <-done:
+				finish(d)
+			case r := <-s.leadDone:
+				s.applyLead(ctx, r)
+			}
+			stop()
+			<-ready
+			continue
 		}
 		s.takeNotes(ctx, &busy)
-		if s.leader && !busy && time.Since(lastSweep) >= s.opt.PollInterval {
-			lastSweep = time.Now()
-			for _, j := range s.jobs(ctx, s.sweepable(), 0) {
-				launch(j)
-			}
+		if s.leader && !busy {
+			s.sweep(ctx, launch)
 		}
 
 		// Hold as many publish slots as are free, and claim from that many
@@ -145,7 +172,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			} else {
 				targets = s.dueShards(held)
 			}
-			for _, j := range s.jobs(ctx, targets, s.opt.BatchSize) {
+			for _, j := range s.jobs(ctx, targets, s.opt.BatchSize, s.slotsPerJob(held)) {
 				j.slots = len(j.shards)
 				held -= j.slots
 				launch(j)
@@ -158,7 +185,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		// With every slot publishing, due shards wait for a slot to come
 		// free (freed), not for a timer.
 		canClaim := len(slots) < cap(slots)
-		t := time.NewTimer(s.idleDelay(lastSweep, canClaim, busy && outstanding == 0 && canClaim))
+		t := time.NewTimer(s.idleDelay(busy, canClaim, busy && outstanding == 0 && canClaim))
 		select {
 		case d := <-done:
 			finish(d)
@@ -170,6 +197,51 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		case <-ctx.Done():
 		}
 		t.Stop()
+	}
+}
+
+// brokerReady reports, without waiting, whether the broker takes publishes.
+func (s *Scanner) brokerReady() bool {
+	now, cancel := context.WithCancel(context.Background())
+	cancel()
+	return s.pub.WaitReady(now) == nil
+}
+
+// anyFull reports whether some primary's last claim gave a whole batch.
+func (s *Scanner) anyFull() bool {
+	for _, n := range s.nodes {
+		if n.full {
+			return true
+		}
+	}
+	return false
+}
+
+// sweep reads, on every primary whose last sweep is a poll interval old and
+// that is free, when each of its shards next needs a claim (a claim of 0
+// tasks: it claims and reaps nothing). Each primary is swept on its own
+// clock, so one that is busy claiming is swept as soon as it is free.
+func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
+	now := time.Now()
+	if len(s.nodes) > 0 {
+		due := false
+		for _, n := range s.nodes {
+			due = due || (!n.claiming && now.Sub(n.sweptAt) >= s.opt.PollInterval)
+		}
+		if !due {
+			return
+		}
+	}
+	var shards []int
+	for _, i := range s.sweepable() {
+		n := s.node(s.nodeOf(ctx, i))
+		if now.Sub(n.sweptAt) >= s.opt.PollInterval {
+			shards = append(shards, i)
+		}
+	}
+	for _, j := range s.jobs(ctx, shards, 0, len(shards)) {
+		s.node(j.node).sweptAt = now
+		launch(j)
 	}
 }
 
@@ -193,8 +265,10 @@ func (s *Scanner) nodeOf(ctx context.Context, i int) string {
 
 // anyFree reports whether some primary may take a job now, so that the
 // loop does not pick shards (and, when busy, advance the balancer) only to
-// find every primary busy. The list of primaries is read at most once a
-// second.
+// find every primary busy. On a cluster the list of primaries holding the
+// queue's shards is read again at most once a second; the state of a
+// primary that no longer holds any (failed over, resharded away) is
+// dropped, so an old refusal of it is not reported forever.
 func (s *Scanner) anyFree(ctx context.Context) bool {
 	now := time.Now()
 	if !s.cluster {
@@ -208,6 +282,16 @@ func (s *Scanner) anyFree(ctx context.Context) bool {
 				s.primaries = append(s.primaries, a)
 			}
 		}
+		pruned := false
+		for a, n := range s.nodes {
+			if !n.claiming && !slices.Contains(s.primaries, a) {
+				delete(s.nodes, a)
+				pruned = pruned || n.refusal != ""
+			}
+		}
+		if pruned {
+			s.storeRefusals()
+		}
 	}
 	for _, a := range s.primaries {
 		if s.free(a, now) {
@@ -217,6 +301,16 @@ func (s *Scanner) anyFree(ctx context.Context) bool {
 	return false
 }
 
+// slotsPerJob is how many of the held publish slots one primary's claim
+// may take: on a cluster an even share, so that a primary that stopped
+// answering holds no more than its share while its claim times out.
+func (s *Scanner) slotsPerJob(held int) int {
+	if !s.cluster || len(s.primaries) < 2 {
+		return held
+	}
+	return max(1, (held+len(s.primaries)-1)/len(s.primaries))
+}
+
 // free reports whether the loop may send a job to a primary now.
 func (s *Scanner) free(addr string, now time.Time) bool {
 	n := s.node(addr)
@@ -224,8 +318,10 @@ func (s *Scanner) free(addr string, now time.Time) bool {
 }
 
 // jobs groups shards by primary into one job each, leaving out shards
-// whose primary is busy with a job or backed off.
-func (s *Scanner) jobs(ctx context.Context, shards []int, limit int) []claimJob {
+// whose primary is busy with a job or backed off, and at most perJob
+// shards per primary (1 while a primary that failed is being probed
+// again). Shards come in priority order and keep it.
+func (s *Scanner) jobs(ctx context.Context, shards []int, limit, perJob int) []claimJob {
 	now := time.Now()
 	var out []claimJob
 	at := map[string]int{}
@@ -240,7 +336,14 @@ func (s *Scanner) jobs(ctx context.Context, shards []int, limit int) []claimJob 
 			at[addr] = n
 			out = append(out, claimJob{node: addr, limit: limit})
 		}
-		out[n].shards = append(out[n].shards, i)
+		most := perJob
+		if limit > 0 && s.node(addr).delay > 0 {
+			most = 1
+		}
+		if len(out[n].shards) < most {
+			out[n].shards = append(out[n].shards, i)
+			out[n].tokens = append(out[n].tokens, s.claimToken(i))
+		}
 	}
 	return out
 }
@@ -259,51 +362,60 @@ func (s *Scanner) sweepable() []int {
 }
 
 // balanced returns the next n shards from the queue's balancer counter.
-// The counter is one key on one primary: when it cannot be reached, the
+// The counter is one key on one primary: while it cannot be reached, the
 // instance walks the shards on its own from a random start, so that the
 // other primaries' shards still drain.
 func (s *Scanner) balanced(ctx context.Context, n int) []int {
-	out, err := s.bal.NextN(ctx, n)
-	if err == nil {
-		return out
+	now := time.Now()
+	if now.After(s.balUntil) {
+		bctx, cancel := context.WithTimeout(ctx, counterTimeout)
+		out, err := s.bal.NextN(bctx, n)
+		cancel()
+		if err == nil {
+			s.balDelay = 0
+			return out
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.balDelay = min(max(2*s.balDelay, 100*time.Millisecond), 5*time.Second)
+		s.balUntil = now.Add(s.balDelay)
+		s.met.error("redis", 1)
+		s.reloadSlots()
+		s.lim.Warn("balancer", "cannot reach the balancer counter; picking shards locally", "key", s.keys.Counter(), "err", err)
 	}
-	s.met.error("redis", 1)
-	s.lim.Warn("balancer", "cannot reach the balancer counter; picking shards locally", "key", s.keys.Counter(), "err", err)
 	if s.localNext == 0 {
 		s.localNext = 1 + rand.IntN(s.opt.Shards)
 	}
-	seen := map[int]bool{}
-	for k := 0; k < n; k++ {
-		i := (s.localNext - 1) % s.opt.Shards
+	var out []int
+	for k := 0; k < n && k < s.opt.Shards; k++ {
+		out = append(out, (s.localNext-1)%s.opt.Shards)
 		s.localNext++
-		if !seen[i] {
-			seen[i] = true
-			out = append(out, i)
-		}
 	}
 	return out
 }
 
 // runClaims runs a job's scripts in one pipeline, loading the claim script
-// first where the server does not know it (a new or restarted primary).
+// first where the primary does not know it (new, restarted or promoted).
 // It touches only Redis: the loop applies the answers (absorb).
 func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
-	d := claimDone{job: j, vals: make([][]any, len(j.shards)), errs: make([]error, len(j.shards))}
+	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	defer cancel()
+	d := claimDone{job: j, vals: make([][]any, len(j.shards)), errs: make([]error, len(j.shards)),
+		before: make([]time.Time, len(j.shards)), after: make([]time.Time, len(j.shards))}
 	todo := make([]int, len(j.shards)) // indexes into j.shards
 	for n := range todo {
 		todo[n] = n
 	}
-	d.before = s.opt.Now()
 	for attempt := 0; len(todo) > 0; attempt++ {
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(todo))
 		for n, at := range todo {
-			cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit)
+			cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at])
 		}
+		before := s.opt.Now()
 		_, _ = pipe.Exec(ctx) // each command's own error is read below
-		if attempt == 0 {
-			d.after = s.opt.Now()
-		}
+		after := s.opt.Now()
 		var again []int
 		for n, cmd := range cmds {
 			at := todo[n]
@@ -313,12 +425,13 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 				continue
 			}
 			d.vals[at], d.errs[at] = vals, err
+			d.before[at], d.after[at] = before, after
 		}
 		if len(again) > 0 {
-			if err := claimScript.Load(ctx, s.rdb).Err(); err != nil {
-				d.err = fmt.Errorf("load claim script: %w", err)
+			if err := claimScript.Load(ctx, s.scripter(ctx, j)).Err(); err != nil {
+				err = fmt.Errorf("load claim script: %w", err)
 				for _, at := range again {
-					d.errs[at] = d.err
+					d.errs[at] = err
 				}
 				return d
 			}
@@ -326,6 +439,30 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 		todo = again
 	}
 	return d
+}
+
+// claimToken is the token of the next claim of shard i: the token of a
+// claim whose answer never came (a timeout, a lost connection), so that
+// if Redis ran it after all (a primary that was stopped runs what it had
+// received when it resumes) the claim returns that batch instead of
+// leaving it in flight until its lease runs out; a new one otherwise.
+func (s *Scanner) claimToken(i int) string {
+	if t, ok := s.unanswered[i]; ok {
+		return t
+	}
+	return s.st.token()
+}
+
+// scripter is where to load a script for a job: its own primary. A cluster
+// client would load it on every node, replicas included, and one node that
+// is down would keep a healthy primary from getting it.
+func (s *Scanner) scripter(ctx context.Context, j claimJob) redis.Scripter {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok && len(j.shards) > 0 {
+		if c, err := cc.MasterForKey(ctx, s.keys.Pending(j.shards[0])); err == nil {
+			return c
+		}
+	}
+	return s.rdb
 }
 
 // absorb applies a job's answers: each shard's next due time and server
@@ -337,6 +474,13 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 	for n, i := range d.job.shards {
 		vals, err := d.vals[n], d.errs[n]
+		if d.job.limit > 0 {
+			if err != nil && !isReply(err) {
+				s.unanswered[i] = d.job.tokens[n]
+			} else {
+				delete(s.unanswered, i)
+			}
+		}
 		switch {
 		case err == nil:
 		case !isReply(err) || serverRefuses(err):
@@ -356,7 +500,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			s.shardTrouble(i, err)
 			continue
 		}
-		s.observeClock(i, c.now, d.before, d.after)
+		s.observeClock(i, c.now, d.before[n], d.after[n])
 		s.noteNext(i, c.nextPending, c.nextLease)
 		if d.job.limit == 0 {
 			continue
@@ -391,7 +535,7 @@ func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, erro
 	var out []batch
 	full := false
 	var errs []error
-	for _, j := range s.jobs(ctx, targets, s.opt.BatchSize) {
+	for _, j := range s.jobs(ctx, targets, s.opt.BatchSize, len(targets)) {
 		b, f, err := s.absorb(s.runClaims(ctx, j))
 		out, full = append(out, b...), full || f
 		if err != nil {

@@ -87,7 +87,8 @@ type Scanner struct {
 	busySent atomic.Bool // an announceBusy is on its way
 
 	// Owned by Run's goroutine.
-	known       map[int]int64 // shard -> server ms at which it next needs a claim
+	known       map[int]int64  // shard -> server ms at which it next needs a claim
+	unanswered  map[int]string // shard -> token of a claim whose answer never came
 	badUntil    map[int]time.Time
 	nodes       map[string]*nodeState
 	localNext   int       // next shard of the local walk when the balancer is unreachable
@@ -97,6 +98,10 @@ type Scanner struct {
 	leading     bool      // a renewal of or bid for the role is on its way
 	lastLead    time.Time // last renewal of or bid for the role
 	lastLeadOK  time.Time // last answer to one
+	leadUntil   time.Time // no renewal or bid before (backoff after a failure)
+	leadDelay   time.Duration
+	balUntil    time.Time // the balancer counter is not asked before (backoff)
+	balDelay    time.Duration
 	lastBusy    time.Time // last time this instance told the others of a backlog
 }
 
@@ -121,7 +126,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
 	_, cluster := rdb.(*redis.ClusterClient)
 	return &Scanner{
-		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{},
+		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{}, unanswered: map[int]string{},
 		offsets: make([]atomic.Int64, opt.Shards), clocked: make([]atomic.Bool, opt.Shards),
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease, retryMin: opt.RetryMin, retryMax: opt.RetryMax,
@@ -198,11 +203,13 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	if free {
 		s.lastLead = time.Time{}
 	}
-	if !s.leading && time.Since(s.lastLead) >= s.leadEvery(s.leader) {
+	if !s.leading && time.Since(s.lastLead) >= s.leadEvery(s.leader) && time.Now().After(s.leadUntil) {
 		s.leading = true
 		s.lastLead = time.Now()
 		go func() {
-			leader, err := s.lead(ctx)
+			lctx, cancel := context.WithTimeout(ctx, s.roleTTL()/2)
+			defer cancel()
+			leader, err := s.lead(lctx)
 			s.leadDone <- leadResult{leader, err}
 		}()
 	}
@@ -230,8 +237,12 @@ func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
 		s.met.error("redis", 1)
 		s.lim.Warn("lead", "cannot reach the sweeper role's key", "key", s.keys.Sweeper(), "err", r.err)
 		leader = s.leader || time.Since(s.lastLeadOK) > s.roleTTL()
+		s.leadDelay = min(max(2*s.leadDelay, 100*time.Millisecond), 2*time.Second)
+		s.leadUntil = time.Now().Add(s.leadDelay)
+		s.reloadSlots()
 	} else {
 		s.lastLeadOK = time.Now()
+		s.leadDelay = 0
 	}
 	if leader != s.leader {
 		s.log.Debug("sweeper role", "held", leader)
@@ -254,7 +265,9 @@ func (s *Scanner) announceBusy(ctx context.Context) {
 	s.lastBusy = time.Now()
 	go func() {
 		defer s.busySent.Store(false)
-		if err := s.rdb.Publish(ctx, s.keys.Wake(), shard.WakeBusy).Err(); err != nil && ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := s.rdb.Publish(pctx, s.keys.Wake(), shard.WakeBusy).Err(); err != nil && ctx.Err() == nil {
 			s.lim.Warn("announce", "cannot tell other instances of the backlog", "err", err)
 		}
 	}()
@@ -289,15 +302,19 @@ func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
 
 // idleDelay is how long the loop may sleep: until the earliest known due
 // time on a primary it may claim from, the end of a backoff, the next
-// sweep or the next turn at the sweeper role, whichever is first. Shards
-// whose primary is busy with a job are left out: its answer wakes the loop.
-func (s *Scanner) idleDelay(lastSweep time.Time, canClaim, busy bool) time.Duration {
-	d := time.Until(s.lastLead.Add(s.leadEvery(s.leader)))
+// sweep of a primary (unless busy: then nothing is swept) or the next turn
+// at the sweeper role, whichever is first. Shards whose primary is busy
+// with a job are left out: its answer wakes the loop; so are all shards
+// while canClaim is false (no publish slot free: one coming free wakes
+// it). claimNow says the loop should claim again at once.
+func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
+	next := s.lastLead.Add(s.leadEvery(s.leader))
+	if s.leadUntil.After(next) {
+		next = s.leadUntil
+	}
+	d := time.Until(next)
 	if s.leading {
 		d = time.Hour // its answer wakes the loop
-	}
-	if s.leader {
-		d = min(d, time.Until(lastSweep.Add(s.opt.PollInterval)))
 	}
 	now := time.Now()
 	backedOff := false
@@ -306,8 +323,14 @@ func (s *Scanner) idleDelay(lastSweep time.Time, canClaim, busy bool) time.Durat
 			d = min(d, n.until.Sub(now))
 			backedOff = true
 		}
+		if s.leader && !busy && !n.claiming {
+			d = min(d, n.sweptAt.Add(s.opt.PollInterval).Sub(now))
+		}
 	}
-	if busy && !backedOff {
+	if s.leader && !busy && len(s.nodes) == 0 {
+		d = min(d, s.opt.PollInterval) // nothing swept yet
+	}
+	if claimNow && !backedOff {
 		return 0
 	}
 	if !canClaim {

@@ -36,10 +36,10 @@ type claimed struct {
 	entries     []string
 }
 
-// claimCmd queues a claim of up to limit tasks of shard i on pipe (limit
-// 0 only reads when the shard next needs attention).
-func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int) *redis.Cmd {
-	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), st.token())
+// claimCmd queues a claim of up to limit tasks of shard i with token on
+// pipe (limit 0 only reads when the shard next needs attention).
+func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int, token string) *redis.Cmd {
+	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token)
 }
 
 func (st *store) claimKeys(i int) []string {

@@ -202,7 +202,7 @@ func TestClusterReshard(t *testing.T) {
 	}
 }
 
-// TestClusterPrimaryPaused stops one primary (SIGSTOP) for 5 s while tasks
+// TestClusterPrimaryPaused stops one primary (SIGSTOP) for 10 s while tasks
 // fall due on every shard. Only its shards wait: the others' tasks keep
 // their lateness (the figures are logged; the bound checked is far above
 // them and far below the pause). Two instances run, so the one that does
@@ -219,7 +219,7 @@ func TestClusterPrimaryPaused(t *testing.T) {
 	delete(h.extra, "DISPATCHER_HTTP_ADDR")
 	h.start()
 	from := time.Now().Add(time.Second)
-	const n, span = 3000, 12 * time.Second
+	const n, span = 3000, 16 * time.Second
 	want := scheduleSpread(t, h.producer(q.Name), "ps", n, from, span)
 	// The paused primary holds the queue-level keys too (sweeper role,
 	// balancer counter, wake channel): the worst case.
@@ -229,8 +229,11 @@ func TestClusterPrimaryPaused(t *testing.T) {
 	for _, i := range shardsByPrimary(c, h.prefix, q)[paused.Addr] {
 		onPaused[i] = true
 	}
-	pauseAt := from.Add(4 * time.Second)
-	const pause = 5 * time.Second
+	pauseAt := from.Add(3 * time.Second)
+	// Longer than a claim's time limit several times over: a primary that
+	// stopped answering must not take the publish slots from the others
+	// while its claims time out and are retried.
+	const pause = 10 * time.Second
 
 	var got []received
 	var wg sync.WaitGroup
@@ -292,6 +295,13 @@ func TestClusterPrimaryPaused(t *testing.T) {
 	}
 	if worst := slices.Max(others); worst > time.Second {
 		t.Errorf("a task of another primary's shard was %s late while %s was paused: the failure did not stay local", worst, paused.Addr)
+	}
+	// The paused primary runs the claims it had received when it resumes,
+	// after the dispatcher gave up on their answers: claiming again with
+	// the same token returns those batches, rather than leaving them in
+	// flight until their lease (30 s) runs out.
+	if worst := slices.Max(own); worst > pause+5*time.Second {
+		t.Errorf("a task of the paused primary's shards was %s late after a %s pause: claims answered after their timeout waited for their lease", worst, pause)
 	}
 }
 

@@ -144,14 +144,21 @@ func (o *Options) Addrs() []string {
 
 // NewClient returns the client of the mode: *redis.Client for one server
 // and for Sentinel (which follows promotions), *redis.ClusterClient for a
-// cluster.
+// cluster. Its calls end at their context's deadline
+// (ContextTimeoutEnabled): the scan loop bounds each call to a primary, so
+// that one that stopped answering holds up nothing for long, which the
+// read timeout alone would not do (go-redis repeats a timed-out call on
+// its retries and, on a cluster, its redirects).
 func (o *Options) NewClient() redis.UniversalClient {
 	switch o.Mode {
 	case Cluster:
+		o.cluster.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(o.cluster)
 	case Sentinel:
+		o.failover.ContextTimeoutEnabled = true
 		return redis.NewFailoverClient(o.failover)
 	}
+	o.single.ContextTimeoutEnabled = true
 	return redis.NewClient(o.single)
 }
 
