@@ -44,12 +44,13 @@ type claimDone struct {
 
 // nodeState is the loop's view of one primary.
 type nodeState struct {
-	claiming bool          // a job is running on it
-	until    time.Time     // backed off until
-	delay    time.Duration // last backoff
-	refusal  string        // why it refuses the scripts, "" if it does not
-	sweptAt  time.Time     // its shards' last sweep
-	full     bool          // its last claim gave a whole batch: more is due
+	claiming  bool          // a job is running on it
+	until     time.Time     // backed off until
+	delay     time.Duration // last backoff
+	refusal   string        // why it refuses the scripts, "" if it does not
+	sweptAt   time.Time     // its shards' last sweep
+	full      bool          // its last claim gave a whole batch: more is due
+	lastClaim bool          // its last job was a claim (not a sweep)
 }
 
 // Time limits of the loop's Redis calls. go-redis honours them because
@@ -68,6 +69,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	outstanding := 0
 
 	launch := func(j claimJob) {
+		s.node(j.node).lastClaim = j.limit > 0
 		s.node(j.node).claiming = true
 		outstanding++
 		go func() { done <- s.runClaims(ctx, j) }()
@@ -149,9 +151,6 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			continue
 		}
 		s.takeNotes(ctx, &busy)
-		if s.leader && !busy {
-			s.sweep(ctx, launch)
-		}
 
 		// Hold as many publish slots as are free, and claim from that many
 		// shards on primaries that are free.
@@ -180,6 +179,12 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		}
 		for ; held > 0; held-- {
 			<-slots
+		}
+		// After the claims: a primary that takes longer to answer than a
+		// poll interval is still swept and claimed from in turn (see
+		// sweepFirst), as one turn used to do both.
+		if s.leader && !busy {
+			s.sweep(ctx, launch)
 		}
 
 		// With every slot publishing, due shards wait for a slot to come
@@ -309,6 +314,14 @@ func (s *Scanner) slotsPerJob(held int) int {
 		return held
 	}
 	return max(1, (held+len(s.primaries)-1)/len(s.primaries))
+}
+
+// sweepFirst reports whether a primary's sweep is overdue while its last
+// job was a claim: then it is swept before it is claimed from again, so
+// that neither starves the other when a round trip takes longer than a
+// poll interval.
+func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
+	return s.leader && n.lastClaim && now.Sub(n.sweptAt) >= s.opt.PollInterval
 }
 
 // free reports whether the loop may send a job to a primary now.

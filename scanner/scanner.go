@@ -358,7 +358,8 @@ func (s *Scanner) dueShards(n int) []int {
 	ctx := context.Background()
 	var due []int
 	for i, at := range s.known {
-		if at <= s.serverNow(i) && !now.Before(s.badUntil[i]) && s.free(s.nodeOf(ctx, i), now) {
+		addr := s.nodeOf(ctx, i)
+		if at <= s.serverNow(i) && !now.Before(s.badUntil[i]) && s.free(addr, now) && !s.sweepFirst(s.node(addr), now) {
 			due = append(due, i)
 		}
 	}
