@@ -58,8 +58,8 @@ type nodeState struct {
 // stopped answering would hold a claim for the read timeout times go-redis's
 // retries and redirects (about 20 s on a cluster).
 const (
-	claimTimeout   = 3 * time.Second        // one job's pipeline
-	counterTimeout = 250 * time.Millisecond // the balancer's INCRBY
+	claimTimeout   = 3 * time.Second // one job's pipeline
+	counterTimeout = time.Second     // the balancer's INCRBY
 )
 
 func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan struct{}) {

@@ -207,7 +207,8 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 		s.leading = true
 		s.lastLead = time.Now()
 		go func() {
-			lctx, cancel := context.WithTimeout(ctx, s.roleTTL()/2)
+			// Past the role's TTL an answer is moot: the role expired.
+			lctx, cancel := context.WithTimeout(ctx, s.roleTTL())
 			defer cancel()
 			leader, err := s.lead(lctx)
 			s.leadDone <- leadResult{leader, err}
