@@ -324,7 +324,7 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 			d = min(d, n.until.Sub(now))
 			backedOff = true
 		}
-		if s.leader && !busy && !n.claiming {
+		if s.leader && !busy && !n.claiming && !n.until.After(now) {
 			d = min(d, n.sweptAt.Add(s.opt.PollInterval).Sub(now))
 		}
 	}
