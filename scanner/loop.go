@@ -116,7 +116,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			s.announceBusy(ctx)
 		} else if !busy && !s.leader {
 			// What a helper learnt while busy is the sweeper's business.
-			clear(s.known)
+			s.forgetKnown()
 		}
 	}
 	defer func() {
@@ -490,6 +490,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		if d.job.limit > 0 {
 			if err != nil && !isReply(err) {
 				s.unanswered[i] = d.job.tokens[n]
+				s.known[i] = 0
 			} else {
 				delete(s.unanswered, i)
 			}
@@ -515,6 +516,11 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		}
 		s.observeClock(i, c.now, d.before[n], d.after[n])
 		s.noteNext(i, c.nextPending, c.nextLease)
+		if _, ok := s.unanswered[i]; ok {
+			// Its last claim may have run without an answer: claim it again
+			// (with that claim's token) now, not when its lease runs out.
+			s.known[i] = 0
+		}
 		if d.job.limit == 0 {
 			continue
 		}

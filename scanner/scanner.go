@@ -249,7 +249,7 @@ func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
 		s.log.Debug("sweeper role", "held", leader)
 		s.met.sweeper(leader)
 		if !leader {
-			clear(s.known)
+			s.forgetKnown()
 		}
 	}
 	s.leader = leader
@@ -369,6 +369,16 @@ func (s *Scanner) dueShards(n int) []int {
 		due = due[:n]
 	}
 	return due
+}
+
+// forgetKnown drops what the loop knows of the shards' due times, but for
+// the shards whose last claim went unanswered: those are claimed again at
+// once whatever else the instance does.
+func (s *Scanner) forgetKnown() {
+	clear(s.known)
+	for i := range s.unanswered {
+		s.known[i] = 0
+	}
 }
 
 // noteNext records when shard i next needs a claim.
