@@ -205,12 +205,16 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	}
 }
 
-// brokerReady reports, without waiting, whether the broker takes publishes.
-func (s *Scanner) brokerReady() bool {
-	now, cancel := context.WithCancel(context.Background())
+// ended is a context that has already ended: WaitReady with it answers at
+// once. Made once, as brokerReady runs on every turn of the loop.
+var ended = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	return s.pub.WaitReady(now) == nil
-}
+	return ctx
+}()
+
+// brokerReady reports, without waiting, whether the broker takes publishes.
+func (s *Scanner) brokerReady() bool { return s.pub.WaitReady(ended) == nil }
 
 // anyFull reports whether some primary's last claim gave a whole batch.
 func (s *Scanner) anyFull() bool {
