@@ -518,9 +518,14 @@ func (c *RedisCluster) waitHealthy(ctx context.Context, timeout time.Duration, c
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
-		err := c.healthy(ctx)
-		if err == nil && cond != nil {
+		// cond first: views that agree, read before cond held (a promotion
+		// not yet gossiped), would say nothing of the state cond awaits.
+		var err error
+		if cond != nil {
 			err = cond(ctx)
+		}
+		if err == nil {
+			err = c.healthy(ctx)
 		}
 		if err == nil {
 			return nil
