@@ -32,6 +32,15 @@ type Options struct {
 	Sizes     []int    `json:"sizes"`
 	QueueType string   `json:"queue_type"`
 	Cross     bool     `json:"cross"`
+	// Queues is how many queues the instances of an idle point serve
+	// (list); backlog and rate points serve one.
+	Queues []int `json:"queues"`
+
+	// AutoAck consumes with auto-ack; otherwise (the default) each
+	// delivery is acked on its own right after it is recorded, with at
+	// most Prefetch unacked (0: no limit; always 0 with AutoAck).
+	AutoAck  bool `json:"autoack"`
+	Prefetch int  `json:"prefetch"`
 
 	CeilingCount   int   `json:"ceiling_count"`
 	CeilingWindows []int `json:"ceiling_windows"`
@@ -77,6 +86,8 @@ const (
 	maxShards   = 4096
 	maxBatch    = 10000
 	maxInstance = 64
+	maxQueues   = 1000
+	maxPrefetch = 65535 // AMQP's prefetch-count is 16 bits
 )
 
 var errHelp = errors.New("help requested")
@@ -86,7 +97,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	o := &Options{}
 	fs := flag.NewFlagSet("dispatcher bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var modes, backlogs, rates, instances, shards, batches, sizes string
+	var modes, backlogs, rates, instances, shards, batches, sizes, queues string
 	var duration, idle, stall time.Duration
 	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s with nothing due)")
 	fs.StringVar(&backlogs, "backlog", "100000", "backlog mode: tasks pending when the dispatchers start (list; 1e6, 10^6, 1M and 1000000 all work)")
@@ -96,11 +107,14 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.DurationVar(&duration, "duration", 20*time.Second, "rate mode: how long tasks are scheduled")
 	fs.DurationVar(&idle, "idle-duration", 10*time.Second, "idle mode: how long Redis commands are counted")
 	fs.IntVar(&o.IdleTasks, "idle-pending", 0, "idle mode: tasks pending meanwhile, all due in 1 hour")
+	fs.StringVar(&queues, "queues", "1", "idle mode: queues each instance serves, each with the point's shard count, all idle (list)")
 	fs.StringVar(&instances, "instances", "1", "dispatcher processes (list)")
 	fs.StringVar(&shards, "shards", "16", "shard count M (list)")
 	fs.StringVar(&batches, "batch", "500", "DISPATCHER_BATCH_SIZE (list)")
 	fs.StringVar(&sizes, "size", "200", "message (member) size in bytes (list)")
 	fs.StringVar(&o.QueueType, "queue-type", queueClassic, "consumer queue: classic (durable), quorum, or transient (exclusive, non-durable)")
+	fs.IntVar(&o.Prefetch, "prefetch", 1000, "consumer: QoS prefetch count, the most deliveries unacked at a time (0: no limit); each is acked right after it is recorded")
+	fs.BoolVar(&o.AutoAck, "autoack", false, "consumer: consume with auto-ack instead of acking each delivery (no prefetch then)")
 	fs.BoolVar(&o.Cross, "cross", false, "run every combination of the lists; by default each list is swept on its own, the others held at their first value")
 	fs.IntVar(&o.CeilingCount, "ceiling-count", 100000, "messages published raw to measure the ceiling")
 	var ceilingWindows string
@@ -158,6 +172,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		{"batch", batches, &o.Batches, 1, maxBatch},
 		{"size", sizes, &o.Sizes, minSize, maxSize},
 		{"ceiling-window", ceilingWindows, &o.CeilingWindows, 1, 100000},
+		{"queues", queues, &o.Queues, 1, maxQueues},
 	}
 	for _, l := range lists {
 		if *l.dst, err = parseInts(l.raw, l.min, l.max); err != nil {
@@ -179,6 +194,16 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("-stall %s: must be at least 1s", stall)
 	case o.QueueType != queueClassic && o.QueueType != queueQuorum && o.QueueType != queueTransient:
 		return nil, fmt.Errorf("-queue-type %q: want classic, quorum or transient", o.QueueType)
+	case o.Prefetch < 0 || o.Prefetch > maxPrefetch:
+		return nil, fmt.Errorf("-prefetch %d: must be 0 to %d", o.Prefetch, maxPrefetch)
+	}
+	if o.AutoAck {
+		prefetchSet := false
+		fs.Visit(func(f *flag.Flag) { prefetchSet = prefetchSet || f.Name == "prefetch" })
+		if prefetchSet {
+			return nil, fmt.Errorf("-prefetch %d with -autoack: an auto-ack consumer sets no prefetch", o.Prefetch)
+		}
+		o.Prefetch = 0
 	}
 	for _, r := range o.Rates {
 		if int64(r)*int64(duration/time.Second) > maxBacklog {
@@ -192,10 +217,14 @@ const usageHead = `Usage: dispatcher bench [flags]
 
 Measures this dispatcher against the raw broker on the given Redis and
 RabbitMQ. It starts the dispatchers as child processes (DISPATCHER_* from
-the environment, e.g. DISPATCHER_PIPELINE, are passed on) on a key prefix,
-queue and exchange of its own, schedules tasks with plain ZADDs as any
-producer may, and consumes them with a plain AMQP consumer (auto-ack) from a
-queue bound to the exchange. Every key, queue and exchange it made is
+the environment, e.g. DISPATCHER_PIPELINE, are passed on; the bench sets
+DISPATCHER_STAMP_PUBLISHED=true itself when the dispatcher knows it) on a
+key prefix, queue and exchange of its own, schedules tasks with plain ZADDs
+as any producer may, and consumes them with a plain AMQP consumer from a
+queue bound to the exchange. The consumer acks like a worker: each delivery
+is acked on its own right after its receipt time is taken and it is
+recorded, with a QoS prefetch of -prefetch; -autoack consumes with auto-ack
+instead. Every table says which. Every key, queue and exchange it made is
 removed at the end, on Ctrl-C too.
 
 Modes:
@@ -204,23 +233,37 @@ Modes:
            each message size, the ceiling: -ceiling-count raw confirmed
            publishes (persistent, mandatory, one channel, -ceiling-window
            unconfirmed at most) of that size to a queue of the same type,
-           consumed meanwhile; the fastest window counts.
+           consumed meanwhile by the same consumer; the fastest window
+           counts.
   rate     -rate tasks/s for -duration, each ZADDed 1s before it is due.
-  idle     K ready instances, nothing due, for -idle-duration.
+           Besides the whole run, a row for the start of traffic: the
+           tasks due in the first second from the earliest task's due time.
+  idle     K ready instances serving -queues queues (bench, bench-2, ...,
+           each with the point's shards), nothing due, for -idle-duration.
 Each list flag is swept on its own around the first values (-cross: every
 combination).
 
 Figures:
   tasks/s          tasks received, first to last receipt; the ceiling alike
-  lateness         consumer receipt minus due time (x-due-ms), ms; also per
-                   shard (message_id hash mod M)
+  dispatch         lateness the dispatcher adds: header x-published-us (when
+                   its batch's publish began, Redis clock) minus due time,
+                   ms; "-" when the dispatcher does not stamp it (an older
+                   binary given with -dispatcher)
+  consumer         lateness a consumer sees: receipt minus due time
+                   (x-due-ms), ms; also per shard (message_id hash mod M)
   Redis cmds/task  INFO commandstats calls over the run (server-wide!) per
                    task, commands run inside Lua scripts included (Redis
                    counts them: it is the server's work); the bench's own
                    INFO/CLIENT LIST and, in rate mode, its ZADDs left out.
                    scripts/task: the EVALSHA calls among them.
-  CPU s/10k tasks  utime+stime of all instances (/proc), per 10,000 tasks;
-                   backlog: whole life, rate and idle: from ready on
+  Redis CPU        used_cpu_sys + used_cpu_user of INFO cpu over the same
+                   window, summed over every primary: seconds per 10,000
+                   tasks, or % of one core (idle). It is everything the
+                   server did meanwhile: other clients, the bench's own
+                   INFO calls and, in rate mode, its ZADDs included.
+  CPU s/10k tasks  utime+stime of all instances (/proc), per 10,000 tasks
+                   (the JSON has each instance's too); backlog: whole life,
+                   rate and idle: from ready on
   peak RSS         the largest VmHWM of the instances
 Redis figures include other clients' commands: a note says when any were
 active. -redis may be any DISPATCHER_REDIS_URL (redis://, redis+cluster://,
@@ -231,6 +274,18 @@ otherwise or when something failed, 2 for bad flags.
 
 Flags:
 `
+
+// consumerText says how the bench's consumer consumed, for the report.
+func (o *Options) consumerText() string {
+	if o.AutoAck {
+		return "auto-ack (no prefetch)"
+	}
+	pf := thousands(o.Prefetch)
+	if o.Prefetch == 0 {
+		pf = "unlimited"
+	}
+	return "manual ack of each delivery right after it is recorded, prefetch " + pf
+}
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {

@@ -47,6 +47,7 @@ type Settings struct {
 	MaxAttempts     int           `envconfig:"DISPATCHER_MAX_ATTEMPTS" default:"5" desc:"publishes the broker refuses (e.g. over its max_message_size) before a task goes to the dead-letter set"`
 	RetryMin        time.Duration `envconfig:"DISPATCHER_RETRY_MIN" default:"1s" desc:"first backoff before a failed publish (nack, unroutable, timeout) is retried; doubles per attempt"`
 	RetryMax        time.Duration `envconfig:"DISPATCHER_RETRY_MAX" default:"1m" desc:"longest backoff between retries of one task"`
+	StampPublished  bool          `envconfig:"DISPATCHER_STAMP_PUBLISHED" default:"false" desc:"add header x-published-us to every message: when its batch's publish began, in µs on the Redis clock, so consumers can tell the dispatcher's lateness from the broker's and their own"`
 	LogLevel        string        `envconfig:"DISPATCHER_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat       string        `envconfig:"DISPATCHER_LOG_FORMAT" default:"text" desc:"text or json"`
 

@@ -25,6 +25,8 @@ type Message struct {
 	Body       []byte
 	MessageID  string
 	DueMs      int64
+	// PublishedUs, when not 0, goes out as header x-published-us.
+	PublishedUs int64
 }
 
 // Options configure a Publisher.
@@ -329,11 +331,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 }
 
 func publishing(m Message, now time.Time) amqp.Publishing {
+	h := amqp.Table{"x-due-ms": m.DueMs}
+	if m.PublishedUs != 0 {
+		h["x-published-us"] = m.PublishedUs
+	}
 	return amqp.Publishing{
 		DeliveryMode: amqp.Persistent,
 		MessageId:    m.MessageID,
 		Timestamp:    now,
-		Headers:      amqp.Table{"x-due-ms": m.DueMs},
+		Headers:      h,
 		Body:         m.Body,
 	}
 }

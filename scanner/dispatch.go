@@ -62,6 +62,12 @@ func (s *Scanner) dispatch(work context.Context, b batch, published func()) {
 	leased, cancel := context.WithTimeout(work, time.Duration(b.deadline-s.serverNow(b.shard))*time.Millisecond-margin)
 	defer cancel()
 	publishedAt := s.serverNow(b.shard)
+	if s.opt.StampPublished {
+		us := s.opt.Now().UnixMicro() + s.offsetOf(b.shard)*1000
+		for n := range msgs {
+			msgs[n].PublishedUs = us
+		}
+	}
 	errs := s.pub.Publish(leased, msgs)
 	s.isolateRefused(leased, msgs, errs)
 	published()

@@ -47,6 +47,9 @@ type Options struct {
 	RetryMin        time.Duration
 	RetryMax        time.Duration
 
+	// StampPublished adds header x-published-us to every message.
+	StampPublished bool
+
 	Logger  *slog.Logger
 	Metrics *Metrics
 
@@ -283,11 +286,14 @@ func (s *Scanner) RedisRefusal() string {
 }
 
 // serverNow estimates the clock of the Redis primary of shard i, in ms.
-func (s *Scanner) serverNow(i int) int64 {
+func (s *Scanner) serverNow(i int) int64 { return s.opt.Now().UnixMilli() + s.offsetOf(i) }
+
+// offsetOf is the Redis clock of shard i's primary minus the local clock, ms.
+func (s *Scanner) offsetOf(i int) int64 {
 	if i >= 0 && i < len(s.clocked) && s.clocked[i].Load() {
-		return s.opt.Now().UnixMilli() + s.offsets[i].Load()
+		return s.offsets[i].Load()
 	}
-	return s.opt.Now().UnixMilli() + s.offset.Load()
+	return s.offset.Load()
 }
 
 // observeClock updates shard i's clock offset from a server time read

@@ -136,7 +136,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, StampPublished: cfg.StampPublished,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock,
 		}))
 	}
