@@ -33,7 +33,7 @@ func (r *runner) newMeasurement(p Point, expected int) (*measurement, error) {
 		res: &Result{Point: p, Name: name, Scheduled: expected},
 		rec: newRecorder(expected, p.Shards, r.earlyUs),
 	}
-	sk, err := openSink(r.opt.AMQPURL, name, r.opt.QueueType, m.rec)
+	sk, err := openSink(r.opt, name, m.rec)
 	if err != nil {
 		return nil, err
 	}

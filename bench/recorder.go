@@ -2,6 +2,7 @@ package bench
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -13,9 +14,18 @@ import (
 )
 
 // recorder keeps what the consumer received in one measurement: for the
-// first delivery of each expected task its lateness and shard, and counts
-// of everything else. Only the consumer goroutine writes the slices; they
-// are read after it has stopped. The counters may be read at any time.
+// first delivery of each expected task its lateness in two views and its
+// shard, and counts of everything else. Only the consumer goroutine writes
+// the slices; they are read after it has stopped. The counters may be read
+// at any time.
+//
+// The two views of lateness:
+//   - consumer: local receipt time minus due time, what a worker sees;
+//   - dispatch: header x-published-us (the Redis-clock time at which the
+//     dispatcher began publishing the message's batch) minus due time,
+//     what the dispatcher adds before the broker and the consumer do;
+//     both on Redis's clock. Only a dispatcher started with
+//     DISPATCHER_STAMP_PUBLISHED=true sends the header.
 type recorder struct {
 	expected int // tasks 0..expected-1 are expected
 	shards   int
@@ -26,20 +36,34 @@ type recorder struct {
 
 	seen    []uint64 // bitset over task indexes
 	late    []int32  // µs, receipt minus due, first deliveries in arrival order
+	disp    []int32  // µs, x-published-us minus due, or noStamp; alongside late
 	shardOf []uint16
+	// dueMs is each first delivery's due time, alongside late; kept only
+	// when asked for (keepDue), for the start-of-traffic window.
+	dueMs []int64
 
 	unique, dups, unexpected, malformed, badID, early atomic.Int64
-	firstNs, lastNs                                   atomic.Int64
+	// unstamped counts first deliveries without x-published-us.
+	unstamped       atomic.Int64
+	firstNs, lastNs atomic.Int64
 }
+
+// noStamp marks a first delivery without x-published-us in disp.
+const noStamp = math.MinInt32
 
 func newRecorder(expected, shards int, earlyUs int64) *recorder {
 	return &recorder{
 		expected: expected, shards: shards, earlyUs: earlyUs,
 		seen:    make([]uint64, (expected+63)/64),
 		late:    make([]int32, 0, expected),
+		disp:    make([]int32, 0, expected),
 		shardOf: make([]uint16, 0, expected),
 	}
 }
+
+// keepDue makes the recorder keep each first delivery's due time; call
+// before anything is recorded.
+func (r *recorder) keepDue() { r.dueMs = make([]int64, 0, r.expected) }
 
 // record takes one delivery received at now.
 func (r *recorder) record(d *amqp.Delivery, now time.Time) {
@@ -67,7 +91,16 @@ func (r *recorder) record(d *amqp.Delivery, now time.Time) {
 	if lateUs < r.earlyUs {
 		r.early.Add(1)
 	}
-	r.late = append(r.late, int32(max(min(lateUs, math.MaxInt32), math.MinInt32)))
+	r.late = append(r.late, clamp32(lateUs, math.MinInt32))
+	if pub, ok := intHeader(d.Headers, "x-published-us"); ok {
+		r.disp = append(r.disp, clamp32(pub-due*1000, noStamp+1))
+	} else {
+		r.disp = append(r.disp, noStamp)
+		r.unstamped.Add(1)
+	}
+	if r.dueMs != nil {
+		r.dueMs = append(r.dueMs, due)
+	}
 	r.shardOf = append(r.shardOf, uint16(hash%uint64(r.shards)))
 	ns := now.UnixNano()
 	r.firstNs.CompareAndSwap(0, ns)
@@ -75,10 +108,33 @@ func (r *recorder) record(d *amqp.Delivery, now time.Time) {
 	r.unique.Add(1)
 }
 
+func clamp32(v int64, lo int32) int32 { return int32(max(min(v, math.MaxInt32), int64(lo))) }
+
+// intHeader reads an integer header. amqp091-go hands AMQP's long-long
+// ints over as int64 and long ints as int32; the others are taken too, in
+// case a broker or a plugin narrows or widens the value on the way.
+func intHeader(h amqp.Table, name string) (int64, bool) {
+	switch v := h[name].(type) {
+	case int64:
+		return v, true
+	case int32:
+		return int64(v), true
+	case int:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	}
+	return 0, false
+}
+
 // dueOf reads the due time from the x-due-ms header, or else from the
 // message_id's suffix.
 func dueOf(d *amqp.Delivery) (int64, bool) {
-	if v, ok := d.Headers["x-due-ms"].(int64); ok {
+	if v, ok := intHeader(d.Headers, "x-due-ms"); ok {
 		return v, true
 	}
 	_, s, ok := strings.Cut(d.MessageId, "-")
@@ -96,6 +152,41 @@ func idHash(id string) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(h, 16, 64)
 	return v, err == nil
+}
+
+// views returns the lateness samples of the first deliveries for which
+// keep (nil: all) is true: the consumer view, and the dispatch view of
+// those that carried x-published-us.
+func (r *recorder) views(keep func(i int) bool) (consumer, dispatch []int32) {
+	if keep == nil {
+		consumer = r.late
+	}
+	for i, v := range r.late {
+		if keep != nil && !keep(i) {
+			continue
+		}
+		if keep != nil {
+			consumer = append(consumer, v)
+		}
+		if p := r.disp[i]; p != noStamp {
+			dispatch = append(dispatch, p)
+		}
+	}
+	return consumer, dispatch
+}
+
+// startWindow returns the first deliveries' lateness for the tasks due
+// within span of the earliest due time recorded: both views, and that
+// earliest due time. It needs keepDue; ok is false without it or when
+// nothing arrived.
+func (r *recorder) startWindow(span time.Duration) (consumer, dispatch []int32, firstDueMs int64, ok bool) {
+	if len(r.dueMs) == 0 || len(r.dueMs) != len(r.late) {
+		return nil, nil, 0, false
+	}
+	firstDueMs = slices.Min(r.dueMs)
+	end := firstDueMs + span.Milliseconds()
+	consumer, dispatch = r.views(func(i int) bool { return r.dueMs[i] < end })
+	return consumer, dispatch, firstDueMs, true
 }
 
 // missing is how many expected tasks never arrived.

@@ -4,19 +4,26 @@ import "time"
 
 // Report is everything one bench run measured; it is what -json writes.
 type Report struct {
-	Version       int           `json:"version"`
-	RunID         string        `json:"run_id"`
-	Command       string        `json:"command"`
-	Started       time.Time     `json:"started"`
-	Finished      time.Time     `json:"finished"`
-	Options       *Options      `json:"options"`
-	Machine       Machine       `json:"machine"`
-	ClockOffsetUs int64         `json:"redis_clock_offset_us"` // Redis's clock minus ours
-	ClockRTTUs    int64         `json:"redis_rtt_us"`
-	Ceilings      []*Ceiling    `json:"ceilings"`
-	Results       []*Result     `json:"results"`
-	Idle          []*IdleResult `json:"idle"`
-	Failures      []string      `json:"failures"`
+	Version       int       `json:"version"`
+	RunID         string    `json:"run_id"`
+	Command       string    `json:"command"`
+	Started       time.Time `json:"started"`
+	Finished      time.Time `json:"finished"`
+	Options       *Options  `json:"options"`
+	Machine       Machine   `json:"machine"`
+	ClockOffsetUs int64     `json:"redis_clock_offset_us"` // Redis's clock minus ours
+	ClockRTTUs    int64     `json:"redis_rtt_us"`
+	// Consumer says how the bench's consumer consumed (see Options'
+	// autoack and prefetch).
+	Consumer string `json:"consumer"`
+	// DispatcherStamps says whether the instances were started with
+	// DISPATCHER_STAMP_PUBLISHED=true: false when the dispatcher does not
+	// know the setting (an older binary), and then no dispatch view.
+	DispatcherStamps bool          `json:"dispatcher_stamps"`
+	Ceilings         []*Ceiling    `json:"ceilings"`
+	Results          []*Result     `json:"results"`
+	Idle             []*IdleResult `json:"idle"`
+	Failures         []string      `json:"failures"`
 }
 
 // Result is one backlog or rate point.
@@ -44,8 +51,18 @@ type Result struct {
 	Ceiling float64 `json:"ceiling_per_sec,omitempty"`
 	Ratio   float64 `json:"ratio,omitempty"`
 
-	// Lateness is consumer receipt minus due time.
-	Lateness       Dist        `json:"lateness"`
+	// Lateness is consumer receipt minus due time (the consumer view).
+	Lateness Dist `json:"lateness"`
+	// DispatchLateness is header x-published-us minus due time (the
+	// dispatch view): over the first deliveries that carried the header;
+	// null when none did.
+	DispatchLateness *Dist `json:"dispatch_lateness"`
+	// Unstamped counts first deliveries without x-published-us.
+	Unstamped int64 `json:"unstamped"`
+	// FirstSecond is the start of traffic (rate mode): the tasks due in
+	// the first second from the earliest due time.
+	FirstSecond *Window `json:"first_second,omitempty"`
+
 	ShardLateness  []ShardDist `json:"shard_lateness"`
 	ShardP99Median float64     `json:"shard_p99_median_ms"`
 	ShardP99Worst  float64     `json:"shard_p99_worst_ms"`
@@ -54,11 +71,18 @@ type Result struct {
 	Redis          RedisUse `json:"redis"`
 	CmdsPerTask    float64  `json:"redis_cmds_per_task"`
 	ScriptsPerTask float64  `json:"redis_script_calls_per_task"`
+	// RedisCPUPer10k is Redis's CPU seconds (INFO cpu, every primary,
+	// everything the server did in the window) per 10,000 tasks.
+	RedisCPUPer10k float64 `json:"redis_cpu_seconds_per_10k"`
 
 	// CPUSeconds is user + system time of all instances: over their
-	// whole life in backlog mode, from ready to the end in rate mode.
+	// whole life in backlog mode, from ready to the end in rate mode;
+	// CPUSecondsEach each instance's, CPUPer10kEach each instance's per
+	// 10,000 tasks (of all delivered).
 	CPUSeconds     float64   `json:"cpu_seconds"`
 	CPUPer10k      float64   `json:"cpu_seconds_per_10k"`
+	CPUSecondsEach []float64 `json:"cpu_seconds_each"`
+	CPUPer10kEach  []float64 `json:"cpu_seconds_per_10k_each"`
 	PeakRSSMB      float64   `json:"peak_rss_mb"` // the largest VmHWM of any instance
 	RSSMB          []float64 `json:"rss_mb"`      // VmHWM of each
 	ClaimBatchMean float64   `json:"claim_batch_mean"`
@@ -73,14 +97,33 @@ type IdleResult struct {
 	Seconds float64 `json:"seconds"`
 	// CmdsPerSec is every command Redis ran per second (inside scripts
 	// too); ScriptsPerSec the script calls among them.
-	CmdsPerSec            float64  `json:"redis_cmds_per_sec"`
-	CmdsPerSecPerInstance float64  `json:"redis_cmds_per_sec_per_instance"`
-	ScriptsPerSec         float64  `json:"redis_script_calls_per_sec"`
-	CPUPercent            float64  `json:"cpu_percent_per_instance"`
-	PeakRSSMB             float64  `json:"peak_rss_mb"`
-	Redis                 RedisUse `json:"redis"`
-	Unexpected            int64    `json:"unexpected"` // tasks dispatched although none was due
-	Errors                []string `json:"errors,omitempty"`
+	CmdsPerSec            float64 `json:"redis_cmds_per_sec"`
+	CmdsPerSecPerInstance float64 `json:"redis_cmds_per_sec_per_instance"`
+	ScriptsPerSec         float64 `json:"redis_script_calls_per_sec"`
+	// RedisCPUPercent is Redis's CPU (INFO cpu, every primary) as % of
+	// one core: everything the server did in the window.
+	RedisCPUPercent float64 `json:"redis_cpu_percent"`
+	// CPUPercent is the instances' mean CPU as % of one core;
+	// CPUPercentEach each instance's.
+	CPUPercent     float64   `json:"cpu_percent_per_instance"`
+	CPUPercentEach []float64 `json:"cpu_percent_each"`
+	PeakRSSMB      float64   `json:"peak_rss_mb"`
+	Redis          RedisUse  `json:"redis"`
+	Unexpected     int64     `json:"unexpected"` // tasks dispatched although none was due
+	Errors         []string  `json:"errors,omitempty"`
+}
+
+// Window is the lateness of the tasks due within a span of the run.
+type Window struct {
+	// FromDueMs is the earliest due time (Redis clock, ms since the
+	// epoch); the window holds the tasks due in [FromDueMs, FromDueMs+Ms).
+	FromDueMs int64 `json:"from_due_ms"`
+	Ms        int64 `json:"ms"`
+	Tasks     int   `json:"tasks"`
+	// Lateness is the consumer view, DispatchLateness the dispatch view
+	// (null when no task in the window carried x-published-us).
+	Lateness         Dist  `json:"lateness"`
+	DispatchLateness *Dist `json:"dispatch_lateness"`
 }
 
 // failures lists what makes the run fail.

@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -15,30 +16,39 @@ import (
 const routingKey = benchQueue
 
 // sink is the measuring consumer: an exchange of its own with one queue of
-// the chosen type bound to it, consumed with auto-ack on its own
-// connection, every delivery handed to a recorder.
+// the chosen type bound to it, consumed on its own connection, every
+// delivery handed to a recorder. By default it consumes like a worker:
+// with a QoS prefetch, acking each delivery on its own right after it is
+// recorded; with -autoack, the broker counts a message done once sent.
 type sink struct {
 	conn     *amqp.Connection
 	ch       *amqp.Channel
 	exchange string
 	queue    string
+	autoAck  bool
+	prefetch int
 	done     chan struct{}
+	// ackFailed counts acks that could not be sent (the channel had
+	// closed); the first error is kept in ackErr, read after stop.
+	ackFailed atomic.Int64
+	ackErr    error
 }
 
 const consumerTag = "dispatcher-bench"
 
 // openSink declares exchange name (durable direct, as the dispatcher
-// would) and queue name of queueType bound to it, and starts consuming.
-func openSink(url, name, queueType string, rec *recorder) (*sink, error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{
+// would) and a queue name of the options' queue type bound to it, and
+// starts consuming as the options say.
+func openSink(opt *Options, name string, rec *recorder) (*sink, error) {
+	conn, err := amqp.DialConfig(opt.AMQPURL, amqp.Config{
 		Properties: amqp.Table{"connection_name": "dispatcher bench consumer"},
 		Dial:       amqp.DefaultDial(10 * time.Second),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("consumer: dial broker: %w", redact.Error(err))
 	}
-	s := &sink{conn: conn, exchange: name, queue: name, done: make(chan struct{})}
-	if err := s.declare(queueType, rec); err != nil {
+	s := &sink{conn: conn, exchange: name, queue: name, autoAck: opt.AutoAck, prefetch: opt.Prefetch, done: make(chan struct{})}
+	if err := s.declare(opt.QueueType, rec); err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -68,16 +78,46 @@ func (s *sink) declare(queueType string, rec *recorder) error {
 	if err := ch.QueueBind(s.queue, routingKey, s.exchange, false, nil); err != nil {
 		return fmt.Errorf("consumer: bind queue %s: %w", s.queue, err)
 	}
-	deliveries, err := ch.Consume(s.queue, consumerTag, true, false, false, false, nil)
+	if !s.autoAck {
+		// Per consumer (global false): RabbitMQ's usual meaning.
+		if err := ch.Qos(s.prefetch, 0, false); err != nil {
+			return fmt.Errorf("consumer: prefetch %d: %w", s.prefetch, err)
+		}
+	}
+	deliveries, err := ch.Consume(s.queue, consumerTag, s.autoAck, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consumer: consume %s: %w", s.queue, err)
 	}
 	go func() {
 		defer close(s.done)
 		for d := range deliveries {
-			rec.record(&d, time.Now())
+			s.handle(&d, rec)
 		}
 	}()
+	return nil
+}
+
+// handle takes one delivery as a worker would: the receipt time first,
+// then the recording, then (unless auto-ack) the ack, so that the ack's
+// cost is never part of the lateness.
+func (s *sink) handle(d *amqp.Delivery, rec *recorder) {
+	now := time.Now()
+	rec.record(d, now)
+	if s.autoAck {
+		return
+	}
+	if err := d.Ack(false); err != nil {
+		if s.ackFailed.Add(1) == 1 {
+			s.ackErr = err
+		}
+	}
+}
+
+// ackError describes the acks that failed, or is nil; call after stop.
+func (s *sink) ackError() error {
+	if n := s.ackFailed.Load(); n > 0 {
+		return fmt.Errorf("consumer: %d acks failed, the first: %w", n, s.ackErr)
+	}
 	return nil
 }
 

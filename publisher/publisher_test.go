@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -65,6 +66,9 @@ func TestConfirmedAndReturned(t *testing.T) {
 		// One message_id for all: two queues may well publish the same
 		// member due at the same time, and returns must still be told apart.
 		msgs = append(msgs, Message{Exchange: ex, RoutingKey: key, Body: []byte(fmt.Sprint(i)), MessageID: "same-id", DueMs: 1})
+		if i%2 == 1 {
+			msgs[i].PublishedUs = int64(1000 + i) // the stamp goes out only when set
+		}
 	}
 	errs := p.Publish(context.Background(), msgs)
 	for i, err := range errs {
@@ -82,6 +86,11 @@ func TestConfirmedAndReturned(t *testing.T) {
 		case d := <-got:
 			if d.DeliveryMode != 2 || d.Headers["x-due-ms"] != int64(1) {
 				t.Fatalf("delivery %+v", d)
+			}
+			i, _ := strconv.Atoi(string(d.Body))
+			stamp, stamped := d.Headers["x-published-us"]
+			if want := i%2 == 1; stamped != want || (want && stamp != int64(1000+i)) {
+				t.Fatalf("message %d: x-published-us %v (present %v), want present %v", i, stamp, stamped, want)
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatalf("got %d deliveries, want 90", n)
