@@ -17,21 +17,26 @@ const dueSpread = 3000 // ms
 // measurement is what the backlog and rate modes share: a point's keys,
 // consumer and instances.
 type measurement struct {
-	r     *runner
-	p     Point
-	res   *Result
-	keys  shard.Keys
-	rec   *recorder
-	sink  *sink
-	fleet fleet
+	r      *runner
+	p      Point
+	res    *Result
+	keys   shard.Keys // of the bench queue, the one tasks go to
+	queues []string   // every queue the instances serve, the bench queue first
+	rec    *recorder
+	sink   *sink
+	fleet  fleet
 }
 
 func (r *runner) newMeasurement(p Point, expected int) (*measurement, error) {
 	name := r.name(p.Mode)
 	m := &measurement{
 		r: r, p: p, keys: shard.Keys{Prefix: name, Queue: benchQueue},
-		res: &Result{Point: p, Name: name, Scheduled: expected},
-		rec: newRecorder(expected, p.Shards, r.earlyUs),
+		queues: queueNames(max(p.Queues, 1)),
+		res:    &Result{Point: p, Name: name, Scheduled: expected},
+		rec:    newRecorder(expected, p.Shards, r.earlyUs),
+	}
+	if p.Mode == modeRate {
+		m.rec.keepDue() // for the start of traffic
 	}
 	sk, err := openSink(r.opt, name, m.rec)
 	if err != nil {
@@ -44,8 +49,8 @@ func (r *runner) newMeasurement(p Point, expected int) (*measurement, error) {
 func (m *measurement) spec() instanceSpec {
 	return instanceSpec{
 		binary: m.r.opt.Dispatcher, redisURL: m.r.opt.RedisURL, amqpURL: m.r.opt.AMQPURL,
-		prefix: m.keys.Prefix, exchange: m.keys.Prefix, shards: m.p.Shards, batch: m.p.Batch,
-		clientName: m.r.clientPrefix() + "-d",
+		prefix: m.keys.Prefix, exchange: m.keys.Prefix, queues: m.queues, shards: m.p.Shards, batch: m.p.Batch,
+		clientName: m.r.clientPrefix() + "-d", stamp: m.r.stamps,
 	}
 }
 
@@ -61,7 +66,7 @@ func (m *measurement) close() {
 	if err := m.sink.close(); err != nil {
 		m.r.warnf("%s: delete queue and exchange: %v", m.p, err)
 	}
-	m.r.cleanKeys(m.keys, m.p.Shards)
+	m.r.cleanKeys(m.keys.Prefix, m.queues, m.p.Shards)
 }
 
 // loadBacklog schedules the point's N tasks: the ones not due during the
@@ -145,20 +150,37 @@ func (m *measurement) finish(ctx context.Context, before redisSnap, ownZadds []i
 	}
 	m.fleet = nil
 	m.sink.stop()
+	if err := m.sink.ackError(); err != nil {
+		res.Errors = append(res.Errors, err.Error())
+	}
 
 	res.Delivered = int(rec.unique.Load())
 	res.Missing = rec.missing()
 	res.Duplicates, res.Unexpected = rec.dups.Load(), rec.unexpected.Load()
 	res.Early, res.BadID, res.Malformed = rec.early.Load(), rec.badID.Load(), rec.malformed.Load()
+	res.Unstamped = rec.unstamped.Load()
 	res.Seconds = rec.span().Seconds()
 	res.PerSec = perSec(res.Delivered, rec.span())
-	res.Lateness = distOf(rec.late)
+	consumer, dispatch := rec.views(nil)
+	res.Lateness, res.DispatchLateness = distOf(consumer), distOrNil(dispatch, true)
+	if c, d, from, ok := rec.startWindow(time.Second); ok {
+		res.FirstSecond = &Window{FromDueMs: from, Ms: time.Second.Milliseconds(), Tasks: len(c),
+			Lateness: distNoCurve(c), DispatchLateness: distOrNil(d, false)}
+	}
 	res.ShardLateness = shardDists(rec.late, rec.shardOf, m.p.Shards)
 	res.ShardP99Median, res.ShardP99Worst, res.WorstShard = shardSpread(res.ShardLateness)
 	if res.Delivered > 0 {
+		per10k := 10000 / float64(res.Delivered)
 		res.CmdsPerTask = float64(res.Redis.Commands) / float64(res.Delivered)
 		res.ScriptsPerTask = float64(res.Redis.ScriptCalls) / float64(res.Delivered)
-		res.CPUPer10k = res.CPUSeconds / float64(res.Delivered) * 10000
+		res.CPUPer10k = res.CPUSeconds * per10k
+		for _, c := range res.CPUSecondsEach {
+			res.CPUPer10kEach = append(res.CPUPer10kEach, c*per10k)
+		}
+		if res.Redis.CPUSeconds != nil {
+			v := *res.Redis.CPUSeconds * per10k
+			res.RedisCPUPer10k = &v
+		}
 		for _, pu := range res.Redis.Primaries {
 			pu.CmdsPerTask = float64(pu.Commands) / float64(res.Delivered)
 		}
@@ -186,7 +208,7 @@ func (m *measurement) redisUse(ctx context.Context, before redisSnap, ownZadds [
 		}
 	}
 	u := redisUse(before, after, own)
-	u.Seconds = since.Seconds()
+	u.setSeconds(since.Seconds())
 	others, err := otherClients(ctx, m.r.rdb, m.r.clientPrefix(), since)
 	if err != nil {
 		return u, err
@@ -195,9 +217,6 @@ func (m *measurement) redisUse(ctx context.Context, before redisSnap, ownZadds [
 		pu.OtherClients = others[pu.Addr]
 		u.OtherClients += pu.OtherClients
 		pu.Shards = countOf(where, pu.Addr)
-		if u.Seconds > 0 {
-			pu.CmdsPerSec = float64(pu.Commands) / u.Seconds
-		}
 	}
 	return u, nil
 }

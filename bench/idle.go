@@ -47,7 +47,8 @@ func (r *runner) runIdle(ctx context.Context, p Point) (*IdleResult, error) {
 			return fmt.Sprintf("%s: %v", p, err)
 		}
 		u := redisUse(before, now, nil)
-		return fmt.Sprintf("%s: %.0f Redis commands/s", p, float64(u.Commands)/time.Since(began).Seconds())
+		u.setSeconds(time.Since(began).Seconds())
+		return fmt.Sprintf("%s: %.0f Redis commands/s, Redis CPU %s%%", p, float64(u.Commands)/u.Seconds, fmtPct(u.CPUPercent))
 	})
 	ok := sleepCtx(ctx, time.Duration(r.opt.Idle))
 	stop()
@@ -64,9 +65,13 @@ func (r *runner) runIdle(ctx context.Context, p Point) (*IdleResult, error) {
 	}
 	res.CmdsPerSec = float64(res.Redis.Commands) / res.Seconds
 	res.ScriptsPerSec = float64(res.Redis.ScriptCalls) / res.Seconds
+	res.RedisCPUPercent = res.Redis.CPUPercent
 	if p.Instances > 0 {
 		res.CmdsPerSecPerInstance = res.CmdsPerSec / float64(p.Instances)
 		res.CPUPercent = use.CPUSeconds / res.Seconds / float64(p.Instances) * 100
+		for _, c := range use.CPUSecondsEach {
+			res.CPUPercentEach = append(res.CPUPercentEach, c/res.Seconds*100)
+		}
 	}
 	res.PeakRSSMB = use.PeakRSSMB
 	if err := m.fleet.stop(); err != nil {
@@ -74,6 +79,9 @@ func (r *runner) runIdle(ctx context.Context, p Point) (*IdleResult, error) {
 	}
 	m.fleet = nil
 	m.sink.stop()
+	if err := m.sink.ackError(); err != nil {
+		res.Errors = append(res.Errors, err.Error())
+	}
 	res.Unexpected = m.rec.unexpected.Load() + m.rec.malformed.Load()
 	return res, nil
 }

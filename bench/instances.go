@@ -22,6 +22,43 @@ import (
 // unique per point through the key prefix and the exchange name.
 const benchQueue = "bench"
 
+// queueNames are the n queues an instance serves: the bench queue, then
+// bench-2, bench-3, ... (valid queue names: 1-64 of A-Z a-z 0-9 _ . -).
+func queueNames(n int) []string {
+	out := []string{benchQueue}
+	for i := 2; i <= n; i++ {
+		out = append(out, fmt.Sprintf("%s-%d", benchQueue, i))
+	}
+	return out
+}
+
+// queueEnvName is a queue's <NAME> in DISPATCHER_QUEUE_<NAME>_*: upper
+// case, every character outside A-Z 0-9 written as _.
+func queueEnvName(q string) string {
+	b := []byte(strings.ToUpper(q))
+	for i, c := range b {
+		if (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+// stampVar asks the instances to stamp every message with header
+// x-published-us, for the dispatch view of lateness.
+const stampVar = "DISPATCHER_STAMP_PUBLISHED"
+
+// knowsSetting says whether the dispatcher executable lists the variable
+// in its --help. A dispatcher refuses to start with a DISPATCHER_* it does
+// not know, so a setting only newer ones have (DISPATCHER_STAMP_PUBLISHED)
+// is passed only to one that lists it.
+func knowsSetting(ctx context.Context, binary, name string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binary, "--help").Output()
+	return err == nil && strings.Contains(string(out), name)
+}
+
 // instance is one dispatcher child process.
 type instance struct {
 	cmd  *exec.Cmd
@@ -38,9 +75,11 @@ type instanceSpec struct {
 	amqpURL    string
 	prefix     string
 	exchange   string
+	queues     []string // served, each with shards shards and exchange
 	shards     int
 	batch      int
 	clientName string // Redis client name prefix of the instances
+	stamp      bool   // set DISPATCHER_STAMP_PUBLISHED=true
 }
 
 // Settings the bench sets itself; the parent's own values of these are not
@@ -48,7 +87,7 @@ type instanceSpec struct {
 // bench can try them.
 var ownVars = []string{"DISPATCHER_REDIS_URL", "DISPATCHER_AMQP_URL", "DISPATCHER_KEY_PREFIX",
 	"DISPATCHER_QUEUES", "DISPATCHER_HTTP_ADDR", "DISPATCHER_BATCH_SIZE", "DISPATCHER_LOG_LEVEL",
-	"DISPATCHER_QUEUE_"}
+	"DISPATCHER_QUEUE_", stampVar}
 
 func (sp instanceSpec) env(n int, httpAddr string) ([]string, error) {
 	var env []string
@@ -65,17 +104,27 @@ func (sp instanceSpec) env(n int, httpAddr string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(env,
+	queues := sp.queues
+	if len(queues) == 0 {
+		queues = []string{benchQueue}
+	}
+	env = append(env,
 		"DISPATCHER_REDIS_URL="+ru,
 		"DISPATCHER_AMQP_URL="+sp.amqpURL,
 		"DISPATCHER_KEY_PREFIX="+sp.prefix,
-		"DISPATCHER_QUEUES="+benchQueue,
-		"DISPATCHER_QUEUE_BENCH_SHARDS="+strconv.Itoa(sp.shards),
-		"DISPATCHER_QUEUE_BENCH_EXCHANGE="+sp.exchange,
+		"DISPATCHER_QUEUES="+strings.Join(queues, ","),
 		"DISPATCHER_BATCH_SIZE="+strconv.Itoa(sp.batch),
 		"DISPATCHER_HTTP_ADDR="+httpAddr,
 		"DISPATCHER_LOG_LEVEL=warn",
-	), nil
+	)
+	for _, q := range queues {
+		pre := "DISPATCHER_QUEUE_" + queueEnvName(q)
+		env = append(env, pre+"_SHARDS="+strconv.Itoa(sp.shards), pre+"_EXCHANGE="+sp.exchange)
+	}
+	if sp.stamp {
+		env = append(env, stampVar+"=true")
+	}
+	return env, nil
 }
 
 // withClientName names the instance's Redis connections, so that the

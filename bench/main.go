@@ -59,7 +59,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	defer r.close()
-	fmt.Fprintf(stderr, "dispatcher bench %s: %d points; %s\n", r.runID, len(points), rep.Machine)
+	fmt.Fprintf(stderr, "dispatcher bench %s: %d points; %s\nconsumer: %s\n", r.runID, len(points), rep.Machine, rep.Consumer)
+	if !r.stamps {
+		r.warnf("%s does not list %s in its --help: started without it, no dispatch view of lateness", opt.Dispatcher, stampVar)
+	}
 
 	runErr := r.run(ctx, points)
 	rep.Finished = time.Now()
@@ -100,8 +103,9 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 			if res != nil && err == nil {
 				r.rep.Idle = append(r.rep.Idle, res)
 				r.rep.Failures = append(r.rep.Failures, res.failures()...)
-				r.prog.printf("  => %.0f Redis commands/s (%.0f per instance), %.0f script calls/s, CPU %.2f%% per instance [%.0fs]\n",
-					res.CmdsPerSec, res.CmdsPerSecPerInstance, res.ScriptsPerSec, res.CPUPercent, time.Since(began).Seconds())
+				r.prog.printf("  => %.0f Redis commands/s (%.0f per instance), %.0f script calls/s, Redis CPU %s%%, CPU %.2f%% per instance [%.0fs]\n",
+					res.CmdsPerSec, res.CmdsPerSecPerInstance, res.ScriptsPerSec, fmtPct(res.RedisCPUPercent), res.CPUPercent,
+					time.Since(began).Seconds())
 			}
 		default:
 			var res *Result
@@ -113,10 +117,10 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 			if res != nil && err == nil {
 				r.rep.Results = append(r.rep.Results, res)
 				r.rep.Failures = append(r.rep.Failures, res.failures()...)
-				r.prog.printf("  => %s tasks/s%s, lateness p50 %s p99 %s max %s ms, %.2f Redis cmds/task, %.2f CPU s/10k, %.0f MB, %d dups, %d missing [%.0fs]\n",
-					thousands(int(res.PerSec)), ratioText(res), fmtMs(res.Lateness.P50), fmtMs(res.Lateness.P99),
-					fmtMs(res.Lateness.Max), res.CmdsPerTask, res.CPUPer10k, res.PeakRSSMB, res.Duplicates, res.Missing,
-					time.Since(began).Seconds())
+				r.prog.printf("  => %s tasks/s%s, lateness p50/p99/max dispatch %s ms, consumer %s ms%s, %.2f Redis cmds/task, %.2f CPU s/10k, Redis CPU %s s/10k, %.0f MB, %d dups, %d missing [%.0fs]\n",
+					thousands(int(res.PerSec)), ratioText(res), latShort(res.DispatchLateness), latShort(&res.Lateness),
+					firstSecondText(res), res.CmdsPerTask, res.CPUPer10k, fmtOpt(res.RedisCPUPer10k, "%.2f"), res.PeakRSSMB,
+					res.Duplicates, res.Missing, time.Since(began).Seconds())
 			}
 		}
 		if err != nil {
@@ -127,6 +131,14 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 		}
 	}
 	return nil
+}
+
+func firstSecondText(res *Result) string {
+	f := res.FirstSecond
+	if f == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (first 1 s: dispatch %s, consumer %s ms)", latShort(f.DispatchLateness), latShort(&f.Lateness))
 }
 
 func ratioText(res *Result) string {

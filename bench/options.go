@@ -280,11 +280,22 @@ func (o *Options) consumerText() string {
 	if o.AutoAck {
 		return "auto-ack (no prefetch)"
 	}
-	pf := thousands(o.Prefetch)
-	if o.Prefetch == 0 {
-		pf = "unlimited"
+	return "manual ack of each delivery right after it is recorded, prefetch " + o.prefetchText()
+}
+
+// consumerShort is consumerText for a table's caption.
+func (o *Options) consumerShort() string {
+	if o.AutoAck {
+		return "auto-ack"
 	}
-	return "manual ack of each delivery right after it is recorded, prefetch " + pf
+	return "ack each, prefetch " + o.prefetchText()
+}
+
+func (o *Options) prefetchText() string {
+	if o.Prefetch == 0 {
+		return "unlimited"
+	}
+	return thousands(o.Prefetch)
 }
 
 func envOr(name, def string) string {

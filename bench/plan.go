@@ -12,6 +12,7 @@ type Point struct {
 	Window    int    `json:"window,omitempty"`  // of which due now (backlog)
 	Rate      int    `json:"rate,omitempty"`    // tasks/s (rate)
 	Instances int    `json:"instances"`
+	Queues    int    `json:"queues,omitempty"` // queues the instances serve (idle); 0 means 1
 	Shards    int    `json:"shards"`
 	Batch     int    `json:"batch,omitempty"`
 	Size      int    `json:"size"`
@@ -29,7 +30,11 @@ func (p Point) String() string {
 		if p.Instances == 0 {
 			return fmt.Sprintf("idle background (no instance) pending=%s", thousands(p.Backlog))
 		}
-		return fmt.Sprintf("idle instances=%d shards=%d pending=%s", p.Instances, p.Shards, thousands(p.Backlog))
+		queues := ""
+		if p.Queues > 1 {
+			queues = fmt.Sprintf(" queues=%d", p.Queues)
+		}
+		return fmt.Sprintf("idle instances=%d%s shards=%d pending=%s", p.Instances, queues, p.Shards, thousands(p.Backlog))
 	}
 }
 
@@ -47,12 +52,12 @@ func plan(o *Options) []Point {
 		case modeRate:
 			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes}
 		case modeIdle:
-			dims = [][]int{o.Instances, o.Shards}
+			dims = [][]int{o.Instances, o.Shards, queuesOr1(o.Queues)}
 		}
 		if mode == modeIdle {
 			// First Redis's load with no instance at all: what the idle
 			// figures stand on (other clients, on a shared Redis).
-			out = append(out, Point{Mode: modeIdle, Shards: o.Shards[0], Backlog: o.IdleTasks, Batch: o.Batches[0], Size: o.Sizes[0]})
+			out = append(out, Point{Mode: modeIdle, Shards: o.Shards[0], Queues: 1, Backlog: o.IdleTasks, Batch: o.Batches[0], Size: o.Sizes[0]})
 		}
 		for _, c := range combos(dims, o.Cross) {
 			p := Point{Mode: mode}
@@ -66,13 +71,22 @@ func plan(o *Options) []Point {
 			case modeRate:
 				p.Rate, p.Instances, p.Shards, p.Batch, p.Size = c[0], c[1], c[2], c[3], c[4]
 			case modeIdle:
-				p.Instances, p.Shards = c[0], c[1]
+				p.Instances, p.Shards, p.Queues = c[0], c[1], c[2]
 				p.Backlog, p.Batch, p.Size = o.IdleTasks, o.Batches[0], o.Sizes[0]
 			}
 			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// queuesOr1 is the -queues list, or 1 when there is none (Options made
+// by hand).
+func queuesOr1(q []int) []int {
+	if len(q) == 0 {
+		return []int{1}
+	}
+	return q
 }
 
 // combos returns the value combinations of dims: all of them with cross,

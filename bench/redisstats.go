@@ -20,9 +20,18 @@ import (
 // counts every command it executes, those run by Lua scripts included.
 type cmdStats map[string]int64
 
-// redisSnap is the cmdStats of every primary, by its address: the one
+// primaryStats is one primary's counters at one time: its commandstats
+// and its CPU (INFO cpu: used_cpu_sys + used_cpu_user, seconds; hasCPU
+// false when the section could not be read).
+type primaryStats struct {
+	calls  cmdStats
+	cpuSec float64
+	hasCPU bool
+}
+
+// redisSnap is the primaryStats of every primary, by its address: the one
 // server, or each master of a cluster.
-type redisSnap map[string]cmdStats
+type redisSnap map[string]primaryStats
 
 // benchOwn are commands only the bench sends during a measurement (its
 // snapshots); they are left out of every count.
@@ -36,7 +45,9 @@ var replication = map[string]bool{"replconf": true, "psync": true, "sync": true}
 // scriptCmds are the commands that run a script: one per script call.
 var scriptCmds = map[string]bool{"eval": true, "evalsha": true, "eval_ro": true, "evalsha_ro": true, "fcall": true, "fcall_ro": true}
 
-// readCmdStats reads INFO commandstats of every primary.
+// readCmdStats reads INFO commandstats and INFO cpu of every primary (two
+// calls: Redis before 7 takes one section per INFO). A managed Redis may
+// refuse the cpu section; then the CPU figures are left out, not failed.
 func readCmdStats(ctx context.Context, rdb redis.UniversalClient) (redisSnap, error) {
 	var mu sync.Mutex
 	snap := redisSnap{}
@@ -45,9 +56,13 @@ func readCmdStats(ctx context.Context, rdb redis.UniversalClient) (redisSnap, er
 		if err != nil {
 			return fmt.Errorf("redis INFO commandstats on %s: %w", addr, err)
 		}
+		st := primaryStats{calls: parseCmdStats(info)}
+		if cpu, err := c.Info(ctx, "cpu").Result(); err == nil {
+			st.cpuSec, st.hasCPU = parseCPU(cpu)
+		}
 		mu.Lock()
 		defer mu.Unlock()
-		snap[addr] = parseCmdStats(info)
+		snap[addr] = st
 		return nil
 	})
 	if err != nil {
@@ -78,6 +93,27 @@ func parseCmdStats(info string) cmdStats {
 	return out
 }
 
+// parseCPU reads used_cpu_sys + used_cpu_user (seconds) of INFO cpu;
+// ok is false unless both are there.
+func parseCPU(info string) (float64, bool) {
+	var sum float64
+	found := 0
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		name, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok || (name != "used_cpu_sys" && name != "used_cpu_user") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, false
+		}
+		sum += f
+		found++
+	}
+	return sum, found == 2
+}
+
 // RedisUse is what the dispatchers cost Redis over one measurement: on a
 // cluster, the sum over every primary.
 type RedisUse struct {
@@ -96,6 +132,12 @@ type RedisUse struct {
 	// measurement: their commands are in the figures too.
 	OtherClients int     `json:"other_clients"`
 	Seconds      float64 `json:"seconds"`
+	// CPUSeconds is Redis's CPU over the measurement (INFO cpu,
+	// used_cpu_sys + used_cpu_user): everything the server did, whoever
+	// asked, the bench's own INFO calls included. CPUPercent is that as
+	// % of one core. Null when a primary would not tell.
+	CPUSeconds *float64 `json:"cpu_seconds"`
+	CPUPercent *float64 `json:"cpu_percent"`
 	// Primaries breaks the figures down by primary, ordered by address:
 	// the one server (with Sentinel, the primary), or each master of a
 	// cluster.
@@ -116,18 +158,35 @@ type PrimaryUse struct {
 	// modes); CmdsPerSec per second of the measurement.
 	CmdsPerTask float64 `json:"cmds_per_task,omitempty"`
 	CmdsPerSec  float64 `json:"cmds_per_sec"`
+	// CPUSeconds is the primary's CPU over the measurement (null when
+	// it would not tell), CPUPercent that as % of one core.
+	CPUSeconds *float64 `json:"cpu_seconds"`
+	CPUPercent *float64 `json:"cpu_percent"`
 }
 
 // redisUse is after minus before, primary by primary and summed, without
 // the bench's own commands and the replicas', and minus own (by primary:
 // commands the bench sent on purpose). A primary missing from before
 // (promoted during the measurement) counts from its start.
+//
+// CPU is after minus before too, summed over the primaries; it is left
+// out (nil) when any primary's is unknown.
 func redisUse(before, after redisSnap, own map[string]map[string]int64) RedisUse {
 	u := RedisUse{ByCommand: map[string]int64{}}
 	addrs := slices.Sorted(maps.Keys(after))
+	cpuKnown, cpu := len(addrs) > 0, 0.0
 	for _, addr := range addrs {
-		p := primaryUse(before[addr], after[addr], own[addr])
+		b, a := before[addr], after[addr]
+		p := primaryUse(b.calls, a.calls, own[addr])
 		p.Addr = addr
+		_, hadBefore := before[addr]
+		if a.hasCPU && (b.hasCPU || !hadBefore) {
+			d := max(a.cpuSec-b.cpuSec, 0)
+			p.CPUSeconds = &d
+			cpu += d
+		} else {
+			cpuKnown = false
+		}
 		u.Primaries = append(u.Primaries, p)
 		u.Commands += p.Commands
 		u.ScriptCalls += p.ScriptCalls
@@ -141,7 +200,31 @@ func redisUse(before, after redisSnap, own map[string]map[string]int64) RedisUse
 			u.Subtracted[name] += n
 		}
 	}
+	if cpuKnown {
+		u.CPUSeconds = &cpu
+	}
 	return u
+}
+
+// setSeconds sets the measurement's length and the per-second figures
+// that follow from it.
+func (u *RedisUse) setSeconds(sec float64) {
+	u.Seconds = sec
+	if sec <= 0 {
+		return
+	}
+	pct := func(cpu *float64) *float64 {
+		if cpu == nil {
+			return nil
+		}
+		v := *cpu / sec * 100
+		return &v
+	}
+	u.CPUPercent = pct(u.CPUSeconds)
+	for _, pu := range u.Primaries {
+		pu.CmdsPerSec = float64(pu.Commands) / sec
+		pu.CPUPercent = pct(pu.CPUSeconds)
+	}
 }
 
 // primaryUse is one primary's after minus before, minus own.

@@ -13,11 +13,21 @@ import (
 // writeTables prints the results as markdown tables, ready for a README.
 func writeTables(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "Machine: %s\n\n", rep.Machine)
-	fmt.Fprintf(w, "Command: `%s`\n", rep.Command)
+	fmt.Fprintf(w, "Command: `%s`\n\n", rep.Command)
+	fmt.Fprintf(w, "Consumer: %s\n\n", rep.Consumer)
+	if rep.DispatcherStamps {
+		fmt.Fprintf(w, "Lateness, two views: dispatch = header x-published-us (when the dispatcher began publishing the task's batch, Redis clock) minus due time; consumer = receipt minus due time. Cells: p50 / p99 / p99.9 / max, ms.\n")
+	} else {
+		fmt.Fprintf(w, "Lateness, two views: dispatch = header x-published-us minus due time, not measured (\"-\"): this dispatcher does not know %s; consumer = receipt minus due time. Cells: p50 / p99 / p99.9 / max, ms.\n", stampVar)
+	}
+	consumer := ""
+	if rep.Options != nil {
+		consumer = "; consumer: " + rep.Options.consumerShort()
+	}
 
 	if len(rep.Ceilings) > 0 {
-		fmt.Fprintf(w, "\nCeiling: raw confirmed publishes (persistent, mandatory, %s queue, one channel, up to a window of unconfirmed ones), consumer running\n\n",
-			rep.Options.QueueType)
+		fmt.Fprintf(w, "\nCeiling: raw confirmed publishes (persistent, mandatory, %s queue, one channel, up to a window of unconfirmed ones), consumer running%s\n\n",
+			rep.Options.QueueType, consumer)
 		table(w, []string{"size B", "messages", "window", "received/s", "confirmed/s", "latency p50 ms", "p99 ms"}, func(add func(...string)) {
 			for _, c := range rep.Ceilings {
 				for _, t := range c.Tried {
@@ -28,49 +38,59 @@ func writeTables(w io.Writer, rep *Report) {
 		})
 	}
 	if rs := results(rep, modeBacklog); len(rs) > 0 {
-		fmt.Fprintf(w, "\nBacklog: N tasks pending, W of them due, when the dispatchers start; throughput over the W (first to last receipt)\n\n")
+		fmt.Fprintf(w, "\nBacklog: N tasks pending, W of them due, when the dispatchers start; throughput over the W (first to last receipt)%s\n\n", consumer)
 		table(w, []string{"pending N", "due W", "instances", "shards", "batch", "size B", "tasks/s", "ceiling/s", "ratio",
-			"lateness p50 ms", "p99 ms", "p99.9 ms", "max ms", "worst shard p99 ms", "Redis cmds/task", "scripts/task",
-			"CPU s/10k tasks", "peak RSS MB", "dups", "missing"}, func(add func(...string)) {
-			for _, r := range rs {
-				add(thousands(r.Backlog), thousands(r.Window), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size),
-					thousands(int(r.PerSec)), thousands(int(r.Ceiling)), fmt.Sprintf("%.2f", r.Ratio),
-					fmtMs(r.Lateness.P50), fmtMs(r.Lateness.P99), fmtMs(r.Lateness.P999), fmtMs(r.Lateness.Max),
-					fmtMs(r.ShardP99Worst), fmt.Sprintf("%.2f", r.CmdsPerTask), fmt.Sprintf("%.3f", r.ScriptsPerTask),
-					fmt.Sprintf("%.2f", r.CPUPer10k), fmt.Sprintf("%.0f", r.PeakRSSMB), thousands(int(r.Duplicates)), thousands(r.Missing))
-			}
-		})
+			"dispatch p50 / p99 / p99.9 / max ms", "consumer p50 / p99 / p99.9 / max ms", "worst shard p99 ms (consumer)",
+			"Redis cmds/task", "scripts/task", "CPU s/10k tasks", "Redis CPU s/10k tasks", "peak RSS MB", "dups", "missing"},
+			func(add func(...string)) {
+				for _, r := range rs {
+					add(thousands(r.Backlog), thousands(r.Window), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size),
+						thousands(int(r.PerSec)), thousands(int(r.Ceiling)), fmt.Sprintf("%.2f", r.Ratio),
+						latCell(r.DispatchLateness), latCell(&r.Lateness),
+						fmtMs(r.ShardP99Worst), fmt.Sprintf("%.2f", r.CmdsPerTask), fmt.Sprintf("%.3f", r.ScriptsPerTask),
+						fmt.Sprintf("%.2f", r.CPUPer10k), fmtOpt(r.RedisCPUPer10k, "%.2f"), fmt.Sprintf("%.0f", r.PeakRSSMB),
+						thousands(int(r.Duplicates)), thousands(r.Missing))
+				}
+			})
 	}
 	if rs := results(rep, modeRate); len(rs) > 0 {
-		fmt.Fprintf(w, "\nSteady rate: each task ZADDed 1 s before its due time, no notification; lateness = consumer receipt minus due time\n\n")
-		table(w, []string{"rate/s", "instances", "shards", "batch", "size B", "tasks", "lateness p50 ms", "p99 ms", "p99.9 ms",
-			"max ms", "median shard p99 ms", "worst shard p99 ms", "Redis cmds/task", "CPU s/10k tasks", "peak RSS MB",
-			"dups", "missing"}, func(add func(...string)) {
+		fmt.Fprintf(w, "\nSteady rate: each task ZADDed 1 s before its due time, no notification; \"first 1 s\": the tasks due in the first second from the earliest due time (the start of traffic)%s\n\n", consumer)
+		table(w, []string{"rate/s", "instances", "shards", "batch", "size B", "tasks due", "tasks", "dispatch p50 / p99 / p99.9 / max ms",
+			"consumer p50 / p99 / p99.9 / max ms", "median shard p99 ms (consumer)", "worst shard p99 ms (consumer)", "Redis cmds/task",
+			"CPU s/10k tasks", "Redis CPU s/10k tasks", "peak RSS MB", "dups", "missing"}, func(add func(...string)) {
 			for _, r := range rs {
-				add(thousands(r.Rate), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), thousands(r.Delivered),
-					fmtMs(r.Lateness.P50), fmtMs(r.Lateness.P99), fmtMs(r.Lateness.P999), fmtMs(r.Lateness.Max),
+				add(thousands(r.Rate), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), "whole run", thousands(r.Delivered),
+					latCell(r.DispatchLateness), latCell(&r.Lateness),
 					fmtMs(r.ShardP99Median), fmtMs(r.ShardP99Worst), fmt.Sprintf("%.2f", r.CmdsPerTask),
-					fmt.Sprintf("%.2f", r.CPUPer10k), fmt.Sprintf("%.0f", r.PeakRSSMB), thousands(int(r.Duplicates)), thousands(r.Missing))
+					fmt.Sprintf("%.2f", r.CPUPer10k), fmtOpt(r.RedisCPUPer10k, "%.2f"), fmt.Sprintf("%.0f", r.PeakRSSMB),
+					thousands(int(r.Duplicates)), thousands(r.Missing))
+				if f := r.FirstSecond; f != nil {
+					add(thousands(r.Rate), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), "first 1 s", thousands(f.Tasks),
+						latCell(f.DispatchLateness), latCell(&f.Lateness), "", "", "", "", "", "", "", "")
+				}
 			}
 		})
 	}
 	if len(rep.Idle) > 0 {
-		fmt.Fprintf(w, "\nIdle: nothing due; Redis commands (those inside scripts included) per second; the background row is Redis with no instance running\n\n")
-		table(w, []string{"instances", "shards", "pending", "Redis cmds/s", "per instance", "script calls/s", "CPU % per instance"},
+		fmt.Fprintf(w, "\nIdle: nothing due; Redis commands (those inside scripts included) per second, Redis CPU (INFO cpu) as %% of one core; the background row is Redis with no instance running\n\n")
+		table(w, []string{"instances", "queues", "shards", "pending", "Redis cmds/s", "per instance", "script calls/s", "Redis CPU %",
+			"CPU % per instance"},
 			func(add func(...string)) {
 				for _, r := range rep.Idle {
 					if r.Instances == 0 {
-						add("0 (background)", itoa(r.Shards), thousands(r.Backlog), fmt.Sprintf("%.0f", r.CmdsPerSec), "", fmt.Sprintf("%.0f", r.ScriptsPerSec), "")
+						add("0 (background)", "", itoa(r.Shards), thousands(r.Backlog), fmt.Sprintf("%.0f", r.CmdsPerSec), "",
+							fmt.Sprintf("%.0f", r.ScriptsPerSec), fmtPct(r.RedisCPUPercent), "")
 						continue
 					}
-					add(itoa(r.Instances), itoa(r.Shards), thousands(r.Backlog), fmt.Sprintf("%.0f", r.CmdsPerSec),
-						fmt.Sprintf("%.0f", r.CmdsPerSecPerInstance), fmt.Sprintf("%.0f", r.ScriptsPerSec), fmt.Sprintf("%.2f", r.CPUPercent))
+					add(itoa(r.Instances), itoa(max(r.Queues, 1)), itoa(r.Shards), thousands(r.Backlog), fmt.Sprintf("%.0f", r.CmdsPerSec),
+						fmt.Sprintf("%.0f", r.CmdsPerSecPerInstance), fmt.Sprintf("%.0f", r.ScriptsPerSec), fmtPct(r.RedisCPUPercent),
+						fmt.Sprintf("%.2f", r.CPUPercent))
 				}
 			})
 	}
 	if perPrimary(rep) {
 		fmt.Fprintf(w, "\nRedis per primary: each primary's share of the Redis figures above (shards: the point's shards it holds)\n\n")
-		table(w, []string{"point", "primary", "shards", "Redis cmds", "cmds/task", "cmds/s", "script calls", "other clients"},
+		table(w, []string{"point", "primary", "shards", "Redis cmds", "cmds/task", "cmds/s", "script calls", "CPU s", "CPU %", "other clients"},
 			func(add func(...string)) {
 				row := func(p Point, u RedisUse) {
 					for _, pu := range u.Primaries {
@@ -79,7 +99,8 @@ func writeTables(w io.Writer, rep *Report) {
 							perTask = fmt.Sprintf("%.2f", pu.CmdsPerTask)
 						}
 						add(p.String(), pu.Addr, itoa(pu.Shards), thousands(int(pu.Commands)), perTask,
-							fmt.Sprintf("%.0f", pu.CmdsPerSec), thousands(int(pu.ScriptCalls)), itoa(pu.OtherClients))
+							fmt.Sprintf("%.0f", pu.CmdsPerSec), thousands(int(pu.ScriptCalls)), fmtOpt(pu.CPUSeconds, "%.2f"),
+							fmtPct(pu.CPUPercent), itoa(pu.OtherClients))
 					}
 				}
 				for _, mode := range []string{modeBacklog, modeRate} {
@@ -92,15 +113,30 @@ func writeTables(w io.Writer, rep *Report) {
 				}
 			})
 	}
-	others := 0
+	others, redisMeasured, unstamped := 0, false, false
 	for _, r := range rep.Results {
 		others = max(others, r.Redis.OtherClients)
+		redisMeasured = true
+		unstamped = unstamped || (r.DispatchLateness != nil && r.Unstamped > 0)
 	}
 	for _, r := range rep.Idle {
 		others = max(others, r.Redis.OtherClients)
+		redisMeasured = true
+	}
+	if redisMeasured {
+		fmt.Fprintf(w, "\nNote: Redis CPU is everything the Redis server did in the measured window (INFO cpu, used_cpu_sys + used_cpu_user, summed over every primary): other clients' work, the bench's own INFO calls and, in rate mode, its ZADDs included.\n")
 	}
 	if others > 0 {
 		fmt.Fprintf(w, "\nNote: up to %d other Redis clients sent commands during the measurements; the Redis figures include them.\n", others)
+	}
+	if unstamped {
+		fmt.Fprintf(w, "\nNote: some tasks arrived without x-published-us; the dispatch view covers the others only:")
+		for _, r := range rep.Results {
+			if r.DispatchLateness != nil && r.Unstamped > 0 {
+				fmt.Fprintf(w, " %s: %s of %s unstamped;", r.Point, thousands(int(r.Unstamped)), thousands(r.Delivered))
+			}
+		}
+		fmt.Fprintln(w)
 	}
 	if len(rep.Failures) > 0 {
 		fmt.Fprintf(w, "\nFAILED:\n")
@@ -109,6 +145,34 @@ func writeTables(w io.Writer, rep *Report) {
 		}
 	}
 }
+
+// latCell is one lateness view's cell: p50 / p99 / p99.9 / max in ms, or
+// "-" for a view not measured.
+func latCell(d *Dist) string {
+	if d == nil || d.Count == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s / %s / %s / %s", fmtMs(d.P50), fmtMs(d.P99), fmtMs(d.P999), fmtMs(d.Max))
+}
+
+// latShort is latCell's p50 / p99 / max, for progress lines.
+func latShort(d *Dist) string {
+	if d == nil || d.Count == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s / %s / %s", fmtMs(d.P50), fmtMs(d.P99), fmtMs(d.Max))
+}
+
+// fmtOpt formats a figure that may be unknown ("-").
+func fmtOpt(v *float64, format string) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf(format, *v)
+}
+
+// fmtPct formats a percentage that may be unknown.
+func fmtPct(v *float64) string { return fmtOpt(v, "%.2f") }
 
 // perPrimary says whether Redis had more than one primary (a cluster):
 // then the figures are also given per primary.

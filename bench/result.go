@@ -72,8 +72,9 @@ type Result struct {
 	CmdsPerTask    float64  `json:"redis_cmds_per_task"`
 	ScriptsPerTask float64  `json:"redis_script_calls_per_task"`
 	// RedisCPUPer10k is Redis's CPU seconds (INFO cpu, every primary,
-	// everything the server did in the window) per 10,000 tasks.
-	RedisCPUPer10k float64 `json:"redis_cpu_seconds_per_10k"`
+	// everything the server did in the window) per 10,000 tasks; null
+	// when Redis would not tell.
+	RedisCPUPer10k *float64 `json:"redis_cpu_seconds_per_10k"`
 
 	// CPUSeconds is user + system time of all instances: over their
 	// whole life in backlog mode, from ready to the end in rate mode;
@@ -101,8 +102,9 @@ type IdleResult struct {
 	CmdsPerSecPerInstance float64 `json:"redis_cmds_per_sec_per_instance"`
 	ScriptsPerSec         float64 `json:"redis_script_calls_per_sec"`
 	// RedisCPUPercent is Redis's CPU (INFO cpu, every primary) as % of
-	// one core: everything the server did in the window.
-	RedisCPUPercent float64 `json:"redis_cpu_percent"`
+	// one core: everything the server did in the window; null when
+	// Redis would not tell.
+	RedisCPUPercent *float64 `json:"redis_cpu_percent"`
 	// CPUPercent is the instances' mean CPU as % of one core;
 	// CPUPercentEach each instance's.
 	CPUPercent     float64   `json:"cpu_percent_per_instance"`

@@ -30,7 +30,10 @@ type runner struct {
 	stderr io.Writer
 	// earlyUs is the lateness below which a delivery is surely early:
 	// minus Redis's clock offset to ours, minus half the round trip.
-	earlyUs  int64
+	earlyUs int64
+	// stamps: the instances are started with
+	// DISPATCHER_STAMP_PUBLISHED=true (the dispatcher knows it).
+	stamps   bool
 	ceilings map[int]*Ceiling // by message size
 	rep      *Report
 }
@@ -69,6 +72,8 @@ func newRunner(ctx context.Context, opt *Options, stderr io.Writer, rep *Report)
 	}
 	r.earlyUs = -offset - rtt/2 - 100
 	rep.ClockOffsetUs, rep.ClockRTTUs = offset, rtt
+	r.stamps = knowsSetting(ctx, opt.Dispatcher, stampVar)
+	rep.DispatcherStamps, rep.Consumer = r.stamps, opt.consumerText()
 	rep.Machine = machineInfo(ctx, r.rdb, ropt.Mode, opt.AMQPURL)
 	rep.RunID = r.runID
 	return r, nil
@@ -111,23 +116,30 @@ func received(rec *recorder) func() int64 {
 }
 
 // cleanKeys removes every key of a point: the ones the dispatcher is
-// known to use, then whatever else is under the prefix. UNLINK frees big
-// sets in the background. It runs after the run's context may have ended.
-// On a cluster, keys of different hash slots cannot share an UNLINK, and
-// SCAN sees one node's keys only.
-func (r *runner) cleanKeys(keys shard.Keys, m int) {
+// known to use for each of its queues (of m shards each), then whatever
+// else is under the prefix. UNLINK frees big sets in the background. It
+// runs after the run's context may have ended. On a cluster, keys of
+// different hash slots cannot share an UNLINK, and SCAN sees one node's
+// keys only.
+func (r *runner) cleanKeys(prefix string, queues []string, m int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// The known keys: one UNLINK per hash tag ({Q} for the queue's own,
 	// {Q:i} for shard i's), pipelined; a cluster client splits the
 	// pipeline by node.
 	pipe := r.rdb.Pipeline()
-	pipe.Unlink(ctx, keys.Counter(), keys.ShardCount(), keys.Sweeper(), keys.Wake())
 	var err error
-	for i := 0; i < m && err == nil; i++ {
-		pipe.Unlink(ctx, keys.Pending(i), keys.Inflight(i), keys.Attempts(i), keys.Dead(i), keys.DeadReason(i), keys.LastClaim(i))
-		if pipe.Len() >= 100 {
-			_, err = pipe.Exec(ctx)
+	for _, q := range queues {
+		if err != nil {
+			break
+		}
+		keys := shard.Keys{Prefix: prefix, Queue: q}
+		pipe.Unlink(ctx, keys.Counter(), keys.ShardCount(), keys.Sweeper(), keys.Wake())
+		for i := 0; i < m && err == nil; i++ {
+			pipe.Unlink(ctx, keys.Pending(i), keys.Inflight(i), keys.Attempts(i), keys.Dead(i), keys.DeadReason(i), keys.LastClaim(i))
+			if pipe.Len() >= 100 {
+				_, err = pipe.Exec(ctx)
+			}
 		}
 	}
 	if err == nil && pipe.Len() > 0 {
@@ -138,7 +150,7 @@ func (r *runner) cleanKeys(keys shard.Keys, m int) {
 	if err == nil {
 		err = redisconn.ForEachPrimary(ctx, r.rdb, func(ctx context.Context, addr string, c *redis.Client) error {
 			pipe := c.Pipeline()
-			iter := c.Scan(ctx, 0, keys.Prefix+":*", 1000).Iterator()
+			iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 			for iter.Next(ctx) {
 				pipe.Unlink(ctx, iter.Val())
 				if pipe.Len() >= 500 {
@@ -159,7 +171,7 @@ func (r *runner) cleanKeys(keys shard.Keys, m int) {
 		})
 	}
 	if err != nil {
-		r.warnf("removing keys under %s: %v", keys.Prefix, err)
+		r.warnf("removing keys under %s: %v", prefix, err)
 	}
 }
 
@@ -203,6 +215,7 @@ func fleetUse(f fleet, cpu0 []float64, res *Result) error {
 			cpu[i] -= cpu0[i]
 		}
 		res.CPUSeconds += cpu[i]
+		res.CPUSecondsEach = append(res.CPUSecondsEach, cpu[i])
 		res.RSSMB = append(res.RSSMB, float64(hwm[i])/(1<<20))
 		res.PeakRSSMB = max(res.PeakRSSMB, float64(hwm[i])/(1<<20))
 	}

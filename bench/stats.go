@@ -42,6 +42,27 @@ func distOf(samplesUs []int32) Dist {
 	return distSorted(s, true)
 }
 
+// distOrNil is distOf, with the curve or not, or nil for no samples: a
+// view that was not measured.
+func distOrNil(samplesUs []int32, curve bool) *Dist {
+	if len(samplesUs) == 0 {
+		return nil
+	}
+	if curve {
+		d := distOf(samplesUs)
+		return &d
+	}
+	d := distNoCurve(samplesUs)
+	return &d
+}
+
+// distNoCurve is distOf without the percentile curve.
+func distNoCurve(samplesUs []int32) Dist {
+	s := slices.Clone(samplesUs)
+	slices.Sort(s)
+	return distSorted(s, false)
+}
+
 func distSorted(s []int32, curve bool) Dist {
 	n := len(s)
 	if n == 0 {

@@ -54,8 +54,34 @@ func TestCmdStats(t *testing.T) {
 	// A second primary that was there all along, and a third promoted
 	// during the measurement (no before: counted from its start).
 	other := parseCmdStats("cmdstat_evalsha:calls=3\r\ncmdstat_zadd:calls=20\r\n")
-	u := redisUse(redisSnap{"a:1": before, "b:2": other}, redisSnap{"a:1": after, "b:2": other, "c:3": other},
+	cpu := func(s string) (float64, bool) {
+		return parseCPU("# CPU\r\nused_cpu_sys:" + s + "\r\nused_cpu_user:1.500000\r\nused_cpu_sys_children:9.000000\r\n")
+	}
+	cpuA0, ok0 := cpu("2.250000")
+	cpuA1, ok1 := cpu("2.750000")
+	if !ok0 || !ok1 || cpuA0 != 3.75 || cpuA1 != 4.25 {
+		t.Fatalf("parseCPU: %v %v, %v %v", cpuA0, ok0, cpuA1, ok1)
+	}
+	if _, ok := parseCPU("# CPU\r\nused_cpu_sys:1.0\r\n"); ok {
+		t.Error("parseCPU accepted INFO cpu without used_cpu_user")
+	}
+	ps := func(c cmdStats, cpu float64) primaryStats { return primaryStats{calls: c, cpuSec: cpu, hasCPU: true} }
+	u := redisUse(redisSnap{"a:1": ps(before, cpuA0), "b:2": ps(other, 7)},
+		redisSnap{"a:1": ps(after, cpuA1), "b:2": ps(other, 7.25), "c:3": ps(other, 0.125)},
 		map[string]map[string]int64{"a:1": {"zadd": 40}, "c:3": {"zadd": 5}})
+	u.setSeconds(2)
+	if u.CPUSeconds == nil || *u.CPUSeconds != 0.5+0.25+0.125 || u.CPUPercent == nil || *u.CPUPercent != 43.75 {
+		t.Errorf("Redis CPU %v s, %v %%", u.CPUSeconds, u.CPUPercent)
+	}
+	if p := u.Primaries[1]; p.CPUSeconds == nil || *p.CPUSeconds != 0.25 || *p.CPUPercent != 12.5 || p.CmdsPerSec != 0 {
+		t.Errorf("primary b's CPU: %+v", p)
+	}
+	// One primary that would not tell its CPU: no Redis CPU at all.
+	unknown := redisUse(redisSnap{"a:1": ps(before, 1)}, redisSnap{"a:1": ps(after, 2), "b:2": {calls: other}}, nil)
+	unknown.setSeconds(1)
+	if unknown.CPUSeconds != nil || unknown.CPUPercent != nil || unknown.Primaries[0].CPUSeconds == nil || unknown.Primaries[1].CPUSeconds != nil {
+		t.Errorf("CPU with a primary unknown: %+v", unknown)
+	}
 	if u.Commands != 67+18 || u.ScriptCalls != 10 || u.ByCommand["zadd"] != 75 || u.ByCommand["info"] != 0 ||
 		u.ByCommand["replconf"] != 0 || u.Subtracted["zadd"] != 45 {
 		t.Errorf("use %+v", u)
@@ -125,7 +151,7 @@ func TestSVGLabels(t *testing.T) {
 			t.Errorf("ninesLabel(%v) = %q, want %q", n, got, want)
 		}
 	}
-	svg := string(renderSVG([]panel{{title: "a < b", series: []series{{"x=1 & y", distOf([]int32{0, 500, 20000})}}}}))
+	svg := string(renderSVG([]panel{{title: "a < b", series: []series{{label: "x=1 & y", dist: distOf([]int32{0, 500, 20000})}}}}))
 	if !strings.Contains(svg, "a &lt; b") || !strings.Contains(svg, "x=1 &amp; y") || strings.Count(svg, "<polyline") != 1 {
 		t.Errorf("svg:\n%s", svg)
 	}

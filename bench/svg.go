@@ -17,6 +17,9 @@ import (
 type series struct {
 	label string
 	dist  Dist
+	// dispatch is a second view of the same point, drawn dashed in the
+	// same colour (nil: none).
+	dispatch *Dist
 }
 
 type panel struct {
@@ -41,13 +44,13 @@ func panels(rep *Report) []panel {
 	if len(rep.Ceilings) > 0 {
 		p := panel{title: "Raw broker (ceiling): consumer receipt minus publish time"}
 		for _, c := range rep.Ceilings {
-			p.series = append(p.series, series{fmt.Sprintf("size=%d %s", c.Size, c.QueueType), c.Latency})
+			p.series = append(p.series, series{fmt.Sprintf("size=%d %s", c.Size, c.QueueType), c.Latency, nil})
 		}
 		out = append(out, p)
 	}
 	titles := map[string]string{
-		modeBacklog: "Backlog: consumer receipt minus due time",
-		modeRate:    "Steady rate: consumer receipt minus due time",
+		modeBacklog: "Backlog: consumer receipt minus due time (solid), x-published-us minus due time (dashed)",
+		modeRate:    "Steady rate: consumer receipt minus due time (solid), x-published-us minus due time (dashed)",
 	}
 	for _, mode := range []string{modeBacklog, modeRate} {
 		rs := results(rep, mode)
@@ -56,7 +59,7 @@ func panels(rep *Report) []panel {
 		}
 		p := panel{title: titles[mode]}
 		for _, r := range rs {
-			p.series = append(p.series, series{strings.TrimPrefix(strings.TrimPrefix(r.Point.String(), "backlog "), "rate "), r.Lateness})
+			p.series = append(p.series, series{strings.TrimPrefix(strings.TrimPrefix(r.Point.String(), "backlog "), "rate "), r.Lateness, r.DispatchLateness})
 		}
 		out = append(out, p)
 	}
@@ -92,12 +95,14 @@ func renderPanel(b *bytes.Buffer, p panel, top float64) {
 	// Ranges: x in nines up to the longest series; y in whole decades.
 	maxX, lo, hi := 1.0, math.Inf(1), math.Inf(-1)
 	for _, s := range p.series {
-		if s.dist.Count > 0 {
-			maxX = max(maxX, math.Ceil(math.Log10(float64(s.dist.Count))))
-		}
-		for _, c := range s.dist.Curve {
-			v := max(c.Ms, minPlotted)
-			lo, hi = min(lo, v), max(hi, v)
+		for _, d := range s.dists() {
+			if d.Count > 0 {
+				maxX = max(maxX, math.Ceil(math.Log10(float64(d.Count))))
+			}
+			for _, c := range d.Curve {
+				v := max(c.Ms, minPlotted)
+				lo, hi = min(lo, v), max(hi, v)
+			}
 		}
 	}
 	if math.IsInf(lo, 1) {
@@ -129,30 +134,62 @@ func renderPanel(b *bytes.Buffer, p panel, top float64) {
 
 	for i, s := range p.series {
 		color := palette[i%len(palette)]
-		var pts []string
-		for _, c := range s.dist.Curve {
-			n := maxX
-			if c.P < 1 {
-				n = math.Log10(1 / (1 - c.P))
-			} else if s.dist.Count > 0 {
-				n = math.Log10(float64(s.dist.Count))
+		for j, d := range s.dists() {
+			var pts []string
+			for _, c := range d.Curve {
+				n := maxX
+				if c.P < 1 {
+					n = math.Log10(1 / (1 - c.P))
+				} else if d.Count > 0 {
+					n = math.Log10(float64(d.Count))
+				}
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(n), py(c.Ms)))
 			}
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(n), py(c.Ms)))
-		}
-		if len(pts) > 0 {
-			fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`+"\n", color, strings.Join(pts, " "))
+			if len(pts) > 0 {
+				fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="1.5"%s points="%s"/>`+"\n", color, dashed(j), strings.Join(pts, " "))
+			}
 		}
 	}
-	// The legend sits bottom right, where a rising percentile curve is not.
+	// The legend sits bottom right, where a rising percentile curve is
+	// not: a line per series, and one more for its dashed view.
+	type entry struct {
+		text  string
+		color string
+		dash  int
+	}
+	var legend []entry
 	for i, s := range p.series {
 		color := palette[i%len(palette)]
-		text := fmt.Sprintf("%s  (p50 %s, p99 %s, max %s ms)", s.label, fmtMs(s.dist.P50), fmtMs(s.dist.P99), fmtMs(s.dist.Max))
-		ly := y1 - 10 - float64(len(p.series)-1-i)*16
-		w := 7*float64(len(text)) + 40 // generous width of the text at 12px, and the line
-		fmt.Fprintf(b, `<rect x="%.1f" y="%g" width="%.1f" height="16" fill="white" fill-opacity="0.85"/>`+"\n", x1-4-w, ly-12, w)
-		fmt.Fprintf(b, `<text x="%g" y="%g" text-anchor="end">%s</text>`+"\n", x1-36, ly, esc(text))
-		fmt.Fprintf(b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="%s" stroke-width="3"/>`+"\n", x1-30, ly-4, x1-10, ly-4, color)
+		legend = append(legend, entry{fmt.Sprintf("%s  (p50 %s, p99 %s, max %s ms)", s.label, fmtMs(s.dist.P50), fmtMs(s.dist.P99), fmtMs(s.dist.Max)), color, 0})
+		if d := s.dispatch; d != nil {
+			legend = append(legend, entry{fmt.Sprintf("dispatch view  (p50 %s, p99 %s, max %s ms)", fmtMs(d.P50), fmtMs(d.P99), fmtMs(d.Max)), color, 1})
+		}
 	}
+	for i, e := range legend {
+		ly := y1 - 10 - float64(len(legend)-1-i)*16
+		w := 7*float64(len(e.text)) + 40 // generous width of the text at 12px, and the line
+		fmt.Fprintf(b, `<rect x="%.1f" y="%g" width="%.1f" height="16" fill="white" fill-opacity="0.85"/>`+"\n", x1-4-w, ly-12, w)
+		fmt.Fprintf(b, `<text x="%g" y="%g" text-anchor="end">%s</text>`+"\n", x1-36, ly, esc(e.text))
+		fmt.Fprintf(b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="%s" stroke-width="3"%s/>`+"\n", x1-30, ly-4, x1-10, ly-4, e.color, dashed(e.dash))
+	}
+}
+
+// dists are the series' views to draw: the main one, then the dispatch
+// view if any.
+func (s series) dists() []Dist {
+	if s.dispatch != nil {
+		return []Dist{s.dist, *s.dispatch}
+	}
+	return []Dist{s.dist}
+}
+
+// dashed is the stroke attribute of a series' j-th view: solid, then
+// dashed.
+func dashed(j int) string {
+	if j == 0 {
+		return ""
+	}
+	return ` stroke-dasharray="6 3"`
 }
 
 // ninesLabel names the percentile 1 - 10^-n: 0%, 90%, 99%, 99.9%...

@@ -26,30 +26,31 @@ const Prefix = "DISPATCHER"
 
 // Settings are the instance-wide settings. The desc tags feed --help.
 type Settings struct {
-	RedisURL        string        `envconfig:"DISPATCHER_REDIS_URL" default:"redis://localhost:6379/0" desc:"Redis URL: redis:// or rediss:// (one server), redis+cluster:// (Redis Cluster: seed nodes as host and addr=), redis+sentinel:// (Sentinel: sentinels as host and addr=, master_name= required), each also rediss+...; the password in it is never logged"`
-	AMQPURL         string        `envconfig:"DISPATCHER_AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL (amqp:// or amqps://); the password in it is never logged"`
-	RedisCAFile     string        `envconfig:"DISPATCHER_REDIS_CA_FILE" default:"" desc:"PEM file of the CA(s) to trust for rediss:// (default: the system's)"`
-	RedisCertFile   string        `envconfig:"DISPATCHER_REDIS_CERT_FILE" default:"" desc:"PEM client certificate for rediss://, with DISPATCHER_REDIS_KEY_FILE"`
-	RedisKeyFile    string        `envconfig:"DISPATCHER_REDIS_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_REDIS_CERT_FILE"`
-	AMQPCAFile      string        `envconfig:"DISPATCHER_AMQP_CA_FILE" default:"" desc:"PEM file of the CA(s) to trust for amqps:// (default: the system's)"`
-	AMQPCertFile    string        `envconfig:"DISPATCHER_AMQP_CERT_FILE" default:"" desc:"PEM client certificate for amqps://, with DISPATCHER_AMQP_KEY_FILE"`
-	AMQPKeyFile     string        `envconfig:"DISPATCHER_AMQP_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_AMQP_CERT_FILE"`
-	KeyPrefix       string        `envconfig:"DISPATCHER_KEY_PREFIX" default:"dq" desc:"prefix P of every Redis key: shard i of queue Q is P:{Q:i}"`
-	Queues          []string      `envconfig:"DISPATCHER_QUEUES" required:"true" desc:"comma-separated queue names this instance serves"`
-	Lease           time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again (at least 1s)"`
-	HTTPAddr        string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; a port alone (:9090) binds 127.0.0.1 only, 0.0.0.0:9090 every IPv4 interface; empty turns it off"`
-	BatchSize       int           `envconfig:"DISPATCHER_BATCH_SIZE" default:"500" desc:"most tasks taken from one shard in one claim (1 to 10000)"`
-	Pipeline        int           `envconfig:"DISPATCHER_PIPELINE" default:"4" desc:"claimed batches per queue being published at once (1 to 64)"`
-	PollInterval    time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often the queue's sweeping instance looks at every shard for newly scheduled tasks; known due times are waited for exactly"`
-	ConfirmTimeout  time.Duration `envconfig:"DISPATCHER_CONFIRM_TIMEOUT" defaultText:"LEASE/3, at most 10s" desc:"how long to wait for the broker to confirm a publish, counted from when it was written or from the broker's latest answer, whichever is later, before retrying it; must be shorter than DISPATCHER_LEASE"`
-	ShutdownTimeout time.Duration `envconfig:"DISPATCHER_SHUTDOWN_TIMEOUT" default:"10s" desc:"on SIGTERM, how long to wait for outstanding confirms before handing the rest back to the other instances"`
-	MaxMessageBytes int           `envconfig:"DISPATCHER_MAX_MESSAGE_BYTES" default:"16777216" desc:"members larger than this go straight to the shard's dead-letter set"`
-	MaxAttempts     int           `envconfig:"DISPATCHER_MAX_ATTEMPTS" default:"5" desc:"publishes the broker refuses (e.g. over its max_message_size) before a task goes to the dead-letter set"`
-	RetryMin        time.Duration `envconfig:"DISPATCHER_RETRY_MIN" default:"1s" desc:"first backoff before a failed publish (nack, unroutable, timeout) is retried; doubles per attempt"`
-	RetryMax        time.Duration `envconfig:"DISPATCHER_RETRY_MAX" default:"1m" desc:"longest backoff between retries of one task"`
-	StampPublished  bool          `envconfig:"DISPATCHER_STAMP_PUBLISHED" default:"false" desc:"add header x-published-us to every message: when its batch's publish began, in µs on the Redis clock, so consumers can tell the dispatcher's lateness from the broker's and their own"`
-	LogLevel        string        `envconfig:"DISPATCHER_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
-	LogFormat       string        `envconfig:"DISPATCHER_LOG_FORMAT" default:"text" desc:"text or json"`
+	RedisURL         string        `envconfig:"DISPATCHER_REDIS_URL" default:"redis://localhost:6379/0" desc:"Redis URL: redis:// or rediss:// (one server), redis+cluster:// (Redis Cluster: seed nodes as host and addr=), redis+sentinel:// (Sentinel: sentinels as host and addr=, master_name= required), each also rediss+...; the password in it is never logged"`
+	AMQPURL          string        `envconfig:"DISPATCHER_AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL (amqp:// or amqps://); the password in it is never logged"`
+	RedisCAFile      string        `envconfig:"DISPATCHER_REDIS_CA_FILE" default:"" desc:"PEM file of the CA(s) to trust for rediss:// (default: the system's)"`
+	RedisCertFile    string        `envconfig:"DISPATCHER_REDIS_CERT_FILE" default:"" desc:"PEM client certificate for rediss://, with DISPATCHER_REDIS_KEY_FILE"`
+	RedisKeyFile     string        `envconfig:"DISPATCHER_REDIS_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_REDIS_CERT_FILE"`
+	AMQPCAFile       string        `envconfig:"DISPATCHER_AMQP_CA_FILE" default:"" desc:"PEM file of the CA(s) to trust for amqps:// (default: the system's)"`
+	AMQPCertFile     string        `envconfig:"DISPATCHER_AMQP_CERT_FILE" default:"" desc:"PEM client certificate for amqps://, with DISPATCHER_AMQP_KEY_FILE"`
+	AMQPKeyFile      string        `envconfig:"DISPATCHER_AMQP_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_AMQP_CERT_FILE"`
+	KeyPrefix        string        `envconfig:"DISPATCHER_KEY_PREFIX" default:"dq" desc:"prefix P of every Redis key: shard i of queue Q is P:{Q:i}"`
+	Queues           []string      `envconfig:"DISPATCHER_QUEUES" required:"true" desc:"comma-separated queue names this instance serves"`
+	Lease            time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again (at least 1s)"`
+	HTTPAddr         string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; a port alone (:9090) binds 127.0.0.1 only, 0.0.0.0:9090 every IPv4 interface; empty turns it off"`
+	BatchSize        int           `envconfig:"DISPATCHER_BATCH_SIZE" default:"500" desc:"most tasks taken from one shard in one claim (1 to 10000)"`
+	Pipeline         int           `envconfig:"DISPATCHER_PIPELINE" default:"4" desc:"claimed batches per queue being published at once (1 to 64)"`
+	PollInterval     time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often the queue's sweeping instance looks at every shard for newly scheduled tasks; known due times are waited for exactly"`
+	IdlePollInterval time.Duration `envconfig:"DISPATCHER_IDLE_POLL_INTERVAL" default:"500ms" desc:"how far the sweeps of a quiet queue stretch out: each sweep that finds nothing new doubles the interval from DISPATCHER_POLL_INTERVAL up to this, and any news brings it back; a task ZADDed due at once without a wake-up waits up to this long on a quiet queue (never less than DISPATCHER_POLL_INTERVAL)"`
+	ConfirmTimeout   time.Duration `envconfig:"DISPATCHER_CONFIRM_TIMEOUT" defaultText:"LEASE/3, at most 10s" desc:"how long to wait for the broker to confirm a publish, counted from when it was written or from the broker's latest answer, whichever is later, before retrying it; must be shorter than DISPATCHER_LEASE"`
+	ShutdownTimeout  time.Duration `envconfig:"DISPATCHER_SHUTDOWN_TIMEOUT" default:"10s" desc:"on SIGTERM, how long to wait for outstanding confirms before handing the rest back to the other instances"`
+	MaxMessageBytes  int           `envconfig:"DISPATCHER_MAX_MESSAGE_BYTES" default:"16777216" desc:"members larger than this go straight to the shard's dead-letter set"`
+	MaxAttempts      int           `envconfig:"DISPATCHER_MAX_ATTEMPTS" default:"5" desc:"publishes the broker refuses (e.g. over its max_message_size) before a task goes to the dead-letter set"`
+	RetryMin         time.Duration `envconfig:"DISPATCHER_RETRY_MIN" default:"1s" desc:"first backoff before a failed publish (nack, unroutable, timeout) is retried; doubles per attempt"`
+	RetryMax         time.Duration `envconfig:"DISPATCHER_RETRY_MAX" default:"1m" desc:"longest backoff between retries of one task"`
+	StampPublished   bool          `envconfig:"DISPATCHER_STAMP_PUBLISHED" default:"false" desc:"add header x-published-us to every message: when its batch's publish began, in µs on the Redis clock, so consumers can tell the dispatcher's lateness from the broker's and their own"`
+	LogLevel         string        `envconfig:"DISPATCHER_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	LogFormat        string        `envconfig:"DISPATCHER_LOG_FORMAT" default:"text" desc:"text or json"`
 
 	// QueueSettings holds one entry per name in Queues, in that order.
 	QueueSettings []Queue `ignored:"true"`
@@ -239,7 +240,7 @@ func (s *Settings) Validate() error {
 		name string
 		d    time.Duration
 	}{
-		{"LEASE", s.Lease}, {"POLL_INTERVAL", s.PollInterval}, {"CONFIRM_TIMEOUT", s.ConfirmTimeout},
+		{"LEASE", s.Lease}, {"POLL_INTERVAL", s.PollInterval}, {"IDLE_POLL_INTERVAL", s.IdlePollInterval}, {"CONFIRM_TIMEOUT", s.ConfirmTimeout},
 		{"SHUTDOWN_TIMEOUT", s.ShutdownTimeout}, {"RETRY_MIN", s.RetryMin}, {"RETRY_MAX", s.RetryMax},
 	}
 	for _, d := range durations {

@@ -60,10 +60,11 @@ return 0
 func (s *Scanner) roleTTL() time.Duration { return max(10*s.opt.PollInterval, time.Second) }
 
 // leadEvery is how often an instance renews (sweeper) or bids for (other
-// instances) the sweeper role.
+// instances) the sweeper role. Four renewals per TTL, not one per sweep: with
+// many queues the renewals were a third of an idle instance's Redis calls.
 func (s *Scanner) leadEvery(leader bool) time.Duration {
 	if leader {
-		return s.opt.PollInterval
+		return max(s.opt.PollInterval, s.roleTTL()/4)
 	}
 	return s.roleTTL() / 2
 }

@@ -235,7 +235,7 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 	if len(s.nodes) > 0 {
 		due := false
 		for _, n := range s.nodes {
-			due = due || (!n.claiming && now.Sub(n.sweptAt) >= s.opt.PollInterval)
+			due = due || (!n.claiming && now.Sub(n.sweptAt) >= s.sweepEvery)
 		}
 		if !due {
 			return
@@ -244,15 +244,33 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 	var shards []int
 	for _, i := range s.sweepable() {
 		n := s.node(s.nodeOf(ctx, i))
-		if now.Sub(n.sweptAt) >= s.opt.PollInterval {
+		if now.Sub(n.sweptAt) >= s.sweepEvery {
 			shards = append(shards, i)
 		}
 	}
-	for _, j := range s.jobs(ctx, shards, 0, len(shards)) {
+	jobs := s.jobs(ctx, shards, 0, len(shards))
+	for _, j := range jobs {
 		s.node(j.node).sweptAt = now
 		launch(j)
 	}
+	if len(jobs) > 0 {
+		s.cool()
+	}
 }
+
+// cool stretches the sweep interval after a sweep: each sweep that brings
+// no news (hot) doubles it, up to IdlePollInterval. So a quiet queue costs
+// Redis a few reads per shard a second whatever the poll interval, while
+// one in use is swept every PollInterval.
+func (s *Scanner) cool() {
+	s.sweepEvery = min(2*s.sweepEvery, max(s.opt.IdlePollInterval, s.opt.PollInterval))
+}
+
+// hot brings the sweep interval back to PollInterval: a task appeared, a
+// claim took tasks, a producer or another instance sent a wake-up. A queue
+// in use is likely to get tasks due at once from producers that send no
+// wake-up, and those wait for a sweep.
+func (s *Scanner) hot() { s.sweepEvery = s.opt.PollInterval }
 
 // node returns the loop's state of a primary.
 func (s *Scanner) node(addr string) *nodeState {
@@ -325,7 +343,7 @@ func (s *Scanner) slotsPerJob(held int) int {
 // that neither starves the other when a round trip takes longer than a
 // poll interval.
 func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
-	return s.leader && n.lastClaim && now.Sub(n.sweptAt) >= s.opt.PollInterval
+	return s.leader && n.lastClaim && now.Sub(n.sweptAt) >= s.sweepEvery
 }
 
 // free reports whether the loop may send a job to a primary now.
@@ -414,6 +432,10 @@ func (s *Scanner) balanced(ctx context.Context, n int) []int {
 
 // runClaims runs a job's scripts in one pipeline, loading the claim script
 // first where the primary does not know it (new, restarted or promoted).
+// A sweep runs the script (claiming nothing) on its first shard only, for
+// the primary's clock and for its refusals (a replica refuses scripts, not
+// reads), and plain reads on the others: a script call costs Redis several
+// times two ZRANGEs, and with many queues sweeps are most of its work.
 // It touches only Redis: the loop applies the answers (absorb).
 func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
@@ -427,22 +449,38 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 	for attempt := 0; len(todo) > 0; attempt++ {
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(todo))
+		var reads []sweepRead
 		for n, at := range todo {
+			if j.limit == 0 && at > 0 {
+				reads = append(reads, s.st.sweepRead(ctx, pipe, j.shards[at], at))
+				continue
+			}
 			cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at])
 		}
 		before := s.opt.Now()
 		_, _ = pipe.Exec(ctx) // each command's own error is read below
 		after := s.opt.Now()
 		var again []int
+		var now any // the server clock, from the script of a sweep
 		for n, cmd := range cmds {
+			if cmd == nil {
+				continue
+			}
 			at := todo[n]
 			vals, err := cmd.Slice()
 			if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				again = append(again, at)
 				continue
 			}
+			if err == nil && len(vals) > 0 {
+				now = vals[0]
+			}
 			d.vals[at], d.errs[at] = vals, err
 			d.before[at], d.after[at] = before, after
+		}
+		for _, r := range reads {
+			d.vals[r.at], d.errs[r.at] = r.result(now)
+			d.before[r.at], d.after[r.at] = before, after
 		}
 		if len(again) > 0 {
 			if err := claimScript.Load(ctx, s.scripter(ctx, j)).Err(); err != nil {
@@ -518,8 +556,14 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			s.shardTrouble(i, err)
 			continue
 		}
-		s.observeClock(i, c.now, d.before[n], d.after[n])
+		if c.now > 0 { // a sweep's plain reads carry no clock when its script failed
+			s.observeClock(i, c.now, d.before[n], d.after[n])
+		}
+		was, had := s.known[i]
 		s.noteNext(i, c.nextPending, c.nextLease)
+		if at, has := s.known[i]; d.job.limit == 0 && has && (!had || at < was) {
+			s.hot() // a task appeared, or one due earlier than any known
+		}
 		if _, ok := s.unanswered[i]; ok {
 			// Its last claim may have run without an answer: claim it again
 			// (with that claim's token) now, not when its lease runs out.
@@ -544,6 +588,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		if len(b.tasks) > 0 {
 			s.met.batchSize(len(b.tasks))
 			out = append(out, b)
+			s.hot()
 		}
 		if len(c.entries) >= d.job.limit {
 			full = true

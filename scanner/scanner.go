@@ -37,15 +37,21 @@ type Options struct {
 	RoutingKey string
 	KeyPrefix  string
 
-	BatchSize       int           // most tasks per claim
-	Pipeline        int           // claimed batches being published at once
-	PollInterval    time.Duration // how often idle shards are looked at
-	Lease           time.Duration
-	ShutdownTimeout time.Duration // wait for outstanding confirms on stop
-	MaxMessageBytes int
-	MaxAttempts     int
-	RetryMin        time.Duration
-	RetryMax        time.Duration
+	BatchSize    int           // most tasks per claim
+	Pipeline     int           // claimed batches being published at once
+	PollInterval time.Duration // how often the shards of a queue in use are swept
+	// IdlePollInterval is how far the sweeps of a quiet queue stretch out:
+	// each sweep that finds nothing new doubles the interval, from
+	// PollInterval up to this; news (a task appeared, a claim took tasks,
+	// a wake-up) brings it back to PollInterval. 0 or less than
+	// PollInterval: always PollInterval.
+	IdlePollInterval time.Duration
+	Lease            time.Duration
+	ShutdownTimeout  time.Duration // wait for outstanding confirms on stop
+	MaxMessageBytes  int
+	MaxAttempts      int
+	RetryMin         time.Duration
+	RetryMax         time.Duration
 
 	// StampPublished adds header x-published-us to every message.
 	StampPublished bool
@@ -90,6 +96,7 @@ type Scanner struct {
 	busySent atomic.Bool // an announceBusy is on its way
 
 	// Owned by Run's goroutine.
+	sweepEvery  time.Duration  // current sweep interval, PollInterval..IdlePollInterval
 	known       map[int]int64  // shard -> server ms at which it next needs a claim
 	unanswered  map[int]string // shard -> token of a claim whose answer never came
 	badUntil    map[int]time.Time
@@ -134,13 +141,14 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease, retryMin: opt.RetryMin, retryMax: opt.RetryMax,
 			maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
-		bal:      balancer.New(rdb, keys.Counter(), opt.Shards),
-		log:      log,
-		lim:      newLogLimiter(log, 10*time.Second),
-		met:      opt.Metrics.forQueue(opt.Queue),
-		wake:     make(chan struct{}, 1),
-		known:    map[int]int64{},
-		badUntil: map[int]time.Time{},
+		bal:        balancer.New(rdb, keys.Counter(), opt.Shards),
+		log:        log,
+		lim:        newLogLimiter(log, 10*time.Second),
+		met:        opt.Metrics.forQueue(opt.Queue),
+		wake:       make(chan struct{}, 1),
+		known:      map[int]int64{},
+		sweepEvery: opt.PollInterval,
+		badUntil:   map[int]time.Time{},
 	}
 }
 
@@ -202,6 +210,9 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	wasBusy, free, soon := s.notes.take()
 	if wasBusy {
 		*busy = true
+	}
+	if wasBusy || len(soon) > 0 {
+		s.hot()
 	}
 	if free {
 		s.lastLead = time.Time{}
@@ -331,11 +342,11 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 			backedOff = true
 		}
 		if s.leader && !busy && !n.claiming && !n.until.After(now) {
-			d = min(d, n.sweptAt.Add(s.opt.PollInterval).Sub(now))
+			d = min(d, n.sweptAt.Add(s.sweepEvery).Sub(now))
 		}
 	}
 	if s.leader && !busy && len(s.nodes) == 0 {
-		d = min(d, s.opt.PollInterval) // nothing swept yet
+		d = min(d, s.sweepEvery) // nothing swept yet
 	}
 	if claimNow && !backedOff {
 		return 0

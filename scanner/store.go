@@ -42,6 +42,44 @@ func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit in
 	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token)
 }
 
+// sweepRead is a sweep's plain read of one shard: its earliest pending
+// task and its earliest lease, as the claim script with a limit of 0 reads
+// them.
+type sweepRead struct {
+	at              int // index in the job
+	pending, leases *redis.ZSliceCmd
+}
+
+func (st *store) sweepRead(ctx context.Context, pipe redis.Pipeliner, i, at int) sweepRead {
+	return sweepRead{at: at,
+		pending: pipe.ZRangeWithScores(ctx, st.keys.Pending(i), 0, 0),
+		leases:  pipe.ZRangeWithScores(ctx, st.keys.Inflight(i), 0, 0)}
+}
+
+// result is the read in the claim script's form (see claimScript), with
+// now as the server clock (nil if unknown).
+func (r sweepRead) result(now any) ([]any, error) {
+	first := func(c *redis.ZSliceCmd) (any, error) {
+		zs, err := c.Result()
+		if err != nil || len(zs) == 0 {
+			return "", err
+		}
+		return strconv.FormatFloat(zs[0].Score, 'f', -1, 64), nil
+	}
+	p, err := first(r.pending)
+	if err != nil {
+		return nil, err
+	}
+	l, err := first(r.leases)
+	if err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = int64(0)
+	}
+	return []any{now, p, l, int64(0), ""}, nil
+}
+
 func (st *store) claimKeys(i int) []string {
 	return []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i)}
 }
