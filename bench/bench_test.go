@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,7 +58,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	jsonPath, svgPath := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
 	code, stdout, stderr := runBench(t,
 		"-mode", "backlog,rate,idle", "-backlog", "3000", "-window", "2000",
-		"-rate", "500", "-duration", "2s", "-idle-duration", "1s",
+		"-rate", "500", "-duration", "2s", "-idle-duration", "1s", "-queues", "3", "-prefetch", "200",
 		"-shards", "4", "-batch", "200", "-size", "100", "-queue-type", "transient",
 		"-ceiling-count", "2000", "-ceiling-window", "100,1000", "-stall", "20s",
 		"-json", jsonPath, "-svg", svgPath, "-dispatcher", binary)
@@ -65,7 +66,9 @@ func TestBenchEndToEnd(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
 	}
-	for _, want := range []string{"| pending N |", "| rate/s |", "| instances | shards | pending |", "Command: `dispatcher bench -redis"} {
+	for _, want := range []string{"| pending N |", "| rate/s |", "| instances | queues | shards | pending |", "Command: `dispatcher bench -redis",
+		"Consumer: manual ack of each delivery right after it is recorded, prefetch 200", "| dispatch p50 / p99 / p99.9 / max ms | consumer p50 / p99 / p99.9 / max ms |",
+		"| first 1 s |", "Redis CPU s/10k tasks", "Redis CPU %", "Note: Redis CPU is everything"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("tables lack %q", want)
 		}
@@ -85,6 +88,9 @@ func TestBenchEndToEnd(t *testing.T) {
 	if len(rep.Failures) != 0 {
 		t.Errorf("failures: %q", rep.Failures)
 	}
+	if rep.Options.AutoAck || rep.Options.Prefetch != 200 || !strings.HasPrefix(rep.Consumer, "manual ack") {
+		t.Errorf("consumer: autoack %v, prefetch %d, %q", rep.Options.AutoAck, rep.Options.Prefetch, rep.Consumer)
+	}
 	if len(rep.Ceilings) != 1 || len(rep.Ceilings[0].Tried) != 2 {
 		t.Fatalf("ceilings: %+v", rep.Ceilings)
 	}
@@ -102,6 +108,16 @@ func TestBenchEndToEnd(t *testing.T) {
 	if backlog.Ratio <= 0 || backlog.Ceiling <= 0 || backlog.StartupMs <= 0 {
 		t.Errorf("backlog: ratio %v, ceiling %v, startup %v ms", backlog.Ratio, backlog.Ceiling, backlog.StartupMs)
 	}
+	checkViews(t, rep.DispatcherStamps, backlog)
+	checkViews(t, rep.DispatcherStamps, rate)
+	if backlog.FirstSecond != nil {
+		t.Errorf("backlog: a first second %+v", backlog.FirstSecond)
+	}
+	// The start of traffic: the 500 tasks due in the first second.
+	if f := rate.FirstSecond; f == nil || f.Tasks != 500 || f.Lateness.Count != 500 || f.Ms != 1000 || f.FromDueMs <= 0 ||
+		(f.DispatchLateness != nil) != rep.DispatcherStamps {
+		t.Errorf("rate: first second %+v", f)
+	}
 	// A backlog instance's CPU counts from its start, which alone takes
 	// more than the 10 ms /proc resolves.
 	if backlog.CPUSeconds <= 0 || backlog.CPUPer10k <= 0 {
@@ -111,7 +127,8 @@ func TestBenchEndToEnd(t *testing.T) {
 		t.Errorf("background: %+v", bg)
 	}
 	idle := rep.Idle[1]
-	if idle.CmdsPerSec <= 0 || idle.ScriptsPerSec <= 0 || idle.Unexpected != 0 || idle.PeakRSSMB <= 0 {
+	if idle.CmdsPerSec <= 0 || idle.ScriptsPerSec <= 0 || idle.Unexpected != 0 || idle.PeakRSSMB <= 0 || idle.Queues != 3 ||
+		idle.RedisCPUPercent == nil || *idle.RedisCPUPercent <= 0 || len(idle.CPUPercentEach) != 1 {
 		t.Errorf("idle: %+v", idle)
 	}
 
@@ -134,11 +151,35 @@ func TestBenchEndToEnd(t *testing.T) {
 			curves++
 		}
 	}
-	if curves != 3 { // ceiling, backlog, rate
-		t.Errorf("%d curves in the SVG, want 3", curves)
+	want := 3 // ceiling, backlog, rate
+	if rep.DispatcherStamps {
+		want += 2 // the dispatch views of backlog and rate
+	}
+	if curves != want {
+		t.Errorf("%d curves in the SVG, want %d", curves, want)
 	}
 
 	assertCleanedUp(t, rep.RunID, backlog.Name, rate.Name, idle.Name)
+}
+
+// checkViews checks the dispatch view: there for every task when the
+// dispatcher stamps, absent otherwise.
+func checkViews(t *testing.T, stamps bool, r *Result) {
+	t.Helper()
+	d := r.DispatchLateness
+	if !stamps {
+		if d != nil || r.Unstamped != int64(r.Delivered) {
+			t.Errorf("%s: dispatch view %+v, %d unstamped, from a dispatcher that does not stamp", r.Point, d, r.Unstamped)
+		}
+		return
+	}
+	// The stamp is taken when the batch's publish begins, before the
+	// consumer gets it: the dispatch view's median is below the
+	// consumer's (both allow for a clock offset of a few ms at most).
+	if d == nil || d.Count != r.Delivered || r.Unstamped != 0 || d.P50 > d.P99 || d.P99 > d.Max || len(d.Curve) == 0 ||
+		d.P50 > r.Lateness.P50+5 {
+		t.Errorf("%s: dispatch view %+v, %d unstamped; consumer view p50 %v", r.Point, d, r.Unstamped, r.Lateness.P50)
+	}
 }
 
 func checkResult(t *testing.T, r *Result, want int) {
@@ -158,6 +199,11 @@ func checkResult(t *testing.T, r *Result, want int) {
 	}
 	if len(r.ShardLateness) != r.Shards || sum != want || r.ShardP99Worst < r.ShardP99Median {
 		t.Errorf("%s: per-shard lateness of %d shards covers %d tasks: %+v", r.Point, len(r.ShardLateness), sum, r.ShardLateness)
+	}
+	if r.RedisCPUPer10k == nil || *r.RedisCPUPer10k <= 0 || r.Redis.CPUSeconds == nil || len(r.CPUSecondsEach) != r.Instances ||
+		len(r.CPUPer10kEach) != r.Instances {
+		t.Errorf("%s: Redis CPU %v s/10k, %v s; instances' CPU %v s, %v s/10k", r.Point, r.RedisCPUPer10k, r.Redis.CPUSeconds,
+			r.CPUSecondsEach, r.CPUPer10kEach)
 	}
 	if r.PerSec <= 0 || r.CmdsPerTask <= 0 || r.ScriptsPerTask <= 0 || r.Redis.ByCommand["evalsha"] == 0 ||
 		r.PeakRSSMB <= 1 || len(r.RSSMB) != r.Instances || r.ClaimBatchMean <= 0 {
@@ -239,15 +285,15 @@ func TestBenchRedisCluster(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := Main([]string{"-redis", cluster.URL(), "-amqp", testenv.AMQPURL(t),
 		"-mode", "backlog,rate", "-backlog", "2000", "-window", "1500", "-rate", "500", "-duration", "2s",
-		"-shards", "16", "-batch", "200", "-size", "100", "-queue-type", "transient",
+		"-shards", "16", "-batch", "200", "-size", "100", "-queue-type", "transient", "-autoack",
 		"-ceiling-count", "1000", "-ceiling-window", "300", "-stall", "20s",
 		"-json", jsonPath, "-dispatcher", binary}, &out, &errOut)
 	t.Logf("stdout:\n%s", out.String())
 	if code != exitOK {
 		t.Fatalf("exit code %d; stderr:\n%s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "| point | primary | shards |") {
-		t.Errorf("no per-primary table")
+	if !strings.Contains(out.String(), "| point | primary | shards |") || !strings.Contains(out.String(), "Consumer: auto-ack (no prefetch)") {
+		t.Errorf("no per-primary table, or not the auto-ack consumer")
 	}
 	var rep Report
 	b, err := os.ReadFile(jsonPath)
@@ -265,20 +311,30 @@ func TestBenchRedisCluster(t *testing.T) {
 	}
 	checkResult(t, rep.Results[0], 1500)
 	checkResult(t, rep.Results[1], 1000)
+	if !rep.Options.AutoAck || rep.Options.Prefetch != 0 {
+		t.Errorf("options: autoack %v, prefetch %d", rep.Options.AutoAck, rep.Options.Prefetch)
+	}
 	for _, r := range rep.Results {
+		checkViews(t, rep.DispatcherStamps, r)
 		u := r.Redis
 		if len(u.Primaries) != 3 {
 			t.Fatalf("%s: %d primaries: %+v", r.Point, len(u.Primaries), u.Primaries)
 		}
 		var cmds, zadds int64
+		var cpu float64
 		shards := 0
 		for _, p := range u.Primaries {
-			if p.Commands <= 0 || p.ScriptCalls <= 0 || p.CmdsPerTask <= 0 || p.Shards <= 0 {
+			if p.Commands <= 0 || p.ScriptCalls <= 0 || p.CmdsPerTask <= 0 || p.Shards <= 0 || p.CPUSeconds == nil || p.CPUPercent == nil {
 				t.Errorf("%s: primary %+v", r.Point, p)
+			} else {
+				cpu += *p.CPUSeconds
 			}
 			cmds += p.Commands
 			zadds += p.Subtracted["zadd"]
 			shards += p.Shards
+		}
+		if u.CPUSeconds == nil || math.Abs(*u.CPUSeconds-cpu) > 1e-9 {
+			t.Errorf("%s: primaries' CPU sums to %v s; total %v", r.Point, cpu, u.CPUSeconds)
 		}
 		if cmds != u.Commands || shards != 16 || zadds != u.Subtracted["zadd"] {
 			t.Errorf("%s: primaries sum to %d commands, %d shards, %d ZADDs subtracted; totals %d, %d",

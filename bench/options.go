@@ -99,7 +99,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.SetOutput(stderr)
 	var modes, backlogs, rates, instances, shards, batches, sizes, queues string
 	var duration, idle, stall time.Duration
-	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s with nothing due)")
+	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s and CPU with nothing due)")
 	fs.StringVar(&backlogs, "backlog", "100000", "backlog mode: tasks pending when the dispatchers start (list; 1e6, 10^6, 1M and 1000000 all work)")
 	fs.IntVar(&o.Window, "window", 200000, "backlog mode: how many of the pending tasks are due now; the rest are due in 1 hour")
 	fs.BoolVar(&o.Drain, "drain", false, "backlog mode: make every pending task due now and drain them all")

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"io"
 	"slices"
 	"strings"
@@ -31,6 +32,11 @@ func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
 		"-duration 10ms":       `-duration 10ms`,
 		"-ceiling-window 0":    `-ceiling-window "0"`,
 		"-instances 1,2,4,100": `-instances "1,2,4,100"`,
+		"-queues 0":            `-queues "0": 0: must be 1 to 1000`,
+		"-queues 1,2000":       `-queues "1,2000"`,
+		"-prefetch -1":         `-prefetch -1: must be 0 to 65535`,
+		"-prefetch 70000":      `-prefetch 70000`,
+		"-autoack -prefetch 5": `-prefetch 5 with -autoack`,
 		"stray":                `unexpected argument "stray"`,
 	} {
 		_, err := parseOptions(strings.Fields(args), io.Discard)
@@ -45,6 +51,73 @@ func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
 	if !slices.Equal(o.Backlogs, []int{1000, 10_000_000}) || !slices.Equal(o.Instances, []int{1, 2, 4}) ||
 		!slices.Equal(o.Modes, []string{"backlog", "rate"}) || o.Window != 200000 || o.QueueType != "classic" {
 		t.Errorf("options %+v", o)
+	}
+}
+
+func TestParseConsumerAndQueueOptions(t *testing.T) {
+	for _, c := range []struct {
+		args     string
+		autoAck  bool
+		prefetch int
+		queues   []int
+		text     string
+	}{
+		{"", false, 1000, []int{1}, "manual ack of each delivery right after it is recorded, prefetch 1,000"},
+		{"-prefetch 50 -queues 20", false, 50, []int{20}, "manual ack of each delivery right after it is recorded, prefetch 50"},
+		{"-prefetch 0 -queues 1,10,1e2", false, 0, []int{1, 10, 100}, "manual ack of each delivery right after it is recorded, prefetch unlimited"},
+		{"-autoack", true, 0, []int{1}, "auto-ack (no prefetch)"},
+		{"-autoack=false -prefetch 7", false, 7, []int{1}, "manual ack of each delivery right after it is recorded, prefetch 7"},
+	} {
+		o, err := parseOptions(strings.Fields(c.args), io.Discard)
+		if err != nil {
+			t.Errorf("%q: %v", c.args, err)
+			continue
+		}
+		if o.AutoAck != c.autoAck || o.Prefetch != c.prefetch || !slices.Equal(o.Queues, c.queues) || o.consumerText() != c.text {
+			t.Errorf("%q: autoack %v prefetch %d queues %v %q", c.args, o.AutoAck, o.Prefetch, o.Queues, o.consumerText())
+		}
+	}
+	// The JSON options say which consumer was measured.
+	o, err := parseOptions([]string{"-prefetch", "300"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"autoack":false,"prefetch":300`) || !strings.Contains(string(b), `"queues":[1]`) {
+		t.Errorf("JSON options: %s", b)
+	}
+	// Usage names the new flags.
+	var help strings.Builder
+	if _, err := parseOptions([]string{"-h"}, &help); err != errHelp {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, want := range []string{"-prefetch", "-autoack", "-queues", "x-published-us", "Redis CPU", "first second"} {
+		if !strings.Contains(help.String(), want) {
+			t.Errorf("usage lacks %q", want)
+		}
+	}
+}
+
+func TestPlanIdleQueues(t *testing.T) {
+	o, err := parseOptions([]string{"-mode", "idle", "-queues", "1,20", "-instances", "1,2"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range plan(o) {
+		got = append(got, p.String())
+	}
+	want := []string{
+		"idle background (no instance) pending=0",
+		"idle instances=1 shards=16 pending=0",
+		"idle instances=2 shards=16 pending=0",
+		"idle instances=1 queues=20 shards=16 pending=0",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

@@ -155,4 +155,11 @@ func TestSVGLabels(t *testing.T) {
 	if !strings.Contains(svg, "a &lt; b") || !strings.Contains(svg, "x=1 &amp; y") || strings.Count(svg, "<polyline") != 1 {
 		t.Errorf("svg:\n%s", svg)
 	}
+	// A dispatch view is a second, dashed curve in the same colour, with
+	// a legend line of its own.
+	d := distOf([]int32{100, 200, 9000})
+	svg = string(renderSVG([]panel{{title: "t", series: []series{{label: "a", dist: distOf([]int32{0, 500, 20000}), dispatch: &d}}}}))
+	if strings.Count(svg, "<polyline") != 2 || strings.Count(svg, `stroke-dasharray="6 3"`) != 2 || !strings.Contains(svg, "dispatch view  (p50 0.20, p99 9.00") {
+		t.Errorf("svg with a dispatch view:\n%s", svg)
+	}
 }

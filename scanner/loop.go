@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/coalesce"
 	"github.com/dispatcher/dispatcher/internal/redisconn"
 )
 
@@ -61,6 +62,14 @@ const (
 	claimTimeout   = 3 * time.Second // one job's pipeline
 	counterTimeout = time.Second     // the balancer's INCRBY
 )
+
+// NewCoalescer returns the Coalescer that the scanners of one instance
+// share (Options.Coalescer) to send their sweeps and role renewals of the
+// same moment in one round trip per primary. The 2 ms it waits for the
+// others is nothing to a sweep, which is a poll.
+func NewCoalescer(rdb redis.UniversalClient) *coalesce.Coalescer {
+	return coalesce.New(rdb, 2*time.Millisecond, claimTimeout)
+}
 
 func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan struct{}) {
 	busy := false // a primary gave a whole batch, or another instance told of a backlog
@@ -235,7 +244,7 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 	if len(s.nodes) > 0 {
 		due := false
 		for _, n := range s.nodes {
-			due = due || (!n.claiming && now.Sub(n.sweptAt) >= s.sweepEvery)
+			due = due || (!n.claiming && !now.Before(s.sweepDue(n)))
 		}
 		if !due {
 			return
@@ -244,7 +253,7 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 	var shards []int
 	for _, i := range s.sweepable() {
 		n := s.node(s.nodeOf(ctx, i))
-		if now.Sub(n.sweptAt) >= s.sweepEvery {
+		if !now.Before(s.sweepDue(n)) {
 			shards = append(shards, i)
 		}
 	}
@@ -343,7 +352,7 @@ func (s *Scanner) slotsPerJob(held int) int {
 // that neither starves the other when a round trip takes longer than a
 // poll interval.
 func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
-	return s.leader && n.lastClaim && now.Sub(n.sweptAt) >= s.sweepEvery
+	return s.leader && n.lastClaim && !now.Before(s.sweepDue(n))
 }
 
 // free reports whether the loop may send a job to a primary now.
@@ -447,19 +456,18 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 		todo[n] = n
 	}
 	for attempt := 0; len(todo) > 0; attempt++ {
-		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(todo))
 		var reads []sweepRead
-		for n, at := range todo {
-			if j.limit == 0 && at > 0 {
-				reads = append(reads, s.st.sweepRead(ctx, pipe, j.shards[at], at))
-				continue
+		fill := func(pipe redis.Pipeliner) {
+			for n, at := range todo {
+				if j.limit == 0 && at > 0 {
+					reads = append(reads, s.st.sweepRead(ctx, pipe, j.shards[at], at))
+					continue
+				}
+				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at])
 			}
-			cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at])
 		}
-		before := s.opt.Now()
-		_, _ = pipe.Exec(ctx) // each command's own error is read below
-		after := s.opt.Now()
+		before, after := s.roundTrip(ctx, j.node, j.limit == 0, fill)
 		var again []int
 		var now any // the server clock, from the script of a sweep
 		for n, cmd := range cmds {
@@ -495,6 +503,37 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 	}
 	return d
 }
+
+// roundTrip sends the commands fill queues in one pipeline to the primary
+// node and returns the local clock just before and after Redis ran them.
+// Sweeps (shared) go through the instance's Coalescer, if any, with the
+// other queues' sweeps of the moment; claims go on their own, at once.
+func (s *Scanner) roundTrip(ctx context.Context, node string, shared bool, fill func(redis.Pipeliner)) (before, after time.Time) {
+	if shared && s.opt.Coalescer != nil {
+		start := s.opt.Now()
+		sent, took := s.opt.Coalescer.Do(node, fill)
+		before = start.Add(sent)
+		return before, before.Add(took)
+	}
+	pipe := s.rdb.Pipeline()
+	fill(pipe)
+	before = s.opt.Now()
+	_, _ = pipe.Exec(ctx) // each command's own error is read by the caller
+	return before, s.opt.Now()
+}
+
+// gridNext is the first multiple of every (counted from Go's zero time, the
+// same in every process) after t. Sweeps and role renewals fall due on this
+// grid, so those of many queues fall due together and share a round trip.
+func gridNext(t time.Time, every time.Duration) time.Time {
+	if every <= 0 {
+		return t
+	}
+	return t.Truncate(every).Add(every)
+}
+
+// sweepDue is when primary n's shards are next swept.
+func (s *Scanner) sweepDue(n *nodeState) time.Time { return gridNext(n.sweptAt, s.sweepEvery) }
 
 // claimToken is the token of the next claim of shard i: the token of a
 // claim whose answer never came (a timeout, a lost connection), so that

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/balancer"
+	"github.com/dispatcher/dispatcher/internal/coalesce"
 	"github.com/dispatcher/dispatcher/publisher"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -52,6 +53,11 @@ type Options struct {
 	MaxAttempts      int
 	RetryMin         time.Duration
 	RetryMax         time.Duration
+
+	// Coalescer, shared by the scanners of one instance, sends their sweeps
+	// and sweeper-role renewals that fall due together in one round trip
+	// (NewCoalescer). Nil: each goes on its own.
+	Coalescer *coalesce.Coalescer
 
 	// StampPublished adds header x-published-us to every message.
 	StampPublished bool
@@ -217,7 +223,7 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	if free {
 		s.lastLead = time.Time{}
 	}
-	if !s.leading && time.Since(s.lastLead) >= s.leadEvery(s.leader) && time.Now().After(s.leadUntil) {
+	if !s.leading && !time.Now().Before(gridNext(s.lastLead, s.leadEvery(s.leader))) && time.Now().After(s.leadUntil) {
 		s.leading = true
 		s.lastLead = time.Now()
 		go func() {
@@ -326,7 +332,7 @@ func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
 // while canClaim is false (no publish slot free: one coming free wakes
 // it). claimNow says the loop should claim again at once.
 func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
-	next := s.lastLead.Add(s.leadEvery(s.leader))
+	next := gridNext(s.lastLead, s.leadEvery(s.leader))
 	if s.leadUntil.After(next) {
 		next = s.leadUntil
 	}
@@ -342,7 +348,7 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 			backedOff = true
 		}
 		if s.leader && !busy && !n.claiming && !n.until.After(now) {
-			d = min(d, n.sweptAt.Add(s.sweepEvery).Sub(now))
+			d = min(d, s.sweepDue(n).Sub(now))
 		}
 	}
 	if s.leader && !busy && len(s.nodes) == 0 {
