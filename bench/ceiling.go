@@ -154,6 +154,9 @@ func (r *runner) rawPublish(ctx context.Context, size, window int) (*CeilingRun,
 	}
 	stopProg()
 	sk.stop()
+	if err := sk.ackError(); err != nil {
+		r.warnf("ceiling size=%d window=%d: %v", size, window, err)
+	}
 	c := &CeilingRun{
 		Window: window, Messages: count,
 		PerSec:          perSec(int(rec.unique.Load()), rec.span()),

@@ -14,13 +14,13 @@ import (
 func writeTables(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "Machine: %s\n\n", rep.Machine)
 	fmt.Fprintf(w, "Command: `%s`\n\n", rep.Command)
-	fmt.Fprintf(w, "Consumer: %s\n\n", rep.Consumer)
+	fmt.Fprintf(w, "Consumer: %s\n", rep.Consumer)
 	switch {
 	case len(rep.Results) == 0:
 	case rep.DispatcherStamps:
-		fmt.Fprintf(w, "Lateness, two views: dispatch = header x-published-us (when the dispatcher began publishing the task's batch, Redis clock) minus due time; consumer = receipt minus due time. Cells: p50 / p99 / p99.9 / max, ms.\n")
+		fmt.Fprintf(w, "\nLateness, two views: dispatch = header x-published-us (when the dispatcher began publishing the task's batch, Redis clock) minus due time; consumer = receipt minus due time. Cells: p50 / p99 / p99.9 / max, ms.\n")
 	default:
-		fmt.Fprintf(w, "Lateness, two views: dispatch = header x-published-us minus due time, not measured (\"-\"): this dispatcher does not know %s; consumer = receipt minus due time. Cells: p50 / p99 / p99.9 / max, ms.\n", stampVar)
+		fmt.Fprintf(w, "\nLateness, two views: dispatch = header x-published-us minus due time, not measured (\"-\"): this dispatcher does not know %s; consumer = receipt minus due time. Cells: p50 / p99 / p99.9 / max, ms.\n", stampVar)
 	}
 	consumer := ""
 	if rep.Options != nil {

@@ -1,0 +1,91 @@
+package coalesce
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+)
+
+// pipelineCounter counts the pipelines a client sends.
+type pipelineCounter struct{ n atomic.Int64 }
+
+func (c *pipelineCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (c *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestCallersOfOneMomentShareARoundTrip: requests that come within the
+// window go out in one pipeline, and each caller gets its own results and
+// errors, one caller's bad command failing no other's.
+func TestCallersOfOneMomentShareARoundTrip(t *testing.T) {
+	rdb := testenv.Redis(t)
+	key := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, key)
+	count := &pipelineCounter{}
+	rdb.AddHook(count)
+	ctx := context.Background()
+	if err := rdb.Set(ctx, key+":str", "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := New(rdb, 20*time.Millisecond, 3*time.Second)
+	before := count.n.Load()
+
+	const callers = 50
+	var wg sync.WaitGroup
+	errs := make([]error, callers)
+	vals := make([]int64, callers)
+	for i := 0; i < callers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var incr *redis.IntCmd
+			var bad *redis.ZSliceCmd
+			sent, took := c.Do("", func(pipe redis.Pipeliner) {
+				incr = pipe.IncrBy(ctx, fmt.Sprintf("%s:n%d", key, i), int64(i))
+				if i%10 == 0 { // a sorted-set read of a string: WRONGTYPE
+					bad = pipe.ZRangeWithScores(ctx, key+":str", 0, 0)
+				}
+			})
+			if sent < 0 || took <= 0 {
+				errs[i] = fmt.Errorf("sent %v, took %v", sent, took)
+				return
+			}
+			vals[i], errs[i] = incr.Result()
+			if bad != nil && bad.Err() == nil {
+				errs[i] = fmt.Errorf("ZRANGE of a string answered %v", bad.Val())
+			}
+		}()
+	}
+	wg.Wait()
+	for i := 0; i < callers; i++ {
+		if errs[i] != nil || vals[i] != int64(i) {
+			t.Errorf("caller %d: %d, %v", i, vals[i], errs[i])
+		}
+	}
+	// All 50 started together; a slow scheduler may split them, not into 50.
+	if n := count.n.Load() - before; n > 5 {
+		t.Errorf("%d callers took %d round trips", callers, n)
+	} else {
+		t.Logf("%d callers, %d round trip(s)", callers, n)
+	}
+
+	// Later callers get a round trip of their own: none waits forever.
+	c.Do("", func(pipe redis.Pipeliner) { pipe.Ping(ctx) })
+	c.Do("other", func(pipe redis.Pipeliner) { pipe.Ping(ctx) })
+	if n := count.n.Load() - before; n < 3 {
+		t.Errorf("%d round trips after two more callers, want at least 3", n)
+	}
+}
