@@ -63,7 +63,7 @@ func (s *Scanner) dispatch(work context.Context, b batch, published func()) {
 	defer cancel()
 	publishedAt := s.serverNow(b.shard)
 	if s.opt.StampPublished {
-		us := s.opt.Now().UnixMicro() + s.offsetOf(b.shard)*1000
+		us := s.serverNowUs(b.shard)
 		for n := range msgs {
 			msgs[n].PublishedUs = us
 		}

@@ -89,14 +89,18 @@ type Scanner struct {
 	wake  chan struct{}
 	notes notes
 
-	// Redis server clock minus local clock, ms: per shard, since on a
+	// Redis server clock minus local clock, µs: per shard, since on a
 	// cluster shards live on primaries with clocks of their own; offset is
 	// the last one seen on any shard, for shards not seen yet.
 	offset  atomic.Int64
 	offsets []atomic.Int64
 	clocked []atomic.Bool
-	refusal atomic.Value // string: why Redis refuses the scripts now, "" if it does not
-	cluster bool         // Redis Cluster: shards live on several primaries
+	// The round trip each shard's offset was measured over, and when:
+	// owned by Run's goroutine.
+	clockRTT []time.Duration
+	clockAt  []time.Time
+	refusal  atomic.Value // string: why Redis refuses the scripts now, "" if it does not
+	cluster  bool         // Redis Cluster: shards live on several primaries
 
 	leadDone chan leadResult
 	busySent atomic.Bool // an announceBusy is on its way
@@ -144,6 +148,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	return &Scanner{
 		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{}, unanswered: map[int]string{},
 		offsets: make([]atomic.Int64, opt.Shards), clocked: make([]atomic.Bool, opt.Shards),
+		clockRTT: make([]time.Duration, opt.Shards), clockAt: make([]time.Time, opt.Shards),
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease, retryMin: opt.RetryMin, retryMax: opt.RetryMax,
 			maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
@@ -303,9 +308,12 @@ func (s *Scanner) RedisRefusal() string {
 }
 
 // serverNow estimates the clock of the Redis primary of shard i, in ms.
-func (s *Scanner) serverNow(i int) int64 { return s.opt.Now().UnixMilli() + s.offsetOf(i) }
+func (s *Scanner) serverNow(i int) int64 { return s.serverNowUs(i) / 1000 }
 
-// offsetOf is the Redis clock of shard i's primary minus the local clock, ms.
+// serverNowUs is serverNow in µs.
+func (s *Scanner) serverNowUs(i int) int64 { return s.opt.Now().UnixMicro() + s.offsetOf(i) }
+
+// offsetOf is the Redis clock of shard i's primary minus the local clock, µs.
 func (s *Scanner) offsetOf(i int) int64 {
 	if i >= 0 && i < len(s.clocked) && s.clocked[i].Load() {
 		return s.offsets[i].Load()
@@ -314,14 +322,28 @@ func (s *Scanner) offsetOf(i int) int64 {
 }
 
 // observeClock updates shard i's clock offset from a server time read
-// between before and after.
+// between before and after. The server read it somewhere in that round
+// trip, so taking the midpoint is off by up to half of it: a sample from
+// a slower round trip than the one the offset came from is ignored, unless
+// that one is old enough for the clocks to have drifted apart (allowed
+// for generously, at 1 ms per second).
 func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
-	mid := before.UnixMilli() + after.Sub(before).Milliseconds()/2
-	s.offset.Store(serverMs - mid)
-	if i >= 0 && i < len(s.clocked) {
-		s.offsets[i].Store(serverMs - mid)
-		s.clocked[i].Store(true)
+	rtt := after.Sub(before)
+	// TIME was cut to the ms in the scripts: its middle is half a ms on.
+	off := serverMs*1000 + 500 - (before.UnixMicro() + rtt.Microseconds()/2)
+	if i < 0 || i >= len(s.clocked) {
+		s.offset.Store(off)
+		return
 	}
+	if s.clocked[i].Load() && i < len(s.clockRTT) && rtt > s.clockRTT[i]+after.Sub(s.clockAt[i])/1000 {
+		return
+	}
+	if i < len(s.clockRTT) {
+		s.clockRTT[i], s.clockAt[i] = rtt, after
+	}
+	s.offset.Store(off)
+	s.offsets[i].Store(off)
+	s.clocked[i].Store(true)
 }
 
 // idleDelay is how long the loop may sleep: until the earliest known due

@@ -1,6 +1,7 @@
 package scanner
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -52,5 +53,39 @@ func TestGridNext(t *testing.T) {
 	}
 	if got := gridNext(time.Time{}, every); !got.Before(base) {
 		t.Errorf("never swept: next sweep %v, want long past", got)
+	}
+}
+
+// The server reads its clock somewhere within a round trip, and the
+// estimate takes the midpoint: a slow round trip (a loaded server or
+// network) is off by up to half of it. It must not replace a recent
+// estimate from a fast one (found with the bench's x-published-us stamps:
+// up to 10 ms ahead of the real time under load).
+func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
+	local := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	const skewMs = 5000 // the server's clock is 5 s ahead of the local one
+	s := &Scanner{opt: Options{Now: func() time.Time { return local }},
+		offsets: make([]atomic.Int64, 1), clocked: make([]atomic.Bool, 1),
+		clockRTT: make([]time.Duration, 1), clockAt: make([]time.Time, 1)}
+	truth := func() int64 { return local.UnixMilli() + skewMs }
+
+	// A fast round trip: 200 µs, the clock read in its middle.
+	before := local
+	after := before.Add(200 * time.Microsecond)
+	s.observeClock(0, before.Add(100*time.Microsecond).UnixMilli()+skewMs, before, after)
+	// A slow one a little later: 40 ms, the clock read right at its start.
+	local = local.Add(time.Second)
+	before, after = local, local.Add(40*time.Millisecond)
+	s.observeClock(0, before.UnixMilli()+skewMs, before, after)
+	if d := s.serverNow(0) - truth(); d < -1 || d > 1 {
+		t.Errorf("server clock estimate off by %d ms after a slow round trip", d)
+	}
+	// Much later, when the fast estimate may have drifted, a slower sample
+	// is taken: the estimate follows the server's clock.
+	local = local.Add(time.Minute)
+	before, after = local, local.Add(2*time.Millisecond)
+	s.observeClock(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after) // the server's clock drifted 3 ms
+	if d := s.serverNow(0) - truth(); d < 2 || d > 4 {
+		t.Errorf("estimate off by %d ms from the drifted server clock's 3 ms ahead", d)
 	}
 }
