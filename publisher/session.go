@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -448,9 +449,17 @@ func (s *session) shutdown(err error) {
 	}
 }
 
+// deadErr is why the session ended, as given to work that comes after
+// the end: that work never reached the broker, so a channel closed over
+// another message (a 406 refusal of it) is only a lost connection to it.
+// The publishes that were on the channel get the real reason (shutdown).
 func (s *session) deadErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var le *LostError
+	if errors.As(s.dead, &le) && le.Code != 0 {
+		return &LostError{Reason: "the session ended before this publish: " + le.Error()}
+	}
 	return s.dead
 }
 

@@ -251,3 +251,24 @@ func publishLoopHeld(t *testing.T, p *Publisher, msgs []Message, whileHeld func(
 	s.mu.Unlock()
 	return <-res, unsettled
 }
+
+// A session that the broker ended by refusing one message (406 on the
+// shared channel) must not pass that refusal on to messages it is given
+// afterwards: they never reached the broker, and counting the refusal
+// against them dead-lettered healthy batch-mates of an oversized member
+// (TestBrokerRefusedMemberDeadLettered, 16 of 40 lost once).
+func TestDeadSessionBlamesNoLaterMessage(t *testing.T) {
+	s := newSession(nil, nil)
+	refused := &LostError{Code: 406, Reason: "PRECONDITION_FAILED - message size 1500000 is larger than configured max size 1048576", Refused: true}
+	s.shutdown(refused)
+	_, err := s.publishAlone(context.Background(), time.Second, "ex", "key", amqp.Publishing{})
+	if k := Kind(err); k != "lost" {
+		t.Errorf("publishAlone on the ended session: %v (%s), want lost", err, k)
+	}
+	for range maxOutstanding {
+		s.slots <- struct{}{} // no slot free: acquire waits for the end
+	}
+	if k := Kind(s.acquire(context.Background(), time.Second)); k != "lost" {
+		t.Errorf("acquire on the ended session: %s, want lost", k)
+	}
+}
