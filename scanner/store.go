@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/coalesce"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -21,7 +23,8 @@ type store struct {
 	retryMin    time.Duration
 	retryMax    time.Duration
 	maxAttempts int
-	instance    string // makes claim tokens unique across instances
+	instance    string              // makes claim tokens unique across instances
+	acks        *coalesce.Coalescer // sends acks of the moment together; nil: each alone
 
 	seq atomic.Uint64
 }
@@ -128,7 +131,19 @@ func (st *store) ack(ctx context.Context, i int, entries []string) (int, error) 
 	if len(entries) == 0 {
 		return 0, nil
 	}
-	n, err := ackScript.Run(ctx, st.rdb, []string{st.keys.Inflight(i), st.keys.Attempts(i)}, anys(entries)...).Int()
+	keys, args := []string{st.keys.Inflight(i), st.keys.Attempts(i)}, anys(entries)
+	var n int
+	var err error
+	if st.acks != nil {
+		var cmd *redis.Cmd
+		st.acks.Do(redisconn.NodeOf(ctx, st.rdb, keys[0]), func(pipe redis.Pipeliner) {
+			cmd = ackScript.EvalSha(ctx, pipe, keys, args...)
+		})
+		n, err = cmd.Int()
+	}
+	if st.acks == nil || redis.HasErrorPrefix(err, "NOSCRIPT") {
+		n, err = ackScript.Run(ctx, st.rdb, keys, args...).Int()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("ack %d tasks on %s: %w", len(entries), st.keys.Inflight(i), err)
 	}

@@ -121,7 +121,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Metrics:        publisher.NewMetrics(reg),
 	})
 	smet := scanner.NewMetrics(reg)
-	coalescer := scanner.NewCoalescer(rdb)
+	coalescer, ackCoalescer := scanner.NewCoalescer(rdb), scanner.NewAckCoalescer(rdb)
 
 	// The publisher outlives the scanners: their last confirms need it.
 	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
@@ -137,7 +137,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, StampPublished: cfg.StampPublished, Coalescer: coalescer,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, StampPublished: cfg.StampPublished, Coalescer: coalescer, AckCoalescer: ackCoalescer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock,
 		}))
 	}
