@@ -121,7 +121,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Metrics:        publisher.NewMetrics(reg),
 	})
 	smet := scanner.NewMetrics(reg)
+	// Shared by the queues' scanners; closed on return, when every scanner
+	// has stopped (a Do after Close would still be answered).
 	coalescer, ackCoalescer := scanner.NewCoalescer(rdb), scanner.NewAckCoalescer(rdb)
+	defer ackCoalescer.Close()
+	defer coalescer.Close()
 
 	// The publisher outlives the scanners: their last confirms need it.
 	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))

@@ -17,20 +17,23 @@ import (
 )
 
 // Coalescer gathers requests per primary. The zero value is not usable;
-// use New.
+// use New, and Close it when done.
 type Coalescer struct {
 	rdb     redis.UniversalClient
 	window  time.Duration
 	timeout time.Duration
 
-	mu    sync.Mutex
-	lanes map[string]*lane
+	mu     sync.Mutex
+	lanes  map[string]*lane
+	closed bool
+	stop   chan struct{}
+	wg     sync.WaitGroup
 }
 
 // New returns a Coalescer that sends through rdb. A round trip waits window
 // after the first request for others to join it, and is bounded by timeout.
 func New(rdb redis.UniversalClient, window, timeout time.Duration) *Coalescer {
-	return &Coalescer{rdb: rdb, window: window, timeout: timeout, lanes: map[string]*lane{}}
+	return &Coalescer{rdb: rdb, window: window, timeout: timeout, lanes: map[string]*lane{}, stop: make(chan struct{})}
 }
 
 type request struct {
@@ -41,12 +44,14 @@ type request struct {
 	done   chan struct{}
 }
 
-// lane is the queue of requests for one primary; at most one round trip
-// is on its way per lane, so a primary that hangs holds up only its own.
+// lane is the queue of requests for one primary, sent by a goroutine of its
+// own that lives until Close: at most one round trip is on its way per
+// lane, so a primary that hangs holds up only its own; and a goroutine
+// started per round trip would grow its stack through go-redis every time.
 type lane struct {
-	mu      sync.Mutex
-	queue   []*request
-	running bool
+	mu    sync.Mutex
+	queue []*request
+	wake  chan struct{}
 }
 
 // Do adds the commands fill queues on the pipeline to the next round trip
@@ -56,61 +61,108 @@ type lane struct {
 // how long it took, so that a caller can tell when Redis ran the commands
 // (a server clock read among them). Each command carries its own result or
 // error: read them after Do returns. fill must only queue commands; the
-// context given to them does not bound the round trip.
+// context given to them does not bound the round trip. After Close, Do
+// sends on its own.
 func (c *Coalescer) Do(node string, fill func(pipe redis.Pipeliner)) (sent, took time.Duration) {
 	r := &request{fill: fill, queued: time.Now(), done: make(chan struct{})}
-	l := c.lane(node)
-	l.mu.Lock()
-	l.queue = append(l.queue, r)
-	start := !l.running
-	l.running = true
-	l.mu.Unlock()
-	if start {
-		go c.run(l)
+	l := c.enqueue(node, r)
+	if l == nil {
+		c.send([]*request{r})
+		return r.sent, r.took
+	}
+	select {
+	case l.wake <- struct{}{}:
+	default:
 	}
 	<-r.done
 	return r.sent, r.took
 }
 
-func (c *Coalescer) lane(node string) *lane {
+// Close stops the lanes' goroutines once their requests are sent.
+func (c *Coalescer) Close() {
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		close(c.stop)
+	}
+	c.mu.Unlock()
+	c.wg.Wait()
+}
+
+// enqueue adds r to node's lane, starting the lane if new, and returns the
+// lane; nil after Close. Under the Coalescer's lock, so that nothing is
+// queued after Close, whose lanes send what they hold before they end.
+func (c *Coalescer) enqueue(node string, r *request) *lane {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
 	l := c.lanes[node]
 	if l == nil {
-		l = &lane{}
+		l = &lane{wake: make(chan struct{}, 1)}
 		c.lanes[node] = l
+		c.wg.Add(1)
+		go c.run(l)
 	}
+	l.mu.Lock()
+	l.queue = append(l.queue, r)
+	l.mu.Unlock()
 	return l
 }
 
-// run sends the lane's requests, the ones that came meanwhile in one
-// pipeline, until none is left.
+// run sends the lane's requests, those that came within the window in one
+// pipeline, until Close.
 func (c *Coalescer) run(l *lane) {
-	if c.window > 0 {
-		time.Sleep(c.window)
-	}
+	defer c.wg.Done()
 	for {
-		l.mu.Lock()
-		batch := l.queue
-		l.queue = nil
-		if len(batch) == 0 {
-			l.running = false
-			l.mu.Unlock()
+		select {
+		case <-l.wake:
+		case <-c.stop:
+			// A Do that queued before Close is still answered.
+			for c.flush(l) {
+			}
 			return
 		}
-		l.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-		pipe := c.rdb.Pipeline()
-		for _, r := range batch {
-			r.fill(pipe)
+		if c.window > 0 {
+			t := time.NewTimer(c.window)
+			select {
+			case <-t.C:
+			case <-c.stop:
+				t.Stop()
+			}
 		}
-		before := time.Now()
-		_, _ = pipe.Exec(ctx) // each command holds its own error
-		after := time.Now()
-		cancel()
-		for _, r := range batch {
-			r.sent, r.took = before.Sub(r.queued), after.Sub(before)
-			close(r.done)
+		for c.flush(l) {
 		}
+	}
+}
+
+// flush sends what the lane holds in one round trip; false if it held none.
+func (c *Coalescer) flush(l *lane) bool {
+	l.mu.Lock()
+	batch := l.queue
+	l.queue = nil
+	l.mu.Unlock()
+	if len(batch) == 0 {
+		return false
+	}
+	c.send(batch)
+	return true
+}
+
+// send runs the requests' commands in one pipeline and answers them.
+func (c *Coalescer) send(batch []*request) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	pipe := c.rdb.Pipeline()
+	for _, r := range batch {
+		r.fill(pipe)
+	}
+	before := time.Now()
+	_, _ = pipe.Exec(ctx) // each command holds its own error
+	after := time.Now()
+	for _, r := range batch {
+		r.sent, r.took = before.Sub(r.queued), after.Sub(before)
+		close(r.done)
 	}
 }

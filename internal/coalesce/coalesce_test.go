@@ -41,6 +41,7 @@ func TestCallersOfOneMomentShareARoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := New(rdb, 20*time.Millisecond, 3*time.Second)
+	defer c.Close()
 	before := count.n.Load()
 
 	const callers = 50
@@ -87,5 +88,13 @@ func TestCallersOfOneMomentShareARoundTrip(t *testing.T) {
 	c.Do("other", func(pipe redis.Pipeliner) { pipe.Ping(ctx) })
 	if n := count.n.Load() - before; n < 3 {
 		t.Errorf("%d round trips after two more callers, want at least 3", n)
+	}
+
+	// Closed, it ends its goroutines, and a caller still gets an answer.
+	c.Close()
+	var pong *redis.StatusCmd
+	c.Do("", func(pipe redis.Pipeliner) { pong = pipe.Ping(ctx) })
+	if pong.Val() != "PONG" {
+		t.Errorf("after Close: %v", pong.Err())
 	}
 }
