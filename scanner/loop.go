@@ -71,16 +71,6 @@ func NewCoalescer(rdb redis.UniversalClient) *coalesce.Coalescer {
 	return coalesce.New(rdb, 2*time.Millisecond, claimTimeout)
 }
 
-// NewAckCoalescer returns the Coalescer that the scanners of one instance
-// share (Options.AckCoalescer) to send the acks of batches confirmed at
-// about the same time in one round trip: at a steady rate most batches
-// hold a task or two, and a round trip each for their acks was a good part
-// of the CPU per task. An ack that waits a ms only keeps its tasks in
-// flight a ms longer.
-func NewAckCoalescer(rdb redis.UniversalClient) *coalesce.Coalescer {
-	return coalesce.New(rdb, time.Millisecond, claimTimeout)
-}
-
 func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan struct{}) {
 	busy := false // a primary gave a whole batch, or another instance told of a backlog
 	done := make(chan claimDone, 1)

@@ -59,11 +59,6 @@ type Options struct {
 	// (NewCoalescer). Nil: each goes on its own.
 	Coalescer *coalesce.Coalescer
 
-	// AckCoalescer, shared by the scanners of one instance, sends the acks
-	// of batches confirmed together in one round trip per primary
-	// (NewAckCoalescer). Nil: each goes on its own.
-	AckCoalescer *coalesce.Coalescer
-
 	// StampPublished adds header x-published-us to every message.
 	StampPublished bool
 
@@ -156,7 +151,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		clockRTT: make([]time.Duration, opt.Shards), clockAt: make([]time.Time, opt.Shards),
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease, retryMin: opt.RetryMin, retryMax: opt.RetryMax,
-			maxAttempts: opt.MaxAttempts, instance: opt.InstanceID, acks: opt.AckCoalescer},
+			maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
 		bal:        balancer.New(rdb, keys.Counter(), opt.Shards),
 		log:        log,
 		lim:        newLogLimiter(log, 10*time.Second),

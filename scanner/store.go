@@ -9,8 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dispatcher/dispatcher/internal/coalesce"
-	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -23,8 +21,7 @@ type store struct {
 	retryMin    time.Duration
 	retryMax    time.Duration
 	maxAttempts int
-	instance    string              // makes claim tokens unique across instances
-	acks        *coalesce.Coalescer // sends acks of the moment together; nil: each alone
+	instance    string // makes claim tokens unique across instances
 
 	seq atomic.Uint64
 }
@@ -131,19 +128,7 @@ func (st *store) ack(ctx context.Context, i int, entries []string) (int, error) 
 	if len(entries) == 0 {
 		return 0, nil
 	}
-	keys, args := []string{st.keys.Inflight(i), st.keys.Attempts(i)}, anys(entries)
-	var n int
-	var err error
-	if st.acks != nil {
-		var cmd *redis.Cmd
-		st.acks.Do(redisconn.NodeOf(ctx, st.rdb, keys[0]), func(pipe redis.Pipeliner) {
-			cmd = ackScript.EvalSha(ctx, pipe, keys, args...)
-		})
-		n, err = cmd.Int()
-	}
-	if st.acks == nil || redis.HasErrorPrefix(err, "NOSCRIPT") {
-		n, err = ackScript.Run(ctx, st.rdb, keys, args...).Int()
-	}
+	n, err := ackScript.Run(ctx, st.rdb, []string{st.keys.Inflight(i), st.keys.Attempts(i)}, anys(entries)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("ack %d tasks on %s: %w", len(entries), st.keys.Inflight(i), err)
 	}

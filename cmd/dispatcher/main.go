@@ -123,8 +123,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	smet := scanner.NewMetrics(reg)
 	// Shared by the queues' scanners; closed on return, when every scanner
 	// has stopped (a Do after Close would still be answered).
-	coalescer, ackCoalescer := scanner.NewCoalescer(rdb), scanner.NewAckCoalescer(rdb)
-	defer ackCoalescer.Close()
+	coalescer := scanner.NewCoalescer(rdb)
 	defer coalescer.Close()
 
 	// The publisher outlives the scanners: their last confirms need it.
@@ -141,7 +140,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, StampPublished: cfg.StampPublished, Coalescer: coalescer, AckCoalescer: ackCoalescer,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, StampPublished: cfg.StampPublished, Coalescer: coalescer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock,
 		}))
 	}
