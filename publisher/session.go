@@ -142,9 +142,10 @@ func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Pu
 	defer s.pubMu.Unlock()
 	s.mu.Lock()
 	if s.dead != nil {
+		err := afterEnd(s.dead)
 		s.mu.Unlock()
 		s.release()
-		w.resolve(s.dead)
+		w.resolve(err)
 		return w
 	}
 	w.tag = s.ch.GetNextPublishSeqNo()
@@ -456,11 +457,16 @@ func (s *session) shutdown(err error) {
 func (s *session) deadErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return afterEnd(s.dead)
+}
+
+// afterEnd is the session's end err as given to a publish that came after it.
+func afterEnd(err error) error {
 	var le *LostError
-	if errors.As(s.dead, &le) && le.Code != 0 {
+	if errors.As(err, &le) && le.Code != 0 {
 		return &LostError{Reason: "the session ended before this publish: " + le.Error()}
 	}
-	return s.dead
+	return err
 }
 
 // close ends the session and waits for its goroutines. Closing the

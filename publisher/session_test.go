@@ -265,6 +265,15 @@ func TestDeadSessionBlamesNoLaterMessage(t *testing.T) {
 	if k := Kind(err); k != "lost" {
 		t.Errorf("publishAlone on the ended session: %v (%s), want lost", err, k)
 	}
+	// A slot free: acquire gives it, and the publish finds the end.
+	if err := s.acquire(context.Background(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	w := s.publish(context.Background(), "ex", "key", amqp.Publishing{})
+	<-w.done
+	if k := Kind(w.err); k != "lost" {
+		t.Errorf("publish on the ended session: %v (%s), want lost", w.err, k)
+	}
 	for range maxOutstanding {
 		s.slots <- struct{}{} // no slot free: acquire waits for the end
 	}
