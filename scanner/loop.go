@@ -629,26 +629,11 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			out = append(out, b)
 			s.hot()
 		}
-		if len(c.entries) >= d.job.limit || s.behind(i, b.tasks) {
+		if len(c.entries) >= d.job.limit {
 			full = true
 		}
 	}
 	return out, full, trouble
-}
-
-// behind reports whether a claim of shard i found tasks due so long ago
-// that this instance is not keeping up (its CPU, its broker connection):
-// then, as with a full batch, the others are called in to help. Retries
-// whose backoff ran out count too; a spell of help costs claims, not tasks.
-func (s *Scanner) behind(i int, tasks []Task) bool {
-	if len(tasks) == 0 {
-		return false
-	}
-	oldest := tasks[0].DueMs
-	for _, t := range tasks[1:] {
-		oldest = min(oldest, t.DueMs)
-	}
-	return s.serverNow(i)-oldest > max(2*s.opt.PollInterval, 100*time.Millisecond).Milliseconds()
 }
 
 // claim claims up to BatchSize tasks of each target shard, the way the

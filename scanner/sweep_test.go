@@ -1,7 +1,6 @@
 package scanner
 
 import (
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,32 +87,5 @@ func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 	s.observeClock(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after) // the server's clock drifted 3 ms
 	if d := s.serverNow(0) - truth(); d < 2 || d > 4 {
 		t.Errorf("estimate off by %d ms from the drifted server clock's 3 ms ahead", d)
-	}
-}
-
-// An instance that cannot keep up (its CPU, say) claims tasks that are
-// late, in batches far from full: it must call the other instances in,
-// as a full batch does, rather than wait until 500 tasks a shard have
-// piled up (at 10,000 tasks/s over 8 shards, 0.4 s late).
-func TestLateClaimCallsForHelp(t *testing.T) {
-	local := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
-	s := New(nil, nil, Options{Queue: "q", Shards: 2, BatchSize: 500, PollInterval: 50 * time.Millisecond,
-		Lease: 30 * time.Second, Now: func() time.Time { return local }})
-	nowMs := local.UnixMilli()
-	claim := func(lateMs int64) bool {
-		vals := []any{nowMs, "", "", int64(0), fmt.Sprint(nowMs + 30000),
-			fmt.Sprintf("%d:a", nowMs-lateMs), fmt.Sprintf("%d:b", nowMs-lateMs+1)}
-		_, full, err := s.absorb(claimDone{job: claimJob{shards: []int{0}, tokens: []string{"t"}, limit: 500},
-			vals: [][]any{vals}, errs: []error{nil}, before: []time.Time{local}, after: []time.Time{local}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return full
-	}
-	if claim(5) {
-		t.Error("two tasks 5 ms late: called for help")
-	}
-	if !claim(500) {
-		t.Error("two tasks 500 ms late: no call for help")
 	}
 }
