@@ -82,9 +82,11 @@ func (s *Scanner) lead(ctx context.Context) (bool, error) {
 	if s.opt.Coalescer != nil {
 		// With the other queues' renewals of the moment, in one round trip.
 		var cmd *redis.Cmd
-		s.opt.Coalescer.Do(redisconn.NodeOf(ctx, s.rdb, s.keys.Sweeper()), func(pipe redis.Pipeliner) {
+		if _, _, err := s.opt.Coalescer.Do(ctx, redisconn.NodeOf(ctx, s.rdb, s.keys.Sweeper()), func(pipe redis.Pipeliner) {
 			cmd = leadScript.EvalSha(ctx, pipe, keys, args...)
-		})
+		}); err != nil {
+			return false, err // past the role's TTL: the answer is moot
+		}
 		n, err = cmd.Int()
 	}
 	if s.opt.Coalescer == nil || redis.HasErrorPrefix(err, "NOSCRIPT") {

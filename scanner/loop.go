@@ -467,7 +467,13 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at])
 			}
 		}
-		before, after := s.roundTrip(ctx, j.node, j.limit == 0, fill)
+		before, after, err := s.roundTrip(ctx, j.node, j.limit == 0, fill)
+		if err != nil { // the round trip is left unread: it may still be writing the results
+			for _, at := range todo {
+				d.errs[at] = err
+			}
+			return d
+		}
 		var again []int
 		var now any // the server clock, from the script of a sweep
 		for n, cmd := range cmds {
@@ -508,28 +514,32 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 // node and returns the local clock just before and after Redis ran them.
 // Sweeps (shared) go through the instance's Coalescer, if any, with the
 // other queues' sweeps of the moment; claims go on their own, at once.
-func (s *Scanner) roundTrip(ctx context.Context, node string, shared bool, fill func(redis.Pipeliner)) (before, after time.Time) {
+// An error means ctx ended first (coalesced only): the commands must not be
+// read.
+func (s *Scanner) roundTrip(ctx context.Context, node string, shared bool, fill func(redis.Pipeliner)) (before, after time.Time, err error) {
 	if shared && s.opt.Coalescer != nil {
 		start := s.opt.Now()
-		sent, took := s.opt.Coalescer.Do(node, fill)
+		sent, took, err := s.opt.Coalescer.Do(ctx, node, fill)
 		before = start.Add(sent)
-		return before, before.Add(took)
+		return before, before.Add(took), err
 	}
 	pipe := s.rdb.Pipeline()
 	fill(pipe)
 	before = s.opt.Now()
 	_, _ = pipe.Exec(ctx) // each command's own error is read by the caller
-	return before, s.opt.Now()
+	return before, s.opt.Now(), nil
 }
 
 // gridNext is the first multiple of every (counted from Go's zero time, the
 // same in every process) after t. Sweeps and role renewals fall due on this
 // grid, so those of many queues fall due together and share a round trip.
 func gridNext(t time.Time, every time.Duration) time.Time {
-	if every <= 0 {
+	if every <= 0 || t.IsZero() {
 		return t
 	}
-	return t.Truncate(every).Add(every)
+	// Add, not Truncate: t keeps its monotonic reading, so a step of the
+	// wall clock does not stop sweeps or renewals for the length of the step.
+	return t.Add(every - time.Duration(t.UnixNano()%int64(every)))
 }
 
 // sweepDue is when primary n's shards are next swept.

@@ -336,7 +336,13 @@ func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
 		return
 	}
 	if s.clocked[i].Load() && i < len(s.clockRTT) && rtt > s.clockRTT[i]+after.Sub(s.clockAt[i])/1000 {
-		return
+		// A slower sample, unless it shows the offset kept is wrong (a
+		// clock was stepped): the server's reading must fall in the round
+		// trip, give or take the ms it was cut to.
+		cur, at := s.offsets[i].Load(), serverMs*1000+500
+		if at >= before.UnixMicro()+cur-1000 && at <= after.UnixMicro()+cur+1000 {
+			return
+		}
 	}
 	if i < len(s.clockRTT) {
 		s.clockRTT[i], s.clockAt[i] = rtt, after
@@ -390,7 +396,10 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 		}
 		// In µs: waking up to a ms early only to sleep a whole ms more
 		// made tasks late by up to 2 ms.
-		w := time.Duration(at*1000-s.serverNowUs(i)) * time.Microsecond
+		w := time.Hour // far off (a score of +inf is 2^62 ms): no overflow
+		if at-s.serverNow(i) < time.Hour.Milliseconds() {
+			w = time.Duration(at*1000-s.serverNowUs(i)) * time.Microsecond
+		}
 		if bad := s.badUntil[i]; bad.After(now) {
 			w = max(w, bad.Sub(now))
 		}

@@ -1,6 +1,7 @@
 package scanner
 
 import (
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,6 +55,11 @@ func TestGridNext(t *testing.T) {
 	if got := gridNext(time.Time{}, every); !got.Before(base) {
 		t.Errorf("never swept: next sweep %v, want long past", got)
 	}
+	// The monotonic reading stays (String shows it as m=...), so that a
+	// step of the wall clock does not move the next sweep.
+	if got := gridNext(time.Now(), every); !strings.Contains(got.String(), "m=") {
+		t.Errorf("gridNext dropped the monotonic clock: %v", got)
+	}
 }
 
 // The server reads its clock somewhere within a round trip, and the
@@ -87,5 +93,15 @@ func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 	s.observeClock(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after) // the server's clock drifted 3 ms
 	if d := s.serverNow(0) - truth(); d < 2 || d > 4 {
 		t.Errorf("estimate off by %d ms from the drifted server clock's 3 ms ahead", d)
+	}
+	// The local clock is stepped 5 s back; the next sample, slow as it is,
+	// shows the kept offset wrong and replaces it at once.
+	before, after = local, local.Add(2*time.Millisecond)
+	s.observeClock(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after)
+	local = local.Add(-5 * time.Second)
+	before, after = local, local.Add(5*time.Millisecond)
+	s.observeClock(0, before.Add(2500*time.Microsecond).UnixMilli()+skewMs+3+5000, before, after)
+	if d := s.serverNow(0) - (local.UnixMilli() + skewMs + 3 + 5000); d < -3 || d > 3 {
+		t.Errorf("after a 5 s step of the local clock, the estimate is off by %d ms", d)
 	}
 }

@@ -69,6 +69,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	log := newLogger(cfg, stderr)
+	if cfg.IdlePollInterval > shard.DefaultWakeWithin {
+		// Tasks due between the two after their ZADD get no wake-up from the
+		// Go producer and are found by a sweep after their due time.
+		log.Warn("DISPATCHER_IDLE_POLL_INTERVAL is longer than the Go producer's wake-up window: on a quiet queue, tasks due that soon after their ZADD can be late by the difference (raise the producers' SetWakeWithin to match)",
+			"idle_poll_interval", cfg.IdlePollInterval, "wake_within", shard.DefaultWakeWithin)
+	}
 	redis.SetLogger(newRedisLogger(log.With("component", "redis-client")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -56,26 +56,32 @@ type lane struct {
 
 // Do adds the commands fill queues on the pipeline to the next round trip
 // to node (the primary's address, or any string that names one; "" for a
-// single server) and waits until it is answered, at most the Coalescer's
-// timeout. It returns how long after the call the round trip began and
-// how long it took, so that a caller can tell when Redis ran the commands
-// (a server clock read among them). Each command carries its own result or
-// error: read them after Do returns. fill must only queue commands; the
-// context given to them does not bound the round trip. After Close, Do
-// sends on its own.
-func (c *Coalescer) Do(node string, fill func(pipe redis.Pipeliner)) (sent, took time.Duration) {
+// single server) and waits until it is answered or ctx ends. It returns
+// how long after the call the round trip began and how long it took, so
+// that a caller can tell when Redis ran the commands (a server clock read
+// among them). Each command carries its own result or error: read them
+// after Do returns nil, and never after it returned ctx's error (the round
+// trip may still be writing them). fill must only queue commands, and runs
+// on another goroutine. A round trip is bounded by the Coalescer's timeout;
+// one queued behind a round trip that hangs waits for that one first,
+// which is what ctx bounds. After Close, Do sends on its own.
+func (c *Coalescer) Do(ctx context.Context, node string, fill func(pipe redis.Pipeliner)) (sent, took time.Duration, err error) {
 	r := &request{fill: fill, queued: time.Now(), done: make(chan struct{})}
 	l := c.enqueue(node, r)
 	if l == nil {
 		c.send([]*request{r})
-		return r.sent, r.took
+		return r.sent, r.took, nil
 	}
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
-	<-r.done
-	return r.sent, r.took
+	select {
+	case <-r.done:
+		return r.sent, r.took, nil
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
 }
 
 // Close stops the lanes' goroutines once their requests are sent.

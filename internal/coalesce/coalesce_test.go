@@ -2,6 +2,7 @@ package coalesce
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -54,14 +55,14 @@ func TestCallersOfOneMomentShareARoundTrip(t *testing.T) {
 			defer wg.Done()
 			var incr *redis.IntCmd
 			var bad *redis.ZSliceCmd
-			sent, took := c.Do("", func(pipe redis.Pipeliner) {
+			sent, took, err := c.Do(ctx, "", func(pipe redis.Pipeliner) {
 				incr = pipe.IncrBy(ctx, fmt.Sprintf("%s:n%d", key, i), int64(i))
 				if i%10 == 0 { // a sorted-set read of a string: WRONGTYPE
 					bad = pipe.ZRangeWithScores(ctx, key+":str", 0, 0)
 				}
 			})
-			if sent < 0 || took <= 0 {
-				errs[i] = fmt.Errorf("sent %v, took %v", sent, took)
+			if err != nil || sent < 0 || took <= 0 {
+				errs[i] = fmt.Errorf("sent %v, took %v, %v", sent, took, err)
 				return
 			}
 			vals[i], errs[i] = incr.Result()
@@ -84,8 +85,8 @@ func TestCallersOfOneMomentShareARoundTrip(t *testing.T) {
 	}
 
 	// Later callers get a round trip of their own: none waits forever.
-	c.Do("", func(pipe redis.Pipeliner) { pipe.Ping(ctx) })
-	c.Do("other", func(pipe redis.Pipeliner) { pipe.Ping(ctx) })
+	_, _, _ = c.Do(ctx, "", func(pipe redis.Pipeliner) { pipe.Ping(ctx) })
+	_, _, _ = c.Do(ctx, "other", func(pipe redis.Pipeliner) { pipe.Ping(ctx) })
 	if n := count.n.Load() - before; n < 3 {
 		t.Errorf("%d round trips after two more callers, want at least 3", n)
 	}
@@ -93,8 +94,39 @@ func TestCallersOfOneMomentShareARoundTrip(t *testing.T) {
 	// Closed, it ends its goroutines, and a caller still gets an answer.
 	c.Close()
 	var pong *redis.StatusCmd
-	c.Do("", func(pipe redis.Pipeliner) { pong = pipe.Ping(ctx) })
+	_, _, _ = c.Do(ctx, "", func(pipe redis.Pipeliner) { pong = pipe.Ping(ctx) })
 	if pong.Val() != "PONG" {
 		t.Errorf("after Close: %v", pong.Err())
 	}
+}
+
+// A caller queued behind a round trip to a primary that stopped answering
+// gives up when its own context ends, not after that round trip's timeout
+// and its own.
+func TestCallerGivesUpWithItsContext(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	rdb := srv.Client()
+	c := New(rdb, 0, 3*time.Second)
+	defer c.Close()
+	srv.Pause()
+	defer srv.Resume()
+	ctx := context.Background()
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		_, _, _ = c.Do(ctx, "", func(pipe redis.Pipeliner) { pipe.Ping(ctx) }) // hangs until the timeout
+	}()
+	time.Sleep(100 * time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	_, _, err := c.Do(short, "", func(pipe redis.Pipeliner) { pipe.Ping(ctx) })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Do behind a hung round trip: %v, want the caller's deadline", err)
+	}
+	if waited := time.Since(began); waited > 2*time.Second {
+		t.Errorf("Do waited %v with a 200ms context", waited)
+	}
+	srv.Resume()
+	<-first
 }
