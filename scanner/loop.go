@@ -262,6 +262,14 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 		s.node(j.node).sweptAt = now
 		launch(j)
 	}
+	// A due primary that got no job (all its shards set aside, or backed
+	// off) counts as swept too: otherwise it stays due and the loop wakes
+	// every ms for it.
+	for _, n := range s.nodes {
+		if !n.claiming && !now.Before(s.sweepDue(n)) {
+			n.sweptAt = now
+		}
+	}
 	if len(jobs) > 0 {
 		s.cool()
 	}

@@ -1,6 +1,7 @@
 package scanner
 
 import (
+	"context"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -103,5 +104,26 @@ func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 	s.observeClock(0, before.Add(2500*time.Microsecond).UnixMilli()+skewMs+3+5000, before, after)
 	if d := s.serverNow(0) - (local.UnixMilli() + skewMs + 3 + 5000); d < -3 || d > 3 {
 		t.Errorf("after a 5 s step of the local clock, the estimate is off by %d ms", d)
+	}
+}
+
+// A primary whose every shard is set aside (badUntil) has nothing to
+// sweep: the loop must still wait a sweep interval for it, not wake every
+// ms (found in review).
+func TestNothingToSweepDoesNotSpin(t *testing.T) {
+	s := New(nil, nil, Options{Queue: "q", Shards: 1, BatchSize: 10, PollInterval: 50 * time.Millisecond,
+		Lease: 30 * time.Second})
+	s.leader, s.leading = true, true // a renewal on its way: not what wakes the loop
+	s.node("")
+	s.badUntil[0] = time.Now().Add(5 * time.Second)
+	launched := 0
+	s.sweep(context.Background(), func(claimJob) { launched++ })
+	if launched != 0 {
+		t.Fatalf("%d jobs launched for a set-aside shard", launched)
+	}
+	// Its next sweep is a grid point ahead (not long past, which makes
+	// idleDelay answer its 1 ms minimum on every turn).
+	if due := s.sweepDue(s.node("")); !due.After(time.Now()) {
+		t.Errorf("primary with nothing to sweep is due again at once (%v)", due)
 	}
 }
