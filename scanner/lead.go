@@ -79,17 +79,19 @@ func (s *Scanner) lead(ctx context.Context) (bool, error) {
 	keys, args := []string{s.keys.Sweeper()}, []any{s.opt.InstanceID, s.roleTTL().Milliseconds()}
 	var n int
 	var err error
-	if s.opt.Coalescer != nil {
+	node := redisconn.NodeOf(ctx, s.rdb, s.keys.Sweeper())
+	shared := s.opt.Coalescer != nil && (node != "" || !s.cluster) // "" on a cluster: not known, alone
+	if shared {
 		// With the other queues' renewals of the moment, in one round trip.
 		var cmd *redis.Cmd
-		if _, _, err := s.opt.Coalescer.Do(ctx, redisconn.NodeOf(ctx, s.rdb, s.keys.Sweeper()), func(pipe redis.Pipeliner) {
+		if _, _, err := s.opt.Coalescer.Do(ctx, node, func(pipe redis.Pipeliner) {
 			cmd = leadScript.EvalSha(ctx, pipe, keys, args...)
 		}); err != nil {
 			return false, err // past the role's TTL: the answer is moot
 		}
 		n, err = cmd.Int()
 	}
-	if s.opt.Coalescer == nil || redis.HasErrorPrefix(err, "NOSCRIPT") {
+	if !shared || redis.HasErrorPrefix(err, "NOSCRIPT") {
 		n, err = leadScript.Run(ctx, s.rdb, keys, args...).Int()
 	}
 	switch {

@@ -525,7 +525,9 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 // An error means ctx ended first (coalesced only): the commands must not be
 // read.
 func (s *Scanner) roundTrip(ctx context.Context, node string, shared bool, fill func(redis.Pipeliner)) (before, after time.Time, err error) {
-	if shared && s.opt.Coalescer != nil {
+	// On a cluster, "" is a primary not known (yet): alone, so that it
+	// holds up no lane of a known one.
+	if shared && s.opt.Coalescer != nil && (node != "" || !s.cluster) {
 		start := s.opt.Now()
 		sent, took, err := s.opt.Coalescer.Do(ctx, node, fill)
 		before = start.Add(sent)

@@ -22,6 +22,7 @@ type Coalescer struct {
 	rdb     redis.UniversalClient
 	window  time.Duration
 	timeout time.Duration
+	idle    time.Duration // a lane unused this long ends (primaries come and go)
 
 	mu     sync.Mutex
 	lanes  map[string]*lane
@@ -33,7 +34,7 @@ type Coalescer struct {
 // New returns a Coalescer that sends through rdb. A round trip waits window
 // after the first request for others to join it, and is bounded by timeout.
 func New(rdb redis.UniversalClient, window, timeout time.Duration) *Coalescer {
-	return &Coalescer{rdb: rdb, window: window, timeout: timeout, lanes: map[string]*lane{}, stop: make(chan struct{})}
+	return &Coalescer{rdb: rdb, window: window, timeout: timeout, idle: time.Minute, lanes: map[string]*lane{}, stop: make(chan struct{})}
 }
 
 type request struct {
@@ -109,7 +110,7 @@ func (c *Coalescer) enqueue(node string, r *request) *lane {
 		l = &lane{wake: make(chan struct{}, 1)}
 		c.lanes[node] = l
 		c.wg.Add(1)
-		go c.run(l)
+		go c.run(node, l)
 	}
 	l.mu.Lock()
 	l.queue = append(l.queue, r)
@@ -119,8 +120,10 @@ func (c *Coalescer) enqueue(node string, r *request) *lane {
 
 // run sends the lane's requests, those that came within the window in one
 // pipeline, until Close.
-func (c *Coalescer) run(l *lane) {
+func (c *Coalescer) run(node string, l *lane) {
 	defer c.wg.Done()
+	idle := time.NewTimer(c.idle)
+	defer idle.Stop()
 	for {
 		select {
 		case <-l.wake:
@@ -129,7 +132,14 @@ func (c *Coalescer) run(l *lane) {
 			for c.flush(l) {
 			}
 			return
+		case <-idle.C:
+			if c.retire(node, l) {
+				return
+			}
+			idle.Reset(c.idle)
+			continue
 		}
+		idle.Reset(c.idle)
 		if c.window > 0 {
 			t := time.NewTimer(c.window)
 			select {
@@ -141,6 +151,22 @@ func (c *Coalescer) run(l *lane) {
 		for c.flush(l) {
 		}
 	}
+}
+
+// retire removes an unused lane, so that the lanes of primaries long gone
+// (failed over, moved) do not pile up; false if a request came meanwhile.
+// Under the Coalescer's lock, as enqueue: a request is either in the lane
+// before it goes, or gets a new lane.
+func (c *Coalescer) retire(node string, l *lane) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.queue) > 0 || c.lanes[node] != l {
+		return false
+	}
+	delete(c.lanes, node)
+	return true
 }
 
 // flush sends what the lane holds in one round trip; false if it held none.

@@ -130,3 +130,31 @@ func TestCallerGivesUpWithItsContext(t *testing.T) {
 	srv.Resume()
 	<-first
 }
+
+// A lane unused for a while ends, and a later caller gets a new one.
+func TestUnusedLaneEnds(t *testing.T) {
+	c := New(testenv.Redis(t), 0, 3*time.Second)
+	c.idle = 50 * time.Millisecond
+	defer c.Close()
+	ctx := context.Background()
+	ping := func() {
+		var pong *redis.StatusCmd
+		if _, _, err := c.Do(ctx, "gone", func(pipe redis.Pipeliner) { pong = pipe.Ping(ctx) }); err != nil || pong.Val() != "PONG" {
+			t.Fatalf("Do: %v, %v", err, pong.Err())
+		}
+	}
+	lanes := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.lanes)
+	}
+	ping()
+	deadline := time.Now().Add(5 * time.Second)
+	for lanes() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := lanes(); n != 0 {
+		t.Fatalf("%d lanes left after they went unused", n)
+	}
+	ping()
+}
