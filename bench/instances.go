@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/dispatcher/dispatcher/config"
 )
 
 // benchQueue is the queue name the instances serve; keys and exchange are
@@ -30,18 +32,6 @@ func queueNames(n int) []string {
 		out = append(out, fmt.Sprintf("%s-%d", benchQueue, i))
 	}
 	return out
-}
-
-// queueEnvName is a queue's <NAME> in DISPATCHER_QUEUE_<NAME>_*: upper
-// case, every character outside A-Z 0-9 written as _.
-func queueEnvName(q string) string {
-	b := []byte(strings.ToUpper(q))
-	for i, c := range b {
-		if (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
-			b[i] = '_'
-		}
-	}
-	return string(b)
 }
 
 // stampVar asks the instances to stamp every message with header
@@ -118,7 +108,7 @@ func (sp instanceSpec) env(n int, httpAddr string) ([]string, error) {
 		"DISPATCHER_LOG_LEVEL=warn",
 	)
 	for _, q := range queues {
-		pre := "DISPATCHER_QUEUE_" + queueEnvName(q)
+		pre := config.QueuePrefix(q)
 		env = append(env, pre+"_SHARDS="+strconv.Itoa(sp.shards), pre+"_EXCHANGE="+sp.exchange)
 	}
 	if sp.stamp {

@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -153,8 +154,8 @@ func TestInstanceEnv(t *testing.T) {
 			t.Errorf("without stamping: %s", kv)
 		}
 	}
-	if n := queueNames(1000); len(n) != 1000 || n[999] != "bench-1000" || queueEnvName("a.b-c_9") != "A_B_C_9" {
-		t.Errorf("queue names %v..., env name %s", n[:3], queueEnvName("a.b-c_9"))
+	if n := queueNames(1000); len(n) != 1000 || n[999] != "bench-1000" || config.EnvName("a.b-c_9") != "A_B_C_9" {
+		t.Errorf("queue names %v..., env name %s", n[:3], config.EnvName("a.b-c_9"))
 	}
 }
 

@@ -61,11 +61,11 @@ func (s *Scanner) dispatch(work context.Context, b batch, published func()) {
 	margin := min(time.Second, s.opt.Lease/4)
 	leased, cancel := context.WithTimeout(work, time.Duration(b.deadline-s.serverNow(b.shard))*time.Millisecond-margin)
 	defer cancel()
-	publishedAt := s.serverNow(b.shard)
+	publishedUs := s.serverNowUs(b.shard)
+	publishedAt := publishedUs / 1000
 	if s.opt.StampPublished {
-		us := s.serverNowUs(b.shard)
 		for n := range msgs {
-			msgs[n].PublishedUs = us
+			msgs[n].PublishedUs = publishedUs
 		}
 	}
 	errs := s.pub.Publish(leased, msgs)

@@ -77,21 +77,15 @@ func (s *Scanner) leadEvery(leader bool) time.Duration {
 // anyway: two sweepers cost Redis calls, none would cost tasks.
 func (s *Scanner) lead(ctx context.Context) (bool, error) {
 	keys, args := []string{s.keys.Sweeper()}, []any{s.opt.InstanceID, s.roleTTL().Milliseconds()}
-	var n int
-	var err error
-	node := redisconn.NodeOf(ctx, s.rdb, s.keys.Sweeper())
-	shared := s.opt.Coalescer != nil && (node != "" || !s.cluster) // "" on a cluster: not known, alone
-	if shared {
-		// With the other queues' renewals of the moment, in one round trip.
-		var cmd *redis.Cmd
-		if _, _, err := s.opt.Coalescer.Do(ctx, node, func(pipe redis.Pipeliner) {
-			cmd = leadScript.EvalSha(ctx, pipe, keys, args...)
-		}); err != nil {
-			return false, err // past the role's TTL: the answer is moot
-		}
-		n, err = cmd.Int()
+	// Shared: with the other queues' renewals of the moment, in one round trip.
+	var cmd *redis.Cmd
+	if _, _, err := s.roundTrip(ctx, redisconn.NodeOf(ctx, s.rdb, s.keys.Sweeper()), true, func(pipe redis.Pipeliner) {
+		cmd = leadScript.EvalSha(ctx, pipe, keys, args...)
+	}); err != nil {
+		return false, err // past the role's TTL: the answer is moot
 	}
-	if !shared || redis.HasErrorPrefix(err, "NOSCRIPT") {
+	n, err := cmd.Int()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		n, err = leadScript.Run(ctx, s.rdb, keys, args...).Int()
 	}
 	switch {

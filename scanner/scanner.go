@@ -335,7 +335,7 @@ func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
 		s.offset.Store(off)
 		return
 	}
-	if s.clocked[i].Load() && i < len(s.clockRTT) && rtt > s.clockRTT[i]+after.Sub(s.clockAt[i])/1000 {
+	if s.clocked[i].Load() && rtt > s.clockRTT[i]+after.Sub(s.clockAt[i])/1000 {
 		// A slower sample, unless it shows the offset kept is wrong (a
 		// clock was stepped): the server's reading must fall in the round
 		// trip, give or take the ms it was cut to.
@@ -344,9 +344,7 @@ func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
 			return
 		}
 	}
-	if i < len(s.clockRTT) {
-		s.clockRTT[i], s.clockAt[i] = rtt, after
-	}
+	s.clockRTT[i], s.clockAt[i] = rtt, after
 	s.offset.Store(off)
 	s.offsets[i].Store(off)
 	s.clocked[i].Store(true)
