@@ -49,6 +49,8 @@ type Settings struct {
 	RetryMin         time.Duration `envconfig:"DISPATCHER_RETRY_MIN" default:"1s" desc:"first backoff before a failed publish (nack, unroutable, timeout) is retried; doubles per attempt"`
 	RetryMax         time.Duration `envconfig:"DISPATCHER_RETRY_MAX" default:"1m" desc:"longest backoff between retries of one task"`
 	StampPublished   bool          `envconfig:"DISPATCHER_STAMP_PUBLISHED" default:"false" desc:"add header x-published-us to every message: when its batch's publish began, in µs on the Redis clock, so consumers can tell the dispatcher's lateness from the broker's and their own"`
+	StatsInterval    time.Duration `envconfig:"DISPATCHER_STATS_INTERVAL" default:"1s" desc:"how often the instance that sweeps a queue reads its state (pending, due, in flight, dead, oldest due age) for the metrics, the status page and the stall watchdog: one small script call per shard (at least 1s)"`
+	StallAfter       time.Duration `envconfig:"DISPATCHER_STALL_AFTER" default:"30s" desc:"a queue whose oldest due task has waited longer than this counts as stalled: the sweeping instance logs it at error level with what it waits on, /readyz reports it and dispatcher_queue_stalled is 1"`
 	LogLevel         string        `envconfig:"DISPATCHER_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat        string        `envconfig:"DISPATCHER_LOG_FORMAT" default:"text" desc:"text or json"`
 
@@ -242,6 +244,7 @@ func (s *Settings) Validate() error {
 	}{
 		{"LEASE", s.Lease}, {"POLL_INTERVAL", s.PollInterval}, {"IDLE_POLL_INTERVAL", s.IdlePollInterval}, {"CONFIRM_TIMEOUT", s.ConfirmTimeout},
 		{"SHUTDOWN_TIMEOUT", s.ShutdownTimeout}, {"RETRY_MIN", s.RetryMin}, {"RETRY_MAX", s.RetryMax},
+		{"STATS_INTERVAL", s.StatsInterval}, {"STALL_AFTER", s.StallAfter},
 	}
 	for _, d := range durations {
 		if d.d <= 0 {
@@ -250,6 +253,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.Lease < time.Second {
 		return &Error{Var: v("LEASE"), Value: s.Lease.String(), Reason: "must be at least 1s"}
+	}
+	if s.StatsInterval < time.Second {
+		return &Error{Var: v("STATS_INTERVAL"), Value: s.StatsInterval.String(), Reason: "must be at least 1s (each read costs Redis a script call per shard)"}
 	}
 	if s.ConfirmTimeout >= s.Lease {
 		return &Error{Var: v("CONFIRM_TIMEOUT"), Value: s.ConfirmTimeout.String(),

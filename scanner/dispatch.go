@@ -115,6 +115,9 @@ func (s *Scanner) dispatch(work context.Context, b batch, published func()) {
 		s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", b.shard, "tasks", len(acked), "err", err)
 	} else {
 		s.met.dispatched(len(acked))
+		if len(acked) > 0 {
+			s.lastAcked.Store(time.Now().UnixNano())
+		}
 	}
 	if err := s.settle(ctx, func(ctx context.Context) error { return s.fail(ctx, b, fails) }); err != nil {
 		s.lim.Error("fail", "could not record failed publishes; their lease will retry them", "shard", b.shard, "err", err)

@@ -89,14 +89,19 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		n.claiming = false
 		batches, full, err := s.absorb(d)
 		held := d.job.slots
+		if len(batches) > 0 {
+			s.lastClaimed.Store(time.Now().UnixNano())
+		}
 		for _, b := range batches {
 			held--
 			wg.Add(1)
+			s.publishing.Add(1)
 			go func(b batch) {
 				defer wg.Done()
 				var once sync.Once
 				s.dispatch(work, b, func() {
 					once.Do(func() {
+						s.publishing.Add(-1)
 						<-slots
 						select {
 						case freed <- struct{}{}:

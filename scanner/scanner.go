@@ -7,6 +7,7 @@ package scanner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sort"
 	"strconv"
@@ -105,6 +106,12 @@ type Scanner struct {
 	leadDone chan leadResult
 	busySent atomic.Bool // an announceBusy is on its way
 
+	// What the queue's watchdog asks (Waiting): read off the loop.
+	sweeping    atomic.Bool  // holds the sweeper role
+	publishing  atomic.Int64 // batches being published
+	lastClaimed atomic.Int64 // unix ns of the last claim that took tasks
+	lastAcked   atomic.Int64 // unix ns of the last batch that left Redis confirmed
+
 	// Owned by Run's goroutine.
 	sweepEvery  time.Duration  // current sweep interval, PollInterval..IdlePollInterval
 	known       map[int]int64  // shard -> server ms at which it next needs a claim
@@ -190,6 +197,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 	if s.leader {
 		s.stepDown()
 		s.met.sweeper(false)
+		s.sweeping.Store(false)
 	}
 
 	done := make(chan struct{})
@@ -273,6 +281,7 @@ func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
 	if leader != s.leader {
 		s.log.Debug("sweeper role", "held", leader)
 		s.met.sweeper(leader)
+		s.sweeping.Store(leader)
 		if !leader {
 			s.forgetKnown()
 		}
@@ -297,6 +306,37 @@ func (s *Scanner) announceBusy(ctx context.Context) {
 			s.lim.Warn("announce", "cannot tell other instances of the backlog", "err", err)
 		}
 	}()
+}
+
+// Sweeping reports whether this instance holds the queue's sweeper role:
+// then it alone keeps the queue's state metrics and watches for stalls.
+func (s *Scanner) Sweeping() bool { return s.sweeping.Load() }
+
+// Waiting says what this instance sees holding up the queue's due tasks:
+// Redis refusing its scripts, every publish slot waiting for confirms, or
+// no claim taking tasks. The watchdog logs it when the queue stalls.
+func (s *Scanner) Waiting() []string {
+	var out []string
+	if why := s.RedisRefusal(); why != "" {
+		out = append(out, "redis refuses the dispatcher's scripts: "+why)
+	}
+	if n := s.publishing.Load(); n >= int64(s.opt.Pipeline) {
+		out = append(out, fmt.Sprintf("all %d publish slots wait for the broker's confirms%s", n, since(" (last confirmed batch %s ago)", s.lastAcked.Load())))
+	}
+	if last := s.lastClaimed.Load(); last == 0 {
+		out = append(out, "this instance has claimed no task since it started")
+	} else {
+		out = append(out, since("this instance's last claim that took tasks was %s ago", last))
+	}
+	return out
+}
+
+// since formats how long ago unix ns at was, into format; "" if never.
+func since(format string, at int64) string {
+	if at == 0 {
+		return ""
+	}
+	return fmt.Sprintf(format, time.Since(time.Unix(0, at)).Round(time.Millisecond))
 }
 
 // RedisRefusal says why Redis refuses this scanner's scripts (READONLY on

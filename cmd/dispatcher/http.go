@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -16,7 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/monitor"
 	"github.com/dispatcher/dispatcher/internal/redisconn"
+	"github.com/dispatcher/dispatcher/internal/statuspage"
 	"github.com/dispatcher/dispatcher/publisher"
 )
 
@@ -25,11 +29,22 @@ type httpServer struct {
 	done chan struct{}
 }
 
+// status is what the HTTP endpoint reports on.
+type status struct {
+	reg      *prometheus.Registry
+	rdb      redis.UniversalClient
+	pub      *publisher.Publisher
+	mon      *monitor.Monitor
+	refusals func() []string // why Redis refuses the scripts, if it does
+	page     statuspage.Data // the page's fixed part: instance, URLs, ...
+}
+
 // startHTTP serves /healthz (the process runs), /readyz (Redis and the
-// broker are reachable, and Redis runs the scripts) and /metrics.
-// refusals says why Redis refuses the scripts, if it does: a read-only
-// replica answers PING, so only the scripts' answers tell.
-func startHTTP(addr string, reg *prometheus.Registry, rdb redis.UniversalClient, pub *publisher.Publisher, refusals func() []string, log *slog.Logger) (*httpServer, error) {
+// broker are reachable, Redis runs the scripts, no queue stalled),
+// /metrics and the status page at /. refusals say why Redis refuses the
+// scripts, if it does: a read-only replica answers PING, so only the
+// scripts' answers tell.
+func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -37,20 +52,8 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb redis.UniversalClient,
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
-		var problems []string
-		if down := unreachablePrimaries(ctx, rdb); len(down) > 0 {
-			problems = append(problems, down...)
-		} else {
-			for _, why := range refusals() {
-				problems = append(problems, "redis: refuses the dispatcher's scripts: "+why)
-			}
-		}
-		switch {
-		case pub.Blocked():
-			problems = append(problems, "broker: blocking publishes (memory or disk alarm)")
-		case !pub.Ready():
-			problems = append(problems, "broker: not connected")
-		}
+		problems := st.problems(ctx)
+		problems = append(problems, st.mon.Stalls()...)
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			for _, p := range problems {
@@ -60,7 +63,25 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb redis.UniversalClient,
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "the status page is read-only", http.StatusMethodNotAllowed)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		var buf bytes.Buffer
+		if err := statuspage.Render(&buf, st.pageData(ctx)); err != nil {
+			log.Error("status page", "err", err)
+			http.Error(w, "cannot render the status page", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(buf.Bytes())
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(st.reg, promhttp.HandlerOpts{Registry: st.reg}))
 
 	network, bind, loopback, err := listenAddr(addr)
 	if err != nil {
@@ -81,7 +102,7 @@ func startHTTP(addr string, reg *prometheus.Registry, rdb redis.UniversalClient,
 			log.Error("http server stopped", "err", err)
 		}
 	}()
-	log.Info("serving /healthz, /readyz and /metrics", "addr", ln.Addr().String())
+	log.Info("serving the status page at /, /healthz, /readyz and /metrics", "addr", ln.Addr().String())
 	return h, nil
 }
 
@@ -160,4 +181,71 @@ func primaryProblem(rdb redis.UniversalClient, addr, what string) string {
 		return "redis: " + what
 	}
 	return "redis: primary " + addr + " " + what + " (its shards wait)"
+}
+
+// problems lists what keeps the instance from dispatching: Redis primaries
+// down or refusing the scripts, the broker not connected or blocking.
+func (st status) problems(ctx context.Context) []string {
+	var problems []string
+	if down := unreachablePrimaries(ctx, st.rdb); len(down) > 0 {
+		problems = append(problems, down...)
+	} else {
+		for _, why := range st.refusals() {
+			problems = append(problems, "redis: refuses the dispatcher's scripts: "+why)
+		}
+	}
+	switch {
+	case st.pub.Blocked():
+		problems = append(problems, "broker: blocking publishes (memory or disk alarm)")
+	case !st.pub.Ready():
+		problems = append(problems, "broker: not connected")
+	}
+	return problems
+}
+
+// pageData gathers what the status page shows.
+func (st status) pageData(ctx context.Context) statuspage.Data {
+	d := st.page
+	d.Now = time.Now()
+	d.Broker.Connected, d.Broker.Blocked = st.pub.Ready(), st.pub.Blocked()
+	d.Redis.Problems = unreachablePrimaries(ctx, st.rdb)
+	if len(d.Redis.Problems) == 0 {
+		for _, why := range st.refusals() {
+			d.Redis.Problems = append(d.Redis.Problems, "refuses the dispatcher's scripts: "+why)
+		}
+	}
+	d.Queues = st.mon.Views(ctx)
+	d.Stalls = st.mon.Stalls()
+	d.Lateness = lateness(st.reg)
+	return d
+}
+
+// lateness reads this instance's dispatch lateness histogram per queue.
+func lateness(reg *prometheus.Registry) map[string][]statuspage.Bucket {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return nil
+	}
+	out := map[string][]statuspage.Bucket{}
+	for _, mf := range mfs {
+		if mf.GetName() != "dispatcher_dispatch_lateness_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var queue string
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "queue" {
+					queue = l.GetValue()
+				}
+			}
+			h := m.GetHistogram()
+			var bs []statuspage.Bucket
+			for _, b := range h.GetBucket() {
+				bs = append(bs, statuspage.Bucket{UpTo: b.GetUpperBound(), Count: b.GetCumulativeCount()})
+			}
+			bs = append(bs, statuspage.Bucket{UpTo: math.Inf(1), Count: h.GetSampleCount()})
+			out[queue] = bs
+		}
+	}
+	return out
 }

@@ -23,7 +23,10 @@ import (
 
 	"github.com/dispatcher/dispatcher/bench"
 	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/internal/monitor"
+	"github.com/dispatcher/dispatcher/internal/queuestate"
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/statuspage"
 	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/publisher"
 	"github.com/dispatcher/dispatcher/scanner"
@@ -47,6 +50,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return exitOK
 		case "bench": // measure this dispatcher against the raw broker
 			return bench.Main(args[1:], stdout, stderr)
+		case "stats": // what the queues hold, read from Redis
+			return runStats(args[1:], stdout, stderr)
 		default:
 			fmt.Fprintf(stderr, "dispatcher: unknown argument %q (see dispatcher --help)\n", args[0])
 			return exitSettings
@@ -80,19 +85,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	ropt, err := redisconn.Parse(cfg.RedisURL)
+	ropt, err := redisOptions(cfg)
 	if err != nil { // Load validated it; kept for safety
-		fmt.Fprintf(stderr, "dispatcher: DISPATCHER_REDIS_URL: %v\n", redact.Error(err))
+		fmt.Fprintf(stderr, "dispatcher: %v\n", err)
 		return exitSettings
-	}
-	ropt.SetDefaultTimeouts()
-	if f := cfg.RedisTLSFiles(); !f.Empty() {
-		tc, err := f.Apply(ropt.TLSConfig())
-		if err != nil { // Load validated it; kept for safety
-			fmt.Fprintf(stderr, "dispatcher: Redis TLS: %v\n", err)
-			return exitSettings
-		}
-		ropt.SetTLSConfig(tc)
 	}
 	var amqpTLS *tls.Config
 	if f := cfg.AMQPTLSFiles(); !f.Empty() {
@@ -139,16 +135,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pubDone.Add(1)
 	go func() { defer pubDone.Done(); _ = pub.Run(pubCtx) }()
 
+	// One id for the whole process: the status page and `dispatcher stats`
+	// show it as the holder of the queues' sweeper role.
+	instance := scanner.NewInstanceID()
 	var scs []*scanner.Scanner
+	byQueue := map[string]*scanner.Scanner{}
+	var targets []queuestate.Target
 	for _, q := range cfg.QueueSettings {
+		targets = append(targets, queuestate.Target{Name: q.Name, Shards: q.Shards})
 		scs = append(scs, scanner.New(rdb, pub, scanner.Options{
 			Queue: q.Name, Shards: q.Shards, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
 			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, StampPublished: cfg.StampPublished, Coalescer: coalescer,
-			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock,
+			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance,
 		}))
+		byQueue[q.Name] = scs[len(scs)-1]
 	}
 	refusals := func() []string {
 		var out []string
@@ -160,9 +163,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return out
 	}
 
+	mon := monitor.New(rdb, monitor.Options{
+		Queues: targets, KeyPrefix: cfg.KeyPrefix, Interval: cfg.StatsInterval, StallAfter: cfg.StallAfter,
+		Sweeping: func(q string) bool { return byQueue[q].Sweeping() },
+		Waiting: func(q string) []string {
+			var why []string
+			switch {
+			case pub.Blocked():
+				why = append(why, "the broker blocks publishes (memory or disk alarm)")
+			case !pub.Ready():
+				why = append(why, "the broker is not connected")
+			}
+			return append(why, byQueue[q].Waiting()...)
+		},
+		Registerer: reg, Logger: log.With("component", "watchdog"),
+	})
+
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
-		httpSrv, err = startHTTP(cfg.HTTPAddr, reg, rdb, pub, refusals, log)
+		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals,
+			page: statuspage.Data{
+				Instance: instance, Refresh: max(2, int(cfg.StatsInterval/time.Second)), StallAfter: cfg.StallAfter,
+				Broker: statuspage.Broker{URL: redact.URL(cfg.AMQPURL)},
+				Redis:  statuspage.Redis{URL: redact.URL(cfg.RedisURL), Mode: string(ropt.Mode)},
+			}}, log)
 		if err != nil {
 			log.Error("cannot start", "err", err)
 			stopPub()
@@ -176,6 +200,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		scanners.Add(1)
 		go func() { defer scanners.Done(); _ = sc.Run(ctx) }()
 	}
+	scanners.Add(1)
+	go func() { defer scanners.Done(); mon.Run(ctx) }()
 	log.Info("dispatching", "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URL(cfg.AMQPURL))
 	logShardPlacement(ctx, rdb, cfg, log)
 
@@ -189,6 +215,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("stopped")
 	return exitOK
+}
+
+// redisOptions are the Redis connection settings of cfg, TLS files
+// applied; errors name the setting and never show a password.
+func redisOptions(cfg *config.Settings) (*redisconn.Options, error) {
+	ropt, err := redisconn.Parse(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("DISPATCHER_REDIS_URL: %v", redact.Error(err))
+	}
+	ropt.SetDefaultTimeouts()
+	if f := cfg.RedisTLSFiles(); !f.Empty() {
+		tc, err := f.Apply(ropt.TLSConfig())
+		if err != nil {
+			return nil, fmt.Errorf("Redis TLS: %w", err)
+		}
+		ropt.SetTLSConfig(tc)
+	}
+	return ropt, nil
 }
 
 func newLogger(cfg *config.Settings, w io.Writer) *slog.Logger {

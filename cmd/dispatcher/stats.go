@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/internal/queuestate"
+	"github.com/dispatcher/dispatcher/internal/redact"
+)
+
+const statsUsage = `usage: dispatcher stats [--queue Q] [--json]
+
+Reads what the queues hold from Redis, with the daemon's settings from the
+environment (DISPATCHER_REDIS_URL, DISPATCHER_KEY_PREFIX, DISPATCHER_QUEUES,
+DISPATCHER_QUEUE_<NAME>_SHARDS, ...): per queue and shard, the tasks pending,
+due, in flight (and those whose lease ran out), dead-lettered, how late the
+oldest due task is, when the next one is due, and which instance sweeps the
+queue. A shard that cannot be read is shown as broken with its error.
+
+  --queue Q   only queue Q (one of DISPATCHER_QUEUES); may be repeated
+  --json      one JSON document, for scripts
+
+Exit status: 0 read, 1 Redis could not be read, 2 bad arguments or settings.
+`
+
+// queueList is a repeatable --queue flag.
+type queueList []string
+
+func (q *queueList) String() string     { return strings.Join(*q, ",") }
+func (q *queueList) Set(v string) error { *q = append(*q, v); return nil }
+
+// runStats is `dispatcher stats`.
+func runStats(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var queues queueList
+	fs.Var(&queues, "queue", "")
+	asJSON := fs.Bool("json", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, statsUsage)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "dispatcher stats: %v (see dispatcher stats --help)\n", err)
+		return exitSettings
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "dispatcher stats: unexpected argument %q (see dispatcher stats --help)\n", fs.Arg(0))
+		return exitSettings
+	}
+	cfg, err := config.Load()
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatcher stats: %v\n", err)
+		return exitSettings
+	}
+	var targets []queuestate.Target
+	for _, q := range cfg.QueueSettings {
+		if len(queues) == 0 || slices.Contains(queues, q.Name) {
+			targets = append(targets, queuestate.Target{Name: q.Name, Shards: q.Shards})
+		}
+	}
+	for _, q := range queues {
+		if !slices.Contains(cfg.Queues, q) {
+			fmt.Fprintf(stderr, "dispatcher stats: --queue %q: not one of DISPATCHER_QUEUES (%s)\n", q, strings.Join(cfg.Queues, ", "))
+			return exitSettings
+		}
+	}
+	ropt, err := redisOptions(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatcher stats: %v\n", err)
+		return exitSettings
+	}
+	rdb := ropt.NewClient()
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	states, err := queuestate.Read(ctx, rdb, cfg.KeyPrefix, targets)
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatcher stats: %s: %v\n", redact.URL(cfg.RedisURL), redact.Error(err))
+		return exitFailure
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(map[string]any{"queues": states}); err != nil {
+			fmt.Fprintf(stderr, "dispatcher stats: %v\n", err)
+			return exitFailure
+		}
+		return exitOK
+	}
+	writeStats(stdout, states)
+	return exitOK
+}
+
+// writeStats prints the human table: per queue a line of sums, then a line
+// per shard; after it, who sweeps each queue and why broken shards are.
+func writeStats(w io.Writer, states []queuestate.Queue) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "QUEUE\tSHARD\tPENDING\tDUE\tIN FLIGHT\tLEASE RAN OUT\tDEAD\tOLDEST DUE AGE\tNEXT DUE (UTC)\t")
+	var notes []string
+	for _, q := range states {
+		fmt.Fprintf(tw, "%s\tall\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", q.Name, q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, age(q.OldestDueAge), nextDue(q.NextDueMs))
+		for _, s := range q.Shards {
+			if s.Err != "" {
+				fmt.Fprintf(tw, "%s\t%d\tBROKEN\t\t\t\t\t\t\t\n", q.Name, s.Index)
+				notes = append(notes, fmt.Sprintf("queue %s shard %d is broken: %s", q.Name, s.Index, s.Err))
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", q.Name, s.Index, s.Pending, s.Due, s.Inflight, s.Expired, s.Dead, age(s.OldestDueAge), nextDue(s.NextDueMs))
+		}
+		sweeper := q.Sweeper
+		if sweeper == "" {
+			sweeper = "no instance (none running, or the role is changing hands)"
+		}
+		notes = append(notes, fmt.Sprintf("queue %s is swept by %s", q.Name, sweeper))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
+}
+
+func age(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func nextDue(ms int64) string {
+	if ms == 0 {
+		return "-"
+	}
+	return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04:05.000")
+}

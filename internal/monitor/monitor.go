@@ -1,0 +1,321 @@
+// Package monitor keeps the state of the queues an instance sweeps: it
+// reads them from Redis (queuestate) every interval, exports the figures
+// as gauges, and watches for stalls, when a due task has waited longer
+// than the stall threshold. Only the sweeping instance of a queue reads
+// and exports it, so the Redis cost does not grow with instances and
+// max by (queue) aggregates them in PromQL.
+package monitor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/queuestate"
+)
+
+// Options configure a Monitor.
+type Options struct {
+	Queues    []queuestate.Target
+	KeyPrefix string
+	// Interval is how often the swept queues are read.
+	Interval time.Duration
+	// StallAfter is how long the oldest due task may wait before the queue
+	// counts as stalled.
+	StallAfter time.Duration
+	// Sweeping reports whether this instance sweeps the queue now.
+	Sweeping func(queue string) bool
+	// Waiting says what this instance sees holding the queue up (the
+	// broker, Redis, its publishes), for the stall report.
+	Waiting    func(queue string) []string
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// historyLen is how many samples of each queue are kept for the status
+// page: 5 minutes at the default interval.
+const historyLen = 300
+
+// Sample is one reading of a queue, for the status page's picture.
+type Sample struct {
+	At      time.Time
+	Age     time.Duration
+	Due     int64
+	Pending int64
+}
+
+// View is what an instance knows of one queue.
+type View struct {
+	State   queuestate.Queue
+	ReadAt  time.Time // local clock; zero if never read
+	Err     string    // why the last read failed, "" if it did not
+	Swept   bool      // this instance sweeps it (and exports its gauges)
+	History []Sample  // oldest first
+	// StalledSince is when the oldest due task passed StallAfter; zero
+	// while the queue is not stalled.
+	StalledSince time.Time
+	Waiting      []string
+}
+
+type queueView struct {
+	View
+	target  queuestate.Target
+	lastLog time.Time
+}
+
+// Monitor reads and watches the queues. Run it once.
+type Monitor struct {
+	rdb    redis.UniversalClient
+	opt    Options
+	log    *slog.Logger
+	gauges []*prometheus.GaugeVec
+	// the gauges, by what they show
+	pending, due, inflight, expired, dead, age, broken, stalled *prometheus.GaugeVec
+
+	readMu      sync.Mutex // one read at a time, so page loads do not pile up
+	mu          sync.Mutex
+	queues      []*queueView
+	lastFailLog time.Time
+}
+
+// New returns a Monitor of opt.Queues and registers its gauges.
+func New(rdb redis.UniversalClient, opt Options) *Monitor {
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	m := &Monitor{rdb: rdb, opt: opt, log: opt.Logger}
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help + " Exported by the queue's sweeping instance only: aggregate with max by (queue)."}, []string{"queue"})
+		m.gauges = append(m.gauges, g)
+		if opt.Registerer != nil {
+			opt.Registerer.MustRegister(g)
+		}
+		return g
+	}
+	m.pending = gauge("dispatcher_queue_pending_tasks", "Tasks scheduled in Redis and not yet claimed, due or not.")
+	m.due = gauge("dispatcher_queue_due_tasks", "Pending tasks whose due time has come (by the Redis clock).")
+	m.inflight = gauge("dispatcher_queue_inflight_tasks", "Tasks claimed and not yet confirmed by the broker (retries waiting for their backoff included).")
+	m.expired = gauge("dispatcher_queue_expired_leases", "In-flight tasks whose lease or retry backoff ran out, waiting for the next claim to hand them out again.")
+	m.dead = gauge("dispatcher_queue_dead_tasks", "Tasks in the queue's dead-letter sets.")
+	m.age = gauge("dispatcher_queue_oldest_due_age_seconds", "How long the earliest pending task has been due: now minus its due time, 0 when none is due.")
+	m.broken = gauge("dispatcher_queue_broken_shards", "Shards whose keys could not be read (a key of the wrong type, an unreachable primary).")
+	m.stalled = gauge("dispatcher_queue_stalled", "1 while the oldest due task has waited longer than DISPATCHER_STALL_AFTER.")
+	for _, t := range opt.Queues {
+		m.queues = append(m.queues, &queueView{target: t, View: View{State: queuestate.Queue{Name: t.Name}}})
+	}
+	return m
+}
+
+// Run reads the swept queues every Interval until ctx ends.
+func (m *Monitor) Run(ctx context.Context) {
+	t := time.NewTicker(m.opt.Interval)
+	defer t.Stop()
+	for {
+		m.refresh(ctx)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// refresh reads the queues this instance sweeps, exports them and checks
+// them for stalls; a queue it no longer sweeps stops being exported here.
+func (m *Monitor) refresh(ctx context.Context) {
+	var swept []*queueView
+	m.mu.Lock()
+	for _, v := range m.queues {
+		on := m.opt.Sweeping != nil && m.opt.Sweeping(v.target.Name)
+		if v.Swept && !on {
+			m.unexport(v)
+		}
+		v.Swept = on
+		if on {
+			swept = append(swept, v)
+		}
+	}
+	m.mu.Unlock()
+	m.read(ctx, swept)
+}
+
+// read reads the queues of vs in one round trip and applies the result.
+func (m *Monitor) read(ctx context.Context, vs []*queueView) {
+	if len(vs) == 0 {
+		return
+	}
+	m.readMu.Lock()
+	defer m.readMu.Unlock()
+	targets := make([]queuestate.Target, len(vs))
+	for n, v := range vs {
+		targets[n] = v.target
+	}
+	rctx, cancel := context.WithTimeout(ctx, max(m.opt.Interval, 2*time.Second))
+	states, err := queuestate.Read(rctx, m.rdb, m.opt.KeyPrefix, targets)
+	cancel()
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for n, v := range vs {
+		if err != nil {
+			v.Err = err.Error()
+			continue
+		}
+		v.Err = ""
+		v.State, v.ReadAt = states[n], now
+		v.History = append(v.History, Sample{At: now, Age: v.State.OldestDueAge, Due: v.State.Due, Pending: v.State.Pending})
+		if len(v.History) > historyLen {
+			v.History = append(v.History[:0], v.History[len(v.History)-historyLen:]...)
+		}
+		if v.Swept {
+			m.export(v)
+			m.watch(v, now)
+		}
+	}
+	if err != nil && ctx.Err() == nil && now.Sub(m.lastFailLog) > 10*time.Second {
+		m.lastFailLog = now
+		m.log.Warn("cannot read the queues' state; their metrics keep their last values", "err", err)
+	}
+}
+
+func (m *Monitor) export(v *queueView) {
+	q := v.State
+	l := q.Name
+	m.pending.WithLabelValues(l).Set(float64(q.Pending))
+	m.due.WithLabelValues(l).Set(float64(q.Due))
+	m.inflight.WithLabelValues(l).Set(float64(q.Inflight))
+	m.expired.WithLabelValues(l).Set(float64(q.Expired))
+	m.dead.WithLabelValues(l).Set(float64(q.Dead))
+	m.age.WithLabelValues(l).Set(q.OldestDueAge.Seconds())
+	m.broken.WithLabelValues(l).Set(float64(q.Broken))
+}
+
+// unexport drops a queue's gauges when another instance took the sweeping
+// over: two instances exporting it would be fine for max by (queue), a
+// stale copy forever would not.
+func (m *Monitor) unexport(v *queueView) {
+	for _, g := range m.gauges {
+		g.DeleteLabelValues(v.target.Name)
+	}
+	v.StalledSince, v.Waiting = time.Time{}, nil
+}
+
+// watch is the stall watchdog: it logs at error level when the queue's
+// oldest due task passes StallAfter (again every StallAfter while it
+// stays so), and once when it recovers.
+func (m *Monitor) watch(v *queueView, now time.Time) {
+	q := v.State
+	if q.OldestDueAge <= m.opt.StallAfter {
+		if !v.StalledSince.IsZero() {
+			m.log.Info("queue no longer stalled", "queue", q.Name, "stalled_for", now.Sub(v.StalledSince).Round(time.Millisecond),
+				"oldest_due_age", q.OldestDueAge.Round(time.Millisecond), "due", q.Due)
+		}
+		v.StalledSince, v.Waiting = time.Time{}, nil
+		m.stalled.WithLabelValues(q.Name).Set(0)
+		return
+	}
+	m.stalled.WithLabelValues(q.Name).Set(1)
+	if m.opt.Waiting != nil {
+		v.Waiting = m.opt.Waiting(q.Name)
+	}
+	if q.Broken > 0 {
+		v.Waiting = append(v.Waiting, fmt.Sprintf("%d shards cannot be read (%s)", q.Broken, brokenShards(q, 4)))
+	}
+	msg := "queue stalled: its oldest due task waits longer than DISPATCHER_STALL_AFTER"
+	switch {
+	case v.StalledSince.IsZero():
+		v.StalledSince = now
+	case now.Sub(v.lastLog) >= m.opt.StallAfter:
+		msg = "queue still stalled"
+	default:
+		return
+	}
+	v.lastLog = now
+	m.log.Error(msg, "queue", q.Name, "oldest_due_age", q.OldestDueAge.Round(time.Millisecond),
+		"stall_after", m.opt.StallAfter, "due", q.Due, "inflight", q.Inflight, "late_shards", lateShards(q, 8),
+		"waiting_on", strings.Join(v.Waiting, "; "))
+}
+
+// Stalls describes the stalled queues this instance sweeps, one line
+// each, for /readyz.
+func (m *Monitor) Stalls() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, v := range m.queues {
+		if !v.Swept || v.StalledSince.IsZero() {
+			continue
+		}
+		line := fmt.Sprintf("queue %s: stalled for %s: oldest due task %s late (shards %s)", v.State.Name,
+			time.Since(v.StalledSince).Round(time.Second), v.State.OldestDueAge.Round(time.Millisecond), lateShards(v.State, 8))
+		if len(v.Waiting) > 0 {
+			line += "; waiting on: " + strings.Join(v.Waiting, "; ")
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// Views returns what the instance knows of every queue, reading from
+// Redis first the ones it does not sweep (so every instance's status page
+// shows every queue) when their last read is older than the interval.
+func (m *Monitor) Views(ctx context.Context) []View {
+	var stale []*queueView
+	m.mu.Lock()
+	for _, v := range m.queues {
+		if !v.Swept && time.Since(v.ReadAt) >= m.opt.Interval {
+			stale = append(stale, v)
+		}
+	}
+	m.mu.Unlock()
+	m.read(ctx, stale)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]View, len(m.queues))
+	for n, v := range m.queues {
+		out[n] = v.View
+		out[n].History = append([]Sample(nil), v.History...)
+		out[n].Waiting = append([]string(nil), v.Waiting...)
+	}
+	return out
+}
+
+// lateShards lists up to n shards with a due task, the latest first:
+// "3 (42s), 7 (40s), and 2 more".
+func lateShards(q queuestate.Queue, n int) string {
+	late := q.Late()
+	var parts []string
+	for k, s := range late {
+		if k == n {
+			parts = append(parts, "and "+strconv.Itoa(len(late)-n)+" more")
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%d (%s)", s.Index, s.OldestDueAge.Round(time.Second)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// brokenShards lists up to n unreadable shards with their error.
+func brokenShards(q queuestate.Queue, n int) string {
+	var parts []string
+	for _, s := range q.Shards {
+		if s.Err == "" {
+			continue
+		}
+		if len(parts) == n {
+			parts = append(parts, "...")
+			break
+		}
+		parts = append(parts, fmt.Sprintf("shard %d: %s", s.Index, s.Err))
+	}
+	sort.Strings(parts[:min(len(parts), n)])
+	return strings.Join(parts, "; ")
+}

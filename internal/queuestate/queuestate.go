@@ -1,0 +1,274 @@
+// Package queuestate reads what a queue holds in Redis, shard by shard:
+// pending, due, in flight, dead, and how late its oldest due task is. The
+// sweeping instance reads it for its metrics and stall watchdog, and
+// `dispatcher stats` and the status page show it. Each shard costs one
+// small read-only script call: counts only (ZCARD, ZCOUNT) and the first
+// member, never a scan of a big set.
+package queuestate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// readScript reads one shard's figures on the server's clock, so every
+// reader (instances with skewed clocks, the CLI on a laptop) agrees on
+// what is due. It only reads: no-writes lets it run on a replica and on a
+// Redis at maxmemory.
+//
+// KEYS[1] pending shard P:{Q:i}
+// KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
+// KEYS[3] dead-letter set P:{Q:i}:dead
+// Returns {now_ms, pending, due, earliest_pending_score|"", inflight,
+// inflight_expired, dead}; due counts pending tasks with a due time at or
+// before now, inflight_expired in-flight entries whose lease (or retry
+// backoff) ran out, which the next claim takes again.
+var readScript = redis.NewScript(`#!lua flags=no-writes
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {now,
+  redis.call('ZCARD', KEYS[1]), redis.call('ZCOUNT', KEYS[1], '-inf', now), head[2] or '',
+  redis.call('ZCARD', KEYS[2]), redis.call('ZCOUNT', KEYS[2], '-inf', now),
+  redis.call('ZCARD', KEYS[3])}
+`)
+
+// secondsScoreBelow is the scanner's bound: a due time under 10^11 ms is
+// taken for seconds.
+const secondsScoreBelow = 100_000_000_000
+
+// Shard is what one shard holds.
+type Shard struct {
+	Index    int   `json:"shard"`
+	Pending  int64 `json:"pending"`
+	Due      int64 `json:"due"`
+	Inflight int64 `json:"inflight"`
+	// Expired counts in-flight tasks whose lease or retry backoff ran out:
+	// the next claim hands them out again.
+	Expired int64 `json:"inflight_expired"`
+	Dead    int64 `json:"dead"`
+	// NextDueMs is the due time of the earliest pending task (ms since the
+	// epoch), 0 if none is pending.
+	NextDueMs int64 `json:"next_due_ms,omitempty"`
+	// OldestDueAge is how long the earliest pending task has been due, 0
+	// if none is due.
+	OldestDueAge time.Duration `json:"-"`
+	AgeSeconds   float64       `json:"oldest_due_age_seconds"`
+	// Err says why the shard could not be read (a key of the wrong type,
+	// its primary down), "" if it was.
+	Err string `json:"error,omitempty"`
+}
+
+// Queue is what one queue holds: its shards' figures and their sums.
+type Queue struct {
+	Name     string  `json:"queue"`
+	Shards   []Shard `json:"shards"`
+	Pending  int64   `json:"pending"`
+	Due      int64   `json:"due"`
+	Inflight int64   `json:"inflight"`
+	Expired  int64   `json:"inflight_expired"`
+	Dead     int64   `json:"dead"`
+	// OldestDueAge is the largest of the shards': how late the queue's
+	// oldest task that is due and still pending is.
+	OldestDueAge time.Duration `json:"-"`
+	AgeSeconds   float64       `json:"oldest_due_age_seconds"`
+	// NextDueMs is the earliest due time of any pending task, 0 if none.
+	NextDueMs int64 `json:"next_due_ms,omitempty"`
+	// Broken counts the shards that could not be read.
+	Broken int `json:"broken_shards"`
+	// Sweeper is the instance that holds the queue's sweeper role, "" if
+	// none does (or it could not be read).
+	Sweeper string `json:"sweeper"`
+	// ReadAt is the Redis clock when the shards were read (the latest of
+	// their primaries').
+	ReadAt time.Time `json:"read_at"`
+}
+
+// Late lists the shards with a due task still pending, the latest first.
+func (q Queue) Late() []Shard {
+	var out []Shard
+	for _, s := range q.Shards {
+		if s.OldestDueAge > 0 {
+			out = append(out, s)
+		}
+	}
+	for i := 1; i < len(out); i++ { // insertion sort: few late shards
+		for j := i; j > 0 && out[j].OldestDueAge > out[j-1].OldestDueAge; j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+// Target names a queue to read: its name and shard count.
+type Target struct {
+	Name   string
+	Shards int
+}
+
+// Read reads the queues in one pipeline (on a cluster, one per primary,
+// sent in parallel by go-redis). A shard that cannot be read is marked
+// with its error and the others are read anyway; the error returned is
+// for a failure of the whole round trip (no shard of any queue read).
+func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets []Target) ([]Queue, error) {
+	type call struct {
+		q, i int
+		cmd  *redis.Cmd
+	}
+	var calls []call
+	sweepers := make([]*redis.StringCmd, len(targets))
+	send := func(pipe redis.Pipeliner, c *call, source bool) {
+		k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
+		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i)}
+		if source { // after NOSCRIPT: the source, which also caches it
+			c.cmd = readScript.Eval(ctx, pipe, keys)
+		} else {
+			c.cmd = readScript.EvalSha(ctx, pipe, keys)
+		}
+	}
+	pipe := rdb.Pipeline()
+	for q, t := range targets {
+		for i := 0; i < t.Shards; i++ {
+			calls = append(calls, call{q: q, i: i})
+			send(pipe, &calls[len(calls)-1], false)
+		}
+		sweepers[q] = pipe.Get(ctx, shard.Keys{Prefix: prefix, Queue: t.Name}.Sweeper())
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is read below
+	pipe = rdb.Pipeline()
+	resend := false
+	for n := range calls {
+		if redis.HasErrorPrefix(calls[n].cmd.Err(), "NOSCRIPT") {
+			send(pipe, &calls[n], true)
+			resend = true
+		}
+	}
+	if resend {
+		_, _ = pipe.Exec(ctx)
+	}
+
+	// A wrong-type key fails the script with a message that names no key:
+	// ask which key it is, for the few shards it happens to.
+	why := map[int]error{}
+	for n, c := range calls {
+		if redis.HasErrorPrefix(c.cmd.Err(), "WRONGTYPE") {
+			k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
+			why[n] = wrongType(ctx, rdb, k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i))
+		}
+	}
+
+	out := make([]Queue, len(targets))
+	for q, t := range targets {
+		out[q] = Queue{Name: t.Name, Shards: make([]Shard, t.Shards)}
+		out[q].Sweeper, _ = sweepers[q].Result()
+	}
+	read := 0
+	var firstErr error
+	for n, c := range calls {
+		s := Shard{Index: c.i}
+		now, err := parseShard(c.cmd, &s)
+		if w := why[n]; w != nil {
+			err = w
+		}
+		if err != nil {
+			s.Err = err.Error()
+			if firstErr == nil {
+				firstErr = err
+			}
+		} else {
+			read++
+			if t := time.UnixMilli(now); t.After(out[c.q].ReadAt) {
+				out[c.q].ReadAt = t
+			}
+		}
+		out[c.q].Shards[c.i] = s
+	}
+	for q := range out {
+		out[q].sum()
+	}
+	if read == 0 && firstErr != nil {
+		return out, fmt.Errorf("read queue state: %w", firstErr)
+	}
+	return out, nil
+}
+
+func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
+	vals, err := cmd.Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(vals) != 7 {
+		return 0, fmt.Errorf("read script returned %d values, want 7", len(vals))
+	}
+	ints := make([]int64, 7)
+	for n, v := range vals {
+		switch v := v.(type) {
+		case int64:
+			ints[n] = v
+		case string:
+			if v == "" {
+				continue
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("read script value %d: %q is not a number", n, v)
+			}
+			ints[n] = int64(max(0, min(f, 1<<53))) // a score of ±inf stays in range
+		default:
+			return 0, errors.New("read script returned an unexpected value")
+		}
+	}
+	now = ints[0]
+	s.Pending, s.Due, s.Inflight, s.Expired, s.Dead = ints[1], ints[2], ints[4], ints[5], ints[6]
+	if head, _ := vals[3].(string); head != "" {
+		s.NextDueMs = ints[3]
+		due := s.NextDueMs
+		if due < secondsScoreBelow {
+			// A producer that wrote seconds: the dispatcher sends such a
+			// task at once, and its lateness is counted from the time it
+			// meant, not from 1970.
+			due *= 1000
+		}
+		if due <= now {
+			s.OldestDueAge = time.Duration(now-due) * time.Millisecond
+			s.AgeSeconds = s.OldestDueAge.Seconds()
+		}
+	}
+	return now, nil
+}
+
+func (q *Queue) sum() {
+	for _, s := range q.Shards {
+		if s.Err != "" {
+			q.Broken++
+			continue
+		}
+		q.Pending += s.Pending
+		q.Due += s.Due
+		q.Inflight += s.Inflight
+		q.Expired += s.Expired
+		q.Dead += s.Dead
+		q.OldestDueAge = max(q.OldestDueAge, s.OldestDueAge)
+		q.AgeSeconds = q.OldestDueAge.Seconds()
+		if s.NextDueMs != 0 && (q.NextDueMs == 0 || s.NextDueMs < q.NextDueMs) {
+			q.NextDueMs = s.NextDueMs
+		}
+	}
+}
+
+// wrongType names the first of keys that is not a sorted set.
+func wrongType(ctx context.Context, rdb redis.UniversalClient, keys ...string) error {
+	for _, k := range keys {
+		if t, err := rdb.Type(ctx, k).Result(); err == nil && t != "zset" && t != "none" {
+			return fmt.Errorf("WRONGTYPE key %s holds a %s, not a sorted set", k, t)
+		}
+	}
+	return errors.New("WRONGTYPE a key of the shard is not a sorted set")
+}
