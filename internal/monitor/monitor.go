@@ -69,7 +69,16 @@ type queueView struct {
 	View
 	target  queuestate.Target
 	lastLog time.Time
+	every   time.Duration // current read interval, Interval..quietMax
+	next    time.Time     // next read while swept
 }
+
+// quietReads is how far the reads of a quiet queue stretch out: each read
+// that finds the same figures as the last, and nothing due, doubles the
+// interval up to quietReads × Interval; any change brings it back. A
+// queue nobody uses then costs Redis little, while one in use, and any
+// with a due task (the watchdog's concern), is read every Interval.
+const quietReads = 8
 
 // Monitor reads and watches the queues. Run it once.
 type Monitor struct {
@@ -132,14 +141,18 @@ func (m *Monitor) Run(ctx context.Context) {
 // them for stalls; a queue it no longer sweeps stops being exported here.
 func (m *Monitor) refresh(ctx context.Context) {
 	var swept []*queueView
+	now := time.Now()
 	m.mu.Lock()
 	for _, v := range m.queues {
 		on := m.opt.Sweeping != nil && m.opt.Sweeping(v.target.Name)
 		if v.Swept && !on {
 			m.unexport(v)
 		}
+		if on && !v.Swept {
+			v.every, v.next = 0, time.Time{} // read it at once, as news
+		}
 		v.Swept = on
-		if on {
+		if on && !now.Before(v.next) {
 			swept = append(swept, v)
 		}
 	}
@@ -170,6 +183,13 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 			continue
 		}
 		v.Err = ""
+		if quiet(v.State, states[n]) && v.every > 0 {
+			v.every = min(2*v.every, quietReads*m.opt.Interval)
+		} else {
+			v.every = m.opt.Interval
+		}
+		// Less a little: a read due at the next tick must not miss it.
+		v.next = now.Add(v.every - m.opt.Interval/4)
 		v.State, v.ReadAt = states[n], now
 		v.History = append(v.History, Sample{At: now, Age: v.State.OldestDueAge, Due: v.State.Due, Pending: v.State.Pending})
 		if len(v.History) > historyLen {
@@ -184,6 +204,12 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 		m.lastFailLog = now
 		m.log.Warn("cannot read the queues' state; their metrics keep their last values", "err", err)
 	}
+}
+
+// quiet reports whether a read found a queue as before, with nothing due.
+func quiet(was, is queuestate.Queue) bool {
+	return is.Due == 0 && is.Broken == 0 && is.Pending == was.Pending && is.Inflight == was.Inflight &&
+		is.Expired == was.Expired && is.Dead == was.Dead && is.NextDueMs == was.NextDueMs && is.Broken == was.Broken
 }
 
 func (m *Monitor) export(v *queueView) {

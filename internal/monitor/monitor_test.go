@@ -1,0 +1,194 @@
+package monitor
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/queuestate"
+	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// gauge reads one queue's gauge from reg; ok is false if it is not exported.
+func gauge(t *testing.T, reg *prometheus.Registry, name, queue string) (v float64, ok bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "queue" && l.GetValue() == queue {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+// readNow is a refresh as if every queue's read were due.
+func readNow(ctx context.Context, m *Monitor) {
+	m.mu.Lock()
+	for _, v := range m.queues {
+		v.next = time.Time{}
+	}
+	m.mu.Unlock()
+	m.refresh(ctx)
+}
+
+// TestQuietQueueReadLess: reads of a queue whose figures stay the same
+// stretch out to quietReads intervals; a change, or a due task, brings
+// them back to every interval.
+func TestQuietQueueReadLess(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	m := New(rdb, Options{Queues: []queuestate.Target{{Name: "q", Shards: 1}}, KeyPrefix: prefix,
+		Interval: time.Second, StallAfter: time.Minute, Sweeping: func(string) bool { return true }})
+	v := m.queues[0]
+	var got []time.Duration
+	for range 6 {
+		readNow(ctx, m)
+		got = append(got, v.every)
+	}
+	want := []time.Duration{1, 2, 4, 8, 8, 8}
+	for n := range want {
+		if want[n] *= time.Second; got[n] != want[n] {
+			t.Fatalf("read intervals of a quiet queue %v, want %v", got, want)
+		}
+	}
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(time.Now().UnixMilli() + 600_000), Member: "x"})
+	readNow(ctx, m)
+	if v.every != time.Second {
+		t.Errorf("after a task was added the interval is %s, want 1s", v.every)
+	}
+	readNow(ctx, m)
+	if v.every != 2*time.Second {
+		t.Errorf("interval %s after an unchanged read, want 2s", v.every)
+	}
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: 1, Member: "x"}) // now due, count unchanged
+	readNow(ctx, m)
+	readNow(ctx, m)
+	if v.every != time.Second {
+		t.Errorf("interval %s with a due task, want 1s", v.every)
+	}
+	// A tick before the next read is due reads nothing.
+	before := v.ReadAt
+	m.refresh(ctx)
+	if v.ReadAt != before {
+		t.Error("refresh read a queue before its next read was due")
+	}
+}
+
+// TestWatchdog drives one queue, against a real Redis, through a stall
+// and its recovery, and the sweeper role away and back: the gauges, the
+// log, and what /readyz gets from Stalls.
+func TestWatchdog(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	var sweeping atomic.Bool
+	sweeping.Store(true)
+	reg := prometheus.NewRegistry()
+	var log syncBuf
+	m := New(rdb, Options{
+		Queues: []queuestate.Target{{Name: "q", Shards: 2}}, KeyPrefix: prefix,
+		Interval: time.Second, StallAfter: 2 * time.Second,
+		Sweeping: func(string) bool { return sweeping.Load() },
+		Waiting:  func(string) []string { return []string{"the broker blocks publishes"} },
+		Registerer: reg, Logger: slog.New(slog.NewTextHandler(&log, nil)),
+	})
+
+	readNow(ctx, m)
+	if v, ok := gauge(t, reg, "dispatcher_queue_stalled", "q"); !ok || v != 0 {
+		t.Fatalf("stalled = %v (exported %v) on an empty queue, want 0", v, ok)
+	}
+	now := time.Now().UnixMilli()
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(now - 1_000), Member: "late"}, redis.Z{Score: float64(now + 600_000), Member: "later"})
+	readNow(ctx, m)
+	if v, _ := gauge(t, reg, "dispatcher_queue_oldest_due_age_seconds", "q"); v < 1 || v > 2 {
+		t.Errorf("oldest due age %v s, want about 1", v)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_pending_tasks", "q"); v != 2 {
+		t.Errorf("pending %v, want 2", v)
+	}
+	if s := m.Stalls(); len(s) != 0 || strings.Contains(log.String(), "stalled") {
+		t.Fatalf("stalled after 1 s with STALL_AFTER 2s: %q\n%s", s, log.String())
+	}
+
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(now - 5_000), Member: "later"}) // now 5 s late
+	readNow(ctx, m)
+	stalls := m.Stalls()
+	if len(stalls) != 1 || !strings.Contains(stalls[0], "queue q: stalled") || !strings.Contains(stalls[0], "shards 1 (") ||
+		!strings.Contains(stalls[0], "waiting on: the broker blocks publishes") {
+		t.Errorf("Stalls() = %q, want the queue, its late shard and what it waits on", stalls)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_stalled", "q"); v != 1 {
+		t.Errorf("stalled = %v, want 1", v)
+	}
+	logged := log.String()
+	if !strings.Contains(logged, "level=ERROR") || !strings.Contains(logged, "queue stalled") ||
+		!strings.Contains(logged, "waiting_on=\"the broker blocks publishes\"") || !strings.Contains(logged, "late_shards=") {
+		t.Errorf("stall log:\n%s", logged)
+	}
+	readNow(ctx, m) // within STALL_AFTER of the first report: not logged again
+	if n := strings.Count(log.String(), "level=ERROR"); n != 1 {
+		t.Errorf("%d error lines after two reads of one stall, want 1:\n%s", n, log.String())
+	}
+
+	rdb.ZRem(ctx, k.Pending(1), "late", "later")
+	readNow(ctx, m)
+	if s := m.Stalls(); len(s) != 0 {
+		t.Errorf("Stalls() = %q after the due tasks left", s)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_stalled", "q"); v != 0 {
+		t.Errorf("stalled = %v after recovery, want 0", v)
+	}
+	if !strings.Contains(log.String(), "queue no longer stalled") {
+		t.Errorf("no recovery logged:\n%s", log.String())
+	}
+
+	sweeping.Store(false) // another instance took the role over
+	readNow(ctx, m)
+	for _, name := range []string{"dispatcher_queue_pending_tasks", "dispatcher_queue_stalled", "dispatcher_queue_oldest_due_age_seconds"} {
+		if _, ok := gauge(t, reg, name, "q"); ok {
+			t.Errorf("%s still exported by an instance that no longer sweeps the queue", name)
+		}
+	}
+	// Its status page still shows the queue, read on demand.
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now + 600_000), Member: "x"})
+	time.Sleep(time.Second) // the on-demand read is cached for an interval
+	views := m.Views(ctx)
+	if len(views) != 1 || views[0].Swept || views[0].State.Pending != 1 {
+		t.Errorf("view of a queue swept elsewhere: %+v", views)
+	}
+	if _, ok := gauge(t, reg, "dispatcher_queue_pending_tasks", "q"); ok {
+		t.Error("an on-demand read for the page exported gauges")
+	}
+}

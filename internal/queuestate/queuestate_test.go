@@ -1,0 +1,116 @@
+package queuestate_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/queuestate"
+	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// TestRead checks every figure against what was written, on the Redis
+// clock: due counts and the oldest due age, in-flight entries whose lease
+// ran out, dead letters, the sweeper, and that one broken shard is named
+// with its key while the others are read.
+func TestRead(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "orders"}
+	tm, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := tm.UnixMilli()
+	// Shard 0: two due (10 s and 2 s ago), one ahead. Shard 1: one ahead,
+	// two in flight (one lease ran out), one dead. Shard 2: a string.
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 10_000), Member: "a"},
+		redis.Z{Score: float64(now - 2_000), Member: "b"}, redis.Z{Score: float64(now + 60_000), Member: "c"})
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(now + 30_000), Member: "d"})
+	rdb.ZAdd(ctx, k.Inflight(1), redis.Z{Score: float64(now - 1), Member: "1:e"}, redis.Z{Score: float64(now + 30_000), Member: "1:f"})
+	rdb.ZAdd(ctx, k.Dead(1), redis.Z{Score: 1, Member: "1:g"})
+	rdb.Set(ctx, k.Pending(2), "not a set", 0)
+	// Shard 3: a producer that wrote seconds, 5 s ago.
+	rdb.ZAdd(ctx, k.Pending(3), redis.Z{Score: float64(now/1000 - 5), Member: "h"})
+	rdb.Set(ctx, k.Sweeper(), "host:1:ab", 0)
+
+	qs, err := queuestate.Read(ctx, rdb, prefix, []queuestate.Target{{Name: "orders", Shards: 4}, {Name: "empty", Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := qs[0]
+	want := []queuestate.Shard{
+		{Index: 0, Pending: 3, Due: 2, NextDueMs: now - 10_000},
+		{Index: 1, Pending: 1, Inflight: 2, Expired: 1, Dead: 1, NextDueMs: now + 30_000},
+		{Index: 2},
+		{Index: 3, Pending: 1, Due: 1, NextDueMs: now/1000 - 5},
+	}
+	for i, w := range want {
+		g := q.Shards[i]
+		g.OldestDueAge, g.AgeSeconds = 0, 0
+		if i == 2 {
+			if !strings.Contains(g.Err, "WRONGTYPE key "+k.Pending(2)+" holds a string") {
+				t.Errorf("shard 2: error %q, want one naming its key and type", g.Err)
+			}
+			continue
+		}
+		if g != w {
+			t.Errorf("shard %d: %+v, want %+v", i, g, w)
+		}
+	}
+	if age := q.Shards[0].OldestDueAge; age < 10*time.Second || age > 12*time.Second {
+		t.Errorf("shard 0's oldest due age %s, want 10 s (and the read's round trip)", age)
+	}
+	if age := q.Shards[3].OldestDueAge; age < 4*time.Second || age > 7*time.Second {
+		t.Errorf("shard 3's oldest due age %s, want 5 s: a score in seconds counts from the time it means", age)
+	}
+	if q.Pending != 5 || q.Due != 3 || q.Inflight != 2 || q.Expired != 1 || q.Dead != 1 || q.Broken != 1 {
+		t.Errorf("sums %+v", q)
+	}
+	if q.OldestDueAge != q.Shards[0].OldestDueAge || q.NextDueMs != now/1000-5 || q.Sweeper != "host:1:ab" {
+		t.Errorf("queue: age %s next %d sweeper %q", q.OldestDueAge, q.NextDueMs, q.Sweeper)
+	}
+	if late := q.Late(); len(late) != 2 || late[0].Index != 0 || late[1].Index != 3 {
+		t.Errorf("late shards %+v, want shards 0 and 3, the latest first", late)
+	}
+	if e := qs[1]; e.Pending != 0 || e.Broken != 0 || e.OldestDueAge != 0 || e.Sweeper != "" || len(e.Shards) != 2 {
+		t.Errorf("empty queue read as %+v", e)
+	}
+}
+
+// TestReadLoadsItsScript: a Redis that lost its script cache (restarted,
+// failed over) answers NOSCRIPT, and the read sends the source instead.
+func TestReadLoadsItsScript(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	rdb := srv.Client()
+	rdb.ZAdd(ctx, "p:{q:0}", redis.Z{Score: 1e12, Member: "x"})
+	for round := 0; round < 2; round++ {
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		qs, err := queuestate.Read(ctx, rdb, "p", []queuestate.Target{{Name: "q", Shards: 1}})
+		if err != nil || qs[0].Shards[0].Err != "" || qs[0].Pending != 1 || qs[0].Due != 1 {
+			t.Fatalf("round %d after SCRIPT FLUSH: %+v, %v", round, qs, err)
+		}
+	}
+}
+
+// TestReadUnreachable: with Redis gone the read fails as a whole, naming
+// the trouble.
+func TestReadUnreachable(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	rdb := srv.Client()
+	srv.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := queuestate.Read(ctx, rdb, "p", []queuestate.Target{{Name: "q", Shards: 2}}); err == nil {
+		t.Fatal("read of a dead Redis did not fail")
+	}
+}
