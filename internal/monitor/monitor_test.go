@@ -120,8 +120,8 @@ func TestWatchdog(t *testing.T) {
 	m := New(rdb, Options{
 		Queues: []queuestate.Target{{Name: "q", Shards: 2}}, KeyPrefix: prefix,
 		Interval: time.Second, StallAfter: 2 * time.Second,
-		Sweeping: func(string) bool { return sweeping.Load() },
-		Waiting:  func(string) []string { return []string{"the broker blocks publishes"} },
+		Sweeping:   func(string) bool { return sweeping.Load() },
+		Waiting:    func(string) []string { return []string{"the broker blocks publishes"} },
 		Registerer: reg, Logger: slog.New(slog.NewTextHandler(&log, nil)),
 	})
 
