@@ -47,6 +47,16 @@ ensure_python_test_deps() {
 	apt_install python3-redis python3-xxhash
 }
 
+# Test tools from Debian: promtool (package prometheus) checks and unit-tests
+# deploy/prometheus and the dashboard's queries (tests/deploy_test.go);
+# chromium is the headless browser for tests that need one.
+ensure_test_tools() {
+	local pkgs=()
+	command -v promtool >/dev/null || pkgs+=(prometheus)
+	command -v chromium >/dev/null || pkgs+=(chromium)
+	[ "${#pkgs[@]}" = 0 ] || apt_install "${pkgs[@]}"
+}
+
 ensure_services() {
 	[ "${DEV_SKIP_SERVICES:-}" = 1 ] && return 0
 	ensure_redis
@@ -69,6 +79,7 @@ run)
 test)
 	ensure_services
 	ensure_python_test_deps
+	ensure_test_tools
 	log "gofmt"
 	unformatted="$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"
 	if [ -n "$unformatted" ]; then
