@@ -1,0 +1,187 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// browser starts Debian's headless Chromium for one test. It is installed
+// by scripts/dev.sh test; a machine without it fails the test rather than
+// skipping it, so that a page nobody looked at does not pass.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("chromium not found: run scripts/dev.sh test, which installs Debian's chromium package")
+	}
+	dir := t.TempDir()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.UserDataDir(dir),
+		chromedp.Flag("disable-background-networking", true), chromedp.WindowSize(1200, 1000))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc()
+		// Chromium's children may still write there for a moment.
+		for range 50 {
+			if os.RemoveAll(dir) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	// The first Run starts the browser, which lives as long as ctx: no
+	// timeout on it (later steps get theirs).
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`1`)); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
+
+// TestStatusPage opens the status page in a real headless Chromium and
+// checks what a person sees: the queue's figures, a broken shard named
+// with its key while the other shards show, the broker and Redis state
+// without passwords, the pictures, and that the page refreshes itself.
+// DISPATCHER_TEST_SCREENSHOT=<file> also saves a screenshot there (that is
+// how docs/status-page.png is made).
+func TestStatusPage(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, queueSpec{Name: "orders", Shards: 16}, queueSpec{Name: "mail", Shards: 4})
+	addr := testenv.FreeAddr(t)
+	h.extra["DISPATCHER_HTTP_ADDR"] = addr
+	h.extra["DISPATCHER_STATS_INTERVAL"] = "1s"
+	p := h.start()
+	waitLogged(t, p, "broker connected", 15*time.Second)
+
+	// Work for the page to show: tasks over the next hour, some going out
+	// now (the lateness picture), a dead letter, and a broken shard 5.
+	k := shard.Keys{Prefix: h.prefix, Queue: "orders"}
+	h.rdb.Set(ctx, k.Pending(5), "not a sorted set", 0)
+	prod := h.producer("orders")
+	later, now := 0, 0
+	for i := 0; later < 400; i++ {
+		m := []byte(fmt.Sprint("task-", i))
+		if shard.Index(m, 16) == 5 {
+			continue
+		}
+		due := time.Now().Add(time.Duration(1+i%60) * time.Minute)
+		if i%4 == 0 && now < 50 {
+			due = time.Now().Add(500 * time.Millisecond)
+			now++
+		} else {
+			later++
+		}
+		if err := prod.Schedule(ctx, m, due); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.rdb.ZAdd(ctx, k.Dead(2), redis.Z{Score: 1, Member: "1:poison"})
+	h.collect("orders", now, 15*time.Second)
+	time.Sleep(3 * time.Second) // a few samples for the age picture
+
+	b := browser(t)
+	step, cancelStep := context.WithTimeout(b, 60*time.Second)
+	defer cancelStep()
+	if err := chromedp.Do(step, chromedp.Navigate("http://"+addr+"/"), chromedp.WaitVisible(chromedp.CSS("#q-orders"))); err != nil {
+		t.Fatal(err)
+	}
+	eval := func(js string) string {
+		t.Helper()
+		v, err := chromedp.Run(step, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		return v
+	}
+	text := eval(`document.body.innerText`)
+	backlogBars := eval(`String(document.querySelectorAll('svg[aria-label="backlog per shard of orders"] rect').length)`)
+	latenessBars := eval(`String(document.querySelectorAll('svg[aria-label="dispatch lateness of orders"] rect').length)`)
+	refresh := eval(`document.querySelector('meta[http-equiv="refresh"]').content`)
+	row := func(name string) string {
+		for _, l := range strings.Split(text, "\n") {
+			if strings.HasPrefix(l, name+"\t") {
+				return l
+			}
+		}
+		return ""
+	}
+	orders := strings.Split(row("orders"), "\t")
+	// queue, state, pending, due, in flight, expired, dead, age, next due, broken, swept by
+	if len(orders) != 11 || orders[2] != "400" || orders[6] != "1" || orders[9] != "1" || orders[10] != "this instance" {
+		t.Errorf("orders row as shown: %q", orders)
+	}
+	if mail := strings.Split(row("mail"), "\t"); len(mail) != 11 || mail[2] != "0" || mail[1] != "on time" {
+		t.Errorf("mail row as shown: %q", mail)
+	}
+	for _, want := range []string{
+		"Queue orders", "Queue mail",
+		"Broker\tconnected", "reachable",
+		"WRONGTYPE key " + k.Pending(5) + " holds a string, not a sorted set",
+		"Backlog per shard (16 shards", "Dispatch lateness on this instance (" + fmt.Sprint(now) + " tasks",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the page does not show %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "guest:guest") || !strings.Contains(text, "guest:xxxxx@") {
+		t.Errorf("the page shows the broker's password, or no redacted URL:\n%s", text)
+	}
+	if n, _ := strconv.Atoi(backlogBars); n < 16 || latenessBars == "0" {
+		t.Errorf("pictures: %s backlog bars for 16 shards, %s lateness bars", backlogBars, latenessBars)
+	}
+	if refresh == "" {
+		t.Error("the page does not refresh itself")
+	}
+	// It does reload: a mark left on the page is gone after the interval.
+	eval(`window.mark = "here"; window.mark`)
+	time.Sleep(3500 * time.Millisecond)
+	if err := chromedp.Do(step, chromedp.WaitVisible(chromedp.CSS("#q-orders"))); err != nil {
+		t.Fatal(err)
+	}
+	if m := eval(`String(window.mark)`); m == "here" {
+		t.Errorf("the page did not reload within 3.5 s (refresh %q s)", refresh)
+	}
+
+	shot, err := chromedp.Run(step, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(shot))
+	if err != nil || img.Bounds().Dx() < 800 {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if dst := os.Getenv("DISPATCHER_TEST_SCREENSHOT"); dst != "" {
+		if err := os.WriteFile(dst, shot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot saved to %s", dst)
+	} else {
+		_ = os.WriteFile(filepath.Join(t.TempDir(), "status.png"), shot, 0o644)
+	}
+
+	// Read-only: no method but GET and HEAD.
+	resp, err := httpClient.Post("http://"+addr+"/", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 {
+		t.Errorf("POST / answered %d, want 405", resp.StatusCode)
+	}
+}
