@@ -84,6 +84,8 @@ func TestLoadDefaults(t *testing.T) {
 		MaxAttempts:      5,
 		RetryMin:         time.Second,
 		RetryMax:         time.Minute,
+		StatsInterval:    time.Second,
+		StallAfter:       30 * time.Second,
 		LogLevel:         "info",
 		LogFormat:        "text",
 		QueueSettings:    []config.Queue{{Name: "orders", Shards: 16, Exchange: "ex", RoutingKey: "orders"}},
@@ -332,6 +334,12 @@ func TestLoadErrors(t *testing.T) {
 			wantVar: "DISPATCHER_CONFIRM_TIMEOUT", wantValue: "30s"},
 		{name: "confirm timeout given above lease", env: with(map[string]string{"DISPATCHER_LEASE": "5s", "DISPATCHER_CONFIRM_TIMEOUT": "10s"}),
 			wantVar: "DISPATCHER_CONFIRM_TIMEOUT", wantValue: "10s"},
+		{name: "stats interval under 1s", env: with(map[string]string{"DISPATCHER_STATS_INTERVAL": "500ms"}),
+			wantVar: "DISPATCHER_STATS_INTERVAL", wantValue: "500ms", wantText: "at least 1s"},
+		{name: "stall after zero", env: with(map[string]string{"DISPATCHER_STALL_AFTER": "0s"}),
+			wantVar: "DISPATCHER_STALL_AFTER", wantValue: "0s"},
+		{name: "stall after not a duration", env: with(map[string]string{"DISPATCHER_STALL_AFTER": "soon"}),
+			wantVar: "DISPATCHER_STALL_AFTER", wantValue: "soon"},
 		{name: "retry max below retry min", env: with(map[string]string{"DISPATCHER_RETRY_MIN": "2s", "DISPATCHER_RETRY_MAX": "1s"}),
 			wantVar: "DISPATCHER_RETRY_MAX", wantValue: "1s"},
 		{name: "batch size 0", env: with(map[string]string{"DISPATCHER_BATCH_SIZE": "0"}),
@@ -500,7 +508,7 @@ func TestUsage(t *testing.T) {
 		"DISPATCHER_LEASE", "DISPATCHER_HTTP_ADDR", "DISPATCHER_BATCH_SIZE", "DISPATCHER_PIPELINE",
 		"DISPATCHER_POLL_INTERVAL", "DISPATCHER_IDLE_POLL_INTERVAL", "DISPATCHER_CONFIRM_TIMEOUT", "DISPATCHER_SHUTDOWN_TIMEOUT",
 		"DISPATCHER_STAMP_PUBLISHED", "DISPATCHER_MAX_MESSAGE_BYTES", "DISPATCHER_MAX_ATTEMPTS", "DISPATCHER_RETRY_MIN",
-		"DISPATCHER_RETRY_MAX", "DISPATCHER_LOG_LEVEL", "DISPATCHER_LOG_FORMAT",
+		"DISPATCHER_RETRY_MAX", "DISPATCHER_LOG_LEVEL", "DISPATCHER_LOG_FORMAT", "DISPATCHER_STATS_INTERVAL", "DISPATCHER_STALL_AFTER",
 		"DISPATCHER_QUEUE_<NAME>_SHARDS", "DISPATCHER_QUEUE_<NAME>_EXCHANGE", "DISPATCHER_QUEUE_<NAME>_ROUTING_KEY",
 	} {
 		if !strings.Contains(out, v+" ") {
@@ -540,6 +548,23 @@ func TestUsageVariablesAreKnown(t *testing.T) {
 				t.Errorf("Usage lists %s but Load reports it unknown: %v", key, err)
 			}
 		})
+	}
+}
+
+// TestReadmeListsEverySetting: the README's settings table is what users
+// read; a variable missing from it is a setting nobody finds.
+func TestReadmeListsEverySetting(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	config.Usage(&buf)
+	for _, line := range strings.Split(buf.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && strings.HasPrefix(f[0], "DISPATCHER_") && !bytes.Contains(readme, []byte("`"+f[0]+"`")) {
+			t.Errorf("README.md's settings table does not list %s", f[0])
+		}
 	}
 }
 
