@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -95,6 +96,33 @@ func TestClusterDispatch(t *testing.T) {
 		}
 	}
 
+	// dispatcher stats reads every shard on every primary.
+	clusterStats := func() map[string]int64 {
+		out, errOut, code := runCLI(t, h.env(), "stats", "--json")
+		var doc struct {
+			Queues []struct {
+				Queue   string `json:"queue"`
+				Pending int64  `json:"pending"`
+				Broken  int    `json:"broken_shards"`
+				Shards  []any  `json:"shards"`
+			} `json:"queues"`
+		}
+		if err := json.Unmarshal([]byte(out), &doc); err != nil || code != 0 {
+			t.Fatalf("stats on the cluster: exit %d, %v, %s", code, err, errOut)
+		}
+		pending := map[string]int64{}
+		for _, q := range doc.Queues {
+			if q.Broken != 0 || len(q.Shards) != 16 {
+				t.Errorf("stats on the cluster: queue %s has %d broken of %d shards", q.Queue, q.Broken, len(q.Shards))
+			}
+			pending[q.Queue] = q.Pending
+		}
+		return pending
+	}
+	if p := clusterStats(); time.Now().Before(from) && (p["alpha"] != 15000 || p["beta"] != 15000) {
+		t.Errorf("stats on the cluster before anything was due: pending %v, want 15000 each", p)
+	}
+
 	var wg sync.WaitGroup
 	for _, q := range qs {
 		wg.Add(1)
@@ -105,6 +133,9 @@ func TestClusterDispatch(t *testing.T) {
 		if p, f, d := h.leftovers(q); p+f+d != 0 {
 			t.Errorf("queue %s left pending %d, in flight %d, dead %d", q.Name, p, f, d)
 		}
+	}
+	if p := clusterStats(); p["alpha"] != 0 || p["beta"] != 0 {
+		t.Errorf("stats on the cluster after delivery: pending %v, want 0", p)
 	}
 	// Each instance says where the shards are.
 	for _, p := range ps[:1] {
