@@ -1,0 +1,61 @@
+package statuspage
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dispatcher/dispatcher/internal/monitor"
+	"github.com/dispatcher/dispatcher/internal/queuestate"
+)
+
+func TestLatBarsFromCumulativeBuckets(t *testing.T) {
+	bars, total := latBars([]Bucket{{0.001, 2}, {0.01, 7}, {1, 7}, {math.Inf(1), 9}})
+	if total != 9 || len(bars) != 4 {
+		t.Fatalf("total %d, %d bars", total, len(bars))
+	}
+	want := []uint64{2, 5, 0, 2}
+	for n, b := range bars {
+		if b.Count != want[n] {
+			t.Errorf("bar %d (%s) = %d, want %d", n, b.Label, b.Count, want[n])
+		}
+	}
+	if bars[1].H != chartH || bars[2].H != 0 || bars[3].Label != ">1s" || bars[0].Label != "≤1ms" {
+		t.Errorf("bars %+v", bars)
+	}
+}
+
+func TestFmtCount(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -4200: "-4,200"} {
+		if got := fmtCount(n); got != want {
+			t.Errorf("fmtCount(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// TestRenderEscapes: text that reaches the page from Redis (an error
+// naming a key a producer chose) is escaped, not markup.
+func TestRenderEscapes(t *testing.T) {
+	at := time.Unix(1_800_000_000, 0)
+	q := monitor.View{
+		State: queuestate.Queue{Name: "orders", Broken: 1, Shards: []queuestate.Shard{
+			{Index: 0, Pending: 3, Due: 1},
+			{Index: 1, Err: `WRONGTYPE key dq:{orders:1} holds a <script>alert(1)</script>`},
+		}},
+		History: []monitor.Sample{{At: at, Age: 0}, {At: at.Add(time.Second), Age: 2 * time.Second}},
+		Swept:   true,
+	}
+	var buf bytes.Buffer
+	if err := Render(&buf, Data{Instance: "h:1:ab", Refresh: 2, Queues: []monitor.View{q}}); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	if strings.Contains(page, "<script>") || !strings.Contains(page, "&lt;script&gt;") {
+		t.Error("an error text from Redis reached the page unescaped")
+	}
+	if !strings.Contains(page, `points="0.0,80.0 600.0,0.0"`) {
+		t.Errorf("age chart points not as plotted:\n%s", page)
+	}
+}
