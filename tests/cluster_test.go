@@ -119,7 +119,9 @@ func TestClusterDispatch(t *testing.T) {
 		}
 		return pending
 	}
-	if p := clusterStats(); time.Now().Before(from) && (p["alpha"] != 15000 || p["beta"] != 15000) {
+	if p := clusterStats(); !time.Now().Before(from) {
+		t.Logf("stats on the cluster ran past the first due time (machine slow): pending %v not checked", p)
+	} else if p["alpha"] != 15000 || p["beta"] != 15000 {
 		t.Errorf("stats on the cluster before anything was due: pending %v, want 15000 each", p)
 	}
 

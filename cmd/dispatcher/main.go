@@ -183,7 +183,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cfg.HTTPAddr != "" {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals,
 			page: statuspage.Data{
-				Instance: instance, Refresh: max(2, int(cfg.StatsInterval/time.Second)), StallAfter: cfg.StallAfter,
+				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)), StallAfter: cfg.StallAfter,
 				Broker: statuspage.Broker{URL: redact.URL(cfg.AMQPURL)},
 				Redis:  statuspage.Redis{URL: redact.URL(cfg.RedisURL), Mode: string(ropt.Mode)},
 			}}, log)
@@ -202,7 +202,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
-	log.Info("dispatching", "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URL(cfg.AMQPURL))
+	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URL(cfg.AMQPURL))
 	logShardPlacement(ctx, rdb, cfg, log)
 
 	<-ctx.Done()

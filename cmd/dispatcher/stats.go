@@ -29,7 +29,8 @@ queue. A shard that cannot be read is shown as broken with its error.
   --queue Q   only queue Q (one of DISPATCHER_QUEUES); may be repeated
   --json      one JSON document, for scripts
 
-Exit status: 0 read, 1 Redis could not be read, 2 bad arguments or settings.
+Exit status: 0 read (broken shards are shown, not an error), 1 no shard
+could be read, 2 bad arguments or settings.
 `
 
 // queueList is a repeatable --queue flag.
@@ -118,7 +119,10 @@ func writeStats(w io.Writer, states []queuestate.Queue) {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", q.Name, s.Index, s.Pending, s.Due, s.Inflight, s.Expired, s.Dead, age(s.OldestDueAge), nextDue(s.NextDueMs))
 		}
 		sweeper := q.Sweeper
-		if sweeper == "" {
+		switch {
+		case q.SweeperErr != "":
+			sweeper = "an instance not known (cannot read the role: " + q.SweeperErr + ")"
+		case sweeper == "":
 			sweeper = "no instance (none running, or the role is changing hands)"
 		}
 		notes = append(notes, fmt.Sprintf("queue %s is swept by %s", q.Name, sweeper))

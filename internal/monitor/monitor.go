@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,6 +68,13 @@ type queueView struct {
 	View
 	target  queuestate.Target
 	lastLog time.Time
+	// Each shard's figures at its last good read, and the Redis clock
+	// minus the local one then: a shard that cannot be read shows these,
+	// with its oldest due age going on growing, so that a primary that
+	// went down (or a key overwritten) does not make a late queue look on
+	// time.
+	lastGood []queuestate.Shard
+	offset   time.Duration
 	every   time.Duration // current read interval, Interval..quietMax
 	next    time.Time     // next read while swept
 }
@@ -89,7 +95,7 @@ type Monitor struct {
 	// the gauges, by what they show
 	pending, due, inflight, expired, dead, age, broken, stalled *prometheus.GaugeVec
 
-	readMu      sync.Mutex // one read at a time, so page loads do not pile up
+	reading     chan struct{} // one read at a time; a page load gives up waiting with its context
 	mu          sync.Mutex
 	queues      []*queueView
 	lastFailLog time.Time
@@ -100,7 +106,7 @@ func New(rdb redis.UniversalClient, opt Options) *Monitor {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	m := &Monitor{rdb: rdb, opt: opt, log: opt.Logger}
+	m := &Monitor{rdb: rdb, opt: opt, log: opt.Logger, reading: make(chan struct{}, 1)}
 	gauge := func(name, help string) *prometheus.GaugeVec {
 		g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help + " Exported by the queue's sweeping instance only: aggregate with max by (queue)."}, []string{"queue"})
 		m.gauges = append(m.gauges, g)
@@ -160,37 +166,55 @@ func (m *Monitor) refresh(ctx context.Context) {
 	m.read(ctx, swept)
 }
 
+// readTimeout bounds one read: a primary that stopped answering must not
+// hold up the page and the other queues for long.
+const readTimeout = 2 * time.Second
+
 // read reads the queues of vs in one round trip and applies the result.
+// It waits for a read under way to end, or gives up when ctx does.
 func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 	if len(vs) == 0 {
 		return
 	}
-	m.readMu.Lock()
-	defer m.readMu.Unlock()
+	select {
+	case m.reading <- struct{}{}:
+		defer func() { <-m.reading }()
+	case <-ctx.Done():
+		return
+	}
 	targets := make([]queuestate.Target, len(vs))
 	for n, v := range vs {
 		targets[n] = v.target
 	}
-	rctx, cancel := context.WithTimeout(ctx, max(m.opt.Interval, 2*time.Second))
+	rctx, cancel := context.WithTimeout(ctx, readTimeout)
 	states, err := queuestate.Read(rctx, m.rdb, m.opt.KeyPrefix, targets)
 	cancel()
 	now := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for n, v := range vs {
+		var st queuestate.Queue
 		if err != nil {
+			// Nothing read: every shard counts as unreadable, with its last
+			// known figures.
 			v.Err = err.Error()
-			continue
+			st = queuestate.Queue{Name: v.target.Name, Shards: make([]queuestate.Shard, v.target.Shards),
+				Sweeper: v.State.Sweeper, ReadAt: v.State.ReadAt}
+			for i := range st.Shards {
+				st.Shards[i] = queuestate.Shard{Index: i, Err: "not read: " + err.Error()}
+			}
+		} else {
+			v.Err, st = "", states[n]
 		}
-		v.Err = ""
-		if quiet(v.State, states[n]) && v.every > 0 {
+		v.carry(&st, now)
+		if quiet(v.State, st) && v.every > 0 {
 			v.every = min(2*v.every, quietReads*m.opt.Interval)
 		} else {
 			v.every = m.opt.Interval
 		}
 		// Less a little: a read due at the next tick must not miss it.
 		v.next = now.Add(v.every - m.opt.Interval/4)
-		v.State, v.ReadAt = states[n], now
+		v.State, v.ReadAt = st, now
 		v.History = append(v.History, Sample{At: now, Age: v.State.OldestDueAge, Due: v.State.Due, Pending: v.State.Pending})
 		if len(v.History) > historyLen {
 			v.History = append(v.History[:0], v.History[len(v.History)-historyLen:]...)
@@ -202,8 +226,40 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 	}
 	if err != nil && ctx.Err() == nil && now.Sub(m.lastFailLog) > 10*time.Second {
 		m.lastFailLog = now
-		m.log.Warn("cannot read the queues' state; their metrics keep their last values", "err", err)
+		m.log.Warn("cannot read the queues' state; they show their last known figures", "err", err)
 	}
+}
+
+// carry keeps each readable shard's figures as its last good ones and
+// gives each unreadable shard its last good figures (its error kept), with
+// the oldest due age grown by the time since; then it sums the queue again.
+func (v *queueView) carry(st *queuestate.Queue, now time.Time) {
+	if len(v.lastGood) != len(st.Shards) {
+		v.lastGood = make([]queuestate.Shard, len(st.Shards))
+	}
+	read := false
+	for _, sh := range st.Shards {
+		read = read || sh.Err == ""
+	}
+	if read { // ReadAt is the Redis clock of this read
+		v.offset = st.ReadAt.Sub(now)
+	}
+	serverNow := now.Add(v.offset).UnixMilli()
+	for i, sh := range st.Shards {
+		if sh.Err == "" {
+			v.lastGood[i] = sh
+			continue
+		}
+		old := v.lastGood[i]
+		old.Index, old.Err = i, sh.Err
+		old.OldestDueAge, old.AgeSeconds = 0, 0
+		if old.NextDueMs > 0 && old.NextDueMs <= serverNow {
+			old.OldestDueAge = time.Duration(serverNow-old.NextDueMs) * time.Millisecond
+			old.AgeSeconds = old.OldestDueAge.Seconds()
+		}
+		st.Shards[i] = old
+	}
+	st.Sum()
 }
 
 // quiet reports whether a read found a queue as before, with nothing due.
@@ -239,7 +295,13 @@ func (m *Monitor) unexport(v *queueView) {
 // stays so), and once when it recovers.
 func (m *Monitor) watch(v *queueView, now time.Time) {
 	q := v.State
-	if q.OldestDueAge <= m.opt.StallAfter {
+	// A stall ends when the age is back under half the threshold: a queue
+	// hovering around it would otherwise log a stall and its end every read.
+	limit := m.opt.StallAfter
+	if !v.StalledSince.IsZero() {
+		limit /= 2
+	}
+	if q.OldestDueAge <= limit {
 		if !v.StalledSince.IsZero() {
 			m.log.Info("queue no longer stalled", "queue", q.Name, "stalled_for", now.Sub(v.StalledSince).Round(time.Millisecond),
 				"oldest_due_age", q.OldestDueAge.Round(time.Millisecond), "due", q.Due)
@@ -253,7 +315,7 @@ func (m *Monitor) watch(v *queueView, now time.Time) {
 		v.Waiting = m.opt.Waiting(q.Name)
 	}
 	if q.Broken > 0 {
-		v.Waiting = append(v.Waiting, fmt.Sprintf("%d shards cannot be read (%s)", q.Broken, brokenShards(q, 4)))
+		v.Waiting = append(v.Waiting, "cannot read "+brokenShards(q, 4)+" (last known figures shown)")
 	}
 	msg := "queue stalled: its oldest due task waits longer than DISPATCHER_STALL_AFTER"
 	switch {
@@ -329,19 +391,32 @@ func lateShards(q queuestate.Queue, n int) string {
 	return strings.Join(parts, ", ")
 }
 
-// brokenShards lists up to n unreadable shards with their error.
+// brokenShards lists the unreadable shards by error, at most n of each:
+// "shards 0, 1, 2 and 13 more: not read: dial tcp ...".
 func brokenShards(q queuestate.Queue, n int) string {
-	var parts []string
+	var errs []string
+	by := map[string][]string{}
 	for _, s := range q.Shards {
 		if s.Err == "" {
 			continue
 		}
-		if len(parts) == n {
-			parts = append(parts, "...")
-			break
+		if by[s.Err] == nil {
+			errs = append(errs, s.Err)
 		}
-		parts = append(parts, fmt.Sprintf("shard %d: %s", s.Index, s.Err))
+		by[s.Err] = append(by[s.Err], strconv.Itoa(s.Index))
 	}
-	sort.Strings(parts[:min(len(parts), n)])
+	var parts []string
+	for _, e := range errs {
+		idx := by[e]
+		list := strings.Join(idx[:min(len(idx), n)], ", ")
+		if len(idx) > n {
+			list += " and " + strconv.Itoa(len(idx)-n) + " more"
+		}
+		word := "shards "
+		if len(idx) == 1 {
+			word = "shard "
+		}
+		parts = append(parts, word+list+": "+e)
+	}
 	return strings.Join(parts, "; ")
 }

@@ -119,7 +119,7 @@ func TestWatchdog(t *testing.T) {
 	var log syncBuf
 	m := New(rdb, Options{
 		Queues: []queuestate.Target{{Name: "q", Shards: 2}}, KeyPrefix: prefix,
-		Interval: time.Second, StallAfter: 2 * time.Second,
+		Interval: time.Second, StallAfter: 10 * time.Second,
 		Sweeping:   func(string) bool { return sweeping.Load() },
 		Waiting:    func(string) []string { return []string{"the broker blocks publishes"} },
 		Registerer: reg, Logger: slog.New(slog.NewTextHandler(&log, nil)),
@@ -130,19 +130,19 @@ func TestWatchdog(t *testing.T) {
 		t.Fatalf("stalled = %v (exported %v) on an empty queue, want 0", v, ok)
 	}
 	now := time.Now().UnixMilli()
-	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(now - 1_000), Member: "late"}, redis.Z{Score: float64(now + 600_000), Member: "later"})
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(now - 5_000), Member: "late"}, redis.Z{Score: float64(now + 600_000), Member: "later"})
 	readNow(ctx, m)
-	if v, _ := gauge(t, reg, "dispatcher_queue_oldest_due_age_seconds", "q"); v < 1 || v > 2 {
-		t.Errorf("oldest due age %v s, want about 1", v)
+	if v, _ := gauge(t, reg, "dispatcher_queue_oldest_due_age_seconds", "q"); v < 5 || v > 9 {
+		t.Errorf("oldest due age %v s, want about 5", v)
 	}
 	if v, _ := gauge(t, reg, "dispatcher_queue_pending_tasks", "q"); v != 2 {
 		t.Errorf("pending %v, want 2", v)
 	}
 	if s := m.Stalls(); len(s) != 0 || strings.Contains(log.String(), "stalled") {
-		t.Fatalf("stalled after 1 s with STALL_AFTER 2s: %q\n%s", s, log.String())
+		t.Fatalf("stalled after 5 s with STALL_AFTER 10s: %q\n%s", s, log.String())
 	}
 
-	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(now - 5_000), Member: "later"}) // now 5 s late
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(now - 30_000), Member: "later"}) // now 30 s late
 	readNow(ctx, m)
 	stalls := m.Stalls()
 	if len(stalls) != 1 || !strings.Contains(stalls[0], "queue q: stalled") || !strings.Contains(stalls[0], "shards 1 (") ||
@@ -162,6 +162,29 @@ func TestWatchdog(t *testing.T) {
 		t.Errorf("%d error lines after two reads of one stall, want 1:\n%s", n, log.String())
 	}
 
+	// The late shard's key is overwritten: unreadable, it keeps its last
+	// known age, growing, and the stall goes on.
+	rdb.Rename(ctx, k.Pending(1), k.Pending(1)+":saved")
+	rdb.Set(ctx, k.Pending(1), "oops", 0)
+	readNow(ctx, m)
+	if s := m.Stalls(); len(s) != 1 || !strings.Contains(s[0], "waiting on: the broker blocks publishes; cannot read shard 1: WRONGTYPE") {
+		t.Errorf("Stalls() = %q with the late shard unreadable, want the stall going on, naming the shard", s)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_oldest_due_age_seconds", "q"); v < 30 {
+		t.Errorf("oldest due age %v s with the late shard unreadable, want its last known age (30 s) and more", v)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_broken_shards", "q"); v != 1 {
+		t.Errorf("broken shards %v, want 1", v)
+	}
+	rdb.Rename(ctx, k.Pending(1)+":saved", k.Pending(1))
+
+	// 7 s late: under STALL_AFTER but over half of it, the stall holds.
+	rdb.ZRem(ctx, k.Pending(1), "later")
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(time.Now().UnixMilli() - 7_000), Member: "late"})
+	readNow(ctx, m)
+	if s := m.Stalls(); len(s) != 1 {
+		t.Errorf("stall ended at 7 s late with STALL_AFTER 10s; it ends under half of it: %q", s)
+	}
 	rdb.ZRem(ctx, k.Pending(1), "late", "later")
 	readNow(ctx, m)
 	if s := m.Stalls(); len(s) != 0 {
@@ -190,5 +213,39 @@ func TestWatchdog(t *testing.T) {
 	}
 	if _, ok := gauge(t, reg, "dispatcher_queue_pending_tasks", "q"); ok {
 		t.Error("an on-demand read for the page exported gauges")
+	}
+}
+
+// TestRedisGone: when Redis cannot be read at all, the queue shows its
+// last known figures with every shard unreadable, and a late queue goes on
+// getting later rather than looking on time.
+func TestRedisGone(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	rdb := srv.Client()
+	k := shard.Keys{Prefix: "p", Queue: "q"}
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(time.Now().UnixMilli() - 30_000), Member: "late"})
+	reg := prometheus.NewRegistry()
+	m := New(rdb, Options{Queues: []queuestate.Target{{Name: "q", Shards: 4}}, KeyPrefix: "p",
+		Interval: time.Second, StallAfter: 10 * time.Second, Sweeping: func(string) bool { return true },
+		Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	readNow(ctx, m)
+	if len(m.Stalls()) != 1 {
+		t.Fatal("a task 30 s late is no stall")
+	}
+	srv.Kill()
+	time.Sleep(1100 * time.Millisecond)
+	readNow(ctx, m)
+	if v, _ := gauge(t, reg, "dispatcher_queue_oldest_due_age_seconds", "q"); v < 31 {
+		t.Errorf("oldest due age %v s a second after Redis went, want 31 s or more", v)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_broken_shards", "q"); v != 4 {
+		t.Errorf("broken shards %v with Redis gone, want all 4", v)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_pending_tasks", "q"); v != 1 {
+		t.Errorf("pending %v with Redis gone, want the last known 1", v)
+	}
+	if s := m.Stalls(); len(s) != 1 || !strings.Contains(s[0], "cannot read shards 0, 1, 2, 3: not read:") {
+		t.Errorf("Stalls() with Redis gone: %q", s)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"time"
 
@@ -26,18 +27,26 @@ import (
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] dead-letter set P:{Q:i}:dead
-// Returns {now_ms, pending, due, earliest_pending_score|"", inflight,
-// inflight_expired, dead}; due counts pending tasks with a due time at or
-// before now, inflight_expired in-flight entries whose lease (or retry
-// backoff) ran out, which the next claim takes again.
+// ARGV[1] the score below which a due time is taken for seconds (10^11)
+// Returns {now_ms, pending, due, earliest_score|"", inflight,
+// inflight_expired, dead, earliest_ms_score|""}; due counts pending tasks
+// with a due time at or before now, inflight_expired in-flight entries
+// whose lease (or retry backoff) ran out, which the next claim takes
+// again. earliest_ms_score is the earliest score of at least ARGV[1]: a
+// producer writing seconds puts its tasks first in the set, and they
+// must not hide how late the others are.
 var readScript = redis.NewScript(`#!lua flags=no-writes
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local msHead = {}
+if head[2] and tonumber(head[2]) < tonumber(ARGV[1]) then
+  msHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+end
 return {now,
   redis.call('ZCARD', KEYS[1]), redis.call('ZCOUNT', KEYS[1], '-inf', now), head[2] or '',
   redis.call('ZCARD', KEYS[2]), redis.call('ZCOUNT', KEYS[2], '-inf', now),
-  redis.call('ZCARD', KEYS[3])}
+  redis.call('ZCARD', KEYS[3]), msHead[2] or ''}
 `)
 
 // secondsScoreBelow is the scanner's bound: a due time under 10^11 ms is
@@ -84,8 +93,9 @@ type Queue struct {
 	// Broken counts the shards that could not be read.
 	Broken int `json:"broken_shards"`
 	// Sweeper is the instance that holds the queue's sweeper role, "" if
-	// none does (or it could not be read).
-	Sweeper string `json:"sweeper"`
+	// none does; SweeperErr says why it could not be read, if it could not.
+	Sweeper    string `json:"sweeper"`
+	SweeperErr string `json:"sweeper_error,omitempty"`
 	// ReadAt is the Redis clock when the shards were read (the latest of
 	// their primaries').
 	ReadAt time.Time `json:"read_at"`
@@ -99,11 +109,7 @@ func (q Queue) Late() []Shard {
 			out = append(out, s)
 		}
 	}
-	for i := 1; i < len(out); i++ { // insertion sort: few late shards
-		for j := i; j > 0 && out[j].OldestDueAge > out[j-1].OldestDueAge; j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
+	sort.Slice(out, func(a, b int) bool { return out[a].OldestDueAge > out[b].OldestDueAge })
 	return out
 }
 
@@ -128,9 +134,9 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 		k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
 		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i)}
 		if source { // after NOSCRIPT: the source, which also caches it
-			c.cmd = readScript.Eval(ctx, pipe, keys)
+			c.cmd = readScript.Eval(ctx, pipe, keys, secondsScoreBelow)
 		} else {
-			c.cmd = readScript.EvalSha(ctx, pipe, keys)
+			c.cmd = readScript.EvalSha(ctx, pipe, keys, secondsScoreBelow)
 		}
 	}
 	pipe := rdb.Pipeline()
@@ -167,7 +173,13 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 	out := make([]Queue, len(targets))
 	for q, t := range targets {
 		out[q] = Queue{Name: t.Name, Shards: make([]Shard, t.Shards)}
-		out[q].Sweeper, _ = sweepers[q].Result()
+		sw, err := sweepers[q].Result()
+		switch {
+		case err == nil:
+			out[q].Sweeper = sw
+		case !errors.Is(err, redis.Nil):
+			out[q].SweeperErr = err.Error()
+		}
 	}
 	read := 0
 	var firstErr error
@@ -204,10 +216,10 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	if len(vals) != 7 {
-		return 0, fmt.Errorf("read script returned %d values, want 7", len(vals))
+	if len(vals) != 8 {
+		return 0, fmt.Errorf("read script returned %d values, want 8", len(vals))
 	}
-	ints := make([]int64, 7)
+	ints := make([]int64, len(vals))
 	for n, v := range vals {
 		switch v := v.(type) {
 		case int64:
@@ -227,28 +239,49 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	}
 	now = ints[0]
 	s.Pending, s.Due, s.Inflight, s.Expired, s.Dead = ints[1], ints[2], ints[4], ints[5], ints[6]
+	var dues []int64
 	if head, _ := vals[3].(string); head != "" {
-		s.NextDueMs = ints[3]
-		due := s.NextDueMs
-		if due < secondsScoreBelow {
-			// A producer that wrote seconds: the dispatcher sends such a
-			// task at once, and its lateness is counted from the time it
-			// meant, not from 1970.
-			due *= 1000
+		dues = append(dues, DueMs(ints[3]))
+	}
+	if head, _ := vals[7].(string); head != "" {
+		dues = append(dues, ints[7])
+	}
+	for _, due := range dues {
+		if s.NextDueMs == 0 || due < s.NextDueMs {
+			s.NextDueMs = due
 		}
 		if due <= now {
-			s.OldestDueAge = time.Duration(now-due) * time.Millisecond
-			s.AgeSeconds = s.OldestDueAge.Seconds()
+			s.OldestDueAge = max(s.OldestDueAge, time.Duration(now-due)*time.Millisecond)
 		}
 	}
+	s.AgeSeconds = s.OldestDueAge.Seconds()
 	return now, nil
+}
+
+// DueMs is the due time a score means, in ms: a score under 10^11 is a
+// producer writing seconds (the dispatcher sends such a task at once, and
+// its lateness counts from the time it meant, not from 1970). A score of
+// 0 or less, or -inf, is read as 0: due, with no known due time.
+func DueMs(score int64) int64 {
+	if score > 0 && score < secondsScoreBelow {
+		return score * 1000
+	}
+	return score
+}
+
+// Sum recomputes the queue's sums from its shards. A shard with an error
+// counts with the figures it carries (none, unless the caller carried its
+// last known ones over).
+func (q *Queue) Sum() {
+	q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, q.Broken = 0, 0, 0, 0, 0, 0
+	q.OldestDueAge, q.NextDueMs = 0, 0
+	q.sum()
 }
 
 func (q *Queue) sum() {
 	for _, s := range q.Shards {
 		if s.Err != "" {
 			q.Broken++
-			continue
 		}
 		q.Pending += s.Pending
 		q.Due += s.Due
@@ -257,7 +290,7 @@ func (q *Queue) sum() {
 		q.Dead += s.Dead
 		q.OldestDueAge = max(q.OldestDueAge, s.OldestDueAge)
 		q.AgeSeconds = q.OldestDueAge.Seconds()
-		if s.NextDueMs != 0 && (q.NextDueMs == 0 || s.NextDueMs < q.NextDueMs) {
+		if s.NextDueMs > 0 && (q.NextDueMs == 0 || s.NextDueMs < q.NextDueMs) {
 			q.NextDueMs = s.NextDueMs
 		}
 	}

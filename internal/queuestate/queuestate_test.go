@@ -36,8 +36,11 @@ func TestRead(t *testing.T) {
 	rdb.ZAdd(ctx, k.Inflight(1), redis.Z{Score: float64(now - 1), Member: "1:e"}, redis.Z{Score: float64(now + 30_000), Member: "1:f"})
 	rdb.ZAdd(ctx, k.Dead(1), redis.Z{Score: 1, Member: "1:g"})
 	rdb.Set(ctx, k.Pending(2), "not a set", 0)
-	// Shard 3: a producer that wrote seconds, 5 s ago.
-	rdb.ZAdd(ctx, k.Pending(3), redis.Z{Score: float64(now/1000 - 5), Member: "h"})
+	// Shard 3: a producer that wrote seconds, 5 s ago, and one that wrote
+	// seconds for an hour ahead: sorted first, it must not hide a task
+	// in ms that is 2 minutes late.
+	rdb.ZAdd(ctx, k.Pending(3), redis.Z{Score: float64(now/1000 - 5), Member: "h"},
+		redis.Z{Score: float64(now/1000 + 3600), Member: "i"}, redis.Z{Score: float64(now - 120_000), Member: "j"})
 	rdb.Set(ctx, k.Sweeper(), "host:1:ab", 0)
 
 	qs, err := queuestate.Read(ctx, rdb, prefix, []queuestate.Target{{Name: "orders", Shards: 4}, {Name: "empty", Shards: 2}})
@@ -49,7 +52,8 @@ func TestRead(t *testing.T) {
 		{Index: 0, Pending: 3, Due: 2, NextDueMs: now - 10_000},
 		{Index: 1, Pending: 1, Inflight: 2, Expired: 1, Dead: 1, NextDueMs: now + 30_000},
 		{Index: 2},
-		{Index: 3, Pending: 1, Due: 1, NextDueMs: now/1000 - 5},
+		// All three are due: the dispatcher sends scores in seconds at once.
+		{Index: 3, Pending: 3, Due: 3, NextDueMs: now - 120_000},
 	}
 	for i, w := range want {
 		g := q.Shards[i]
@@ -67,16 +71,16 @@ func TestRead(t *testing.T) {
 	if age := q.Shards[0].OldestDueAge; age < 10*time.Second || age > 12*time.Second {
 		t.Errorf("shard 0's oldest due age %s, want 10 s (and the read's round trip)", age)
 	}
-	if age := q.Shards[3].OldestDueAge; age < 4*time.Second || age > 7*time.Second {
-		t.Errorf("shard 3's oldest due age %s, want 5 s: a score in seconds counts from the time it means", age)
+	if age := q.Shards[3].OldestDueAge; age < 120*time.Second || age > 122*time.Second {
+		t.Errorf("shard 3's oldest due age %s, want 2 minutes: tasks in seconds, sorted first, hid it", age)
 	}
-	if q.Pending != 5 || q.Due != 3 || q.Inflight != 2 || q.Expired != 1 || q.Dead != 1 || q.Broken != 1 {
+	if q.Pending != 7 || q.Due != 5 || q.Inflight != 2 || q.Expired != 1 || q.Dead != 1 || q.Broken != 1 {
 		t.Errorf("sums %+v", q)
 	}
-	if q.OldestDueAge != q.Shards[0].OldestDueAge || q.NextDueMs != now/1000-5 || q.Sweeper != "host:1:ab" {
+	if q.OldestDueAge != q.Shards[3].OldestDueAge || q.NextDueMs != now-120_000 || q.Sweeper != "host:1:ab" {
 		t.Errorf("queue: age %s next %d sweeper %q", q.OldestDueAge, q.NextDueMs, q.Sweeper)
 	}
-	if late := q.Late(); len(late) != 2 || late[0].Index != 0 || late[1].Index != 3 {
+	if late := q.Late(); len(late) != 2 || late[0].Index != 3 || late[1].Index != 0 {
 		t.Errorf("late shards %+v, want shards 0 and 3, the latest first", late)
 	}
 	if e := qs[1]; e.Pending != 0 || e.Broken != 0 || e.OldestDueAge != 0 || e.Sweeper != "" || len(e.Shards) != 2 {

@@ -121,7 +121,9 @@ const (
 )
 
 func queueRow(q monitor.View, lat []Bucket, stallAfter time.Duration) row {
-	r := row{View: q, Stalled: !q.StalledSince.IsZero(), Late: q.State.OldestDueAge > 0}
+	// A queue swept by another instance is not watched here: judged by
+	// the same threshold.
+	r := row{View: q, Stalled: !q.StalledSince.IsZero() || q.State.OldestDueAge > stallAfter, Late: q.State.OldestDueAge > 0}
 	r.Age = ageChart(q.History)
 	n := len(q.State.Shards)
 	if n > 0 {
