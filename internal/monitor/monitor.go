@@ -75,8 +75,8 @@ type queueView struct {
 	// time.
 	lastGood []queuestate.Shard
 	offset   time.Duration
-	every   time.Duration // current read interval, Interval..quietMax
-	next    time.Time     // next read while swept
+	every    time.Duration // current read interval, Interval..quietMax
+	next     time.Time     // next read while swept
 }
 
 // quietReads is how far the reads of a quiet queue stretch out: each read
