@@ -102,7 +102,7 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 			log.Error("http server stopped", "err", err)
 		}
 	}()
-	log.Info("serving the status page at /, /healthz, /readyz and /metrics", "addr", ln.Addr().String())
+	log.Info("serving /healthz, /readyz, /metrics and the status page at /", "addr", ln.Addr().String())
 	return h, nil
 }
 

@@ -226,7 +226,11 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 	}
 	if err != nil && ctx.Err() == nil && now.Sub(m.lastFailLog) > 10*time.Second {
 		m.lastFailLog = now
-		m.log.Warn("cannot read the queues' state; they show their last known figures", "err", err)
+		args := []any{"err", err}
+		if strings.Contains(err.Error(), "NOPERM") || strings.Contains(err.Error(), "can't run this command") {
+			args = append(args, "hint", "the Redis ACL user needs +zcard and +zcount for these reads (docs/how-it-works.md#redis-acls)")
+		}
+		m.log.Warn("cannot read the queues' state; they show their last known figures", args...)
 	}
 }
 
