@@ -32,7 +32,7 @@ func benchClaim(b *testing.B, batch int) {
 	rdb := testenv.Redis(b)
 	k := shard.Keys{Prefix: testenv.Name(b), Queue: "q"}
 	testenv.CleanRedis(b, rdb, k.Prefix)
-	keys := []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0)}
+	keys := []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0), k.Paused(0)}
 
 	now := time.Now().UnixMilli()
 	pad := strings.Repeat("x", 190)

@@ -48,5 +48,6 @@ func (l *logLimiter) emit(level slog.Level, key, msg string, args ...any) {
 	l.log.Log(context.Background(), level, msg, args...)
 }
 
+func (l *logLimiter) Info(key, msg string, args ...any)  { l.emit(slog.LevelInfo, key, msg, args...) }
 func (l *logLimiter) Warn(key, msg string, args ...any)  { l.emit(slog.LevelWarn, key, msg, args...) }
 func (l *logLimiter) Error(key, msg string, args ...any) { l.emit(slog.LevelError, key, msg, args...) }

@@ -59,6 +59,7 @@ type nodeState struct {
 // stopped answering would hold a claim for the read timeout times go-redis's
 // retries and redirects (about 20 s on a cluster).
 const (
+	pausedRetry    = time.Second     // a paused shard is claimed from again after
 	claimTimeout   = 3 * time.Second // one job's pipeline
 	counterTimeout = time.Second     // the balancer's INCRBY
 )
@@ -634,6 +635,14 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			s.known[i] = 0
 		}
 		if d.job.limit == 0 {
+			continue
+		}
+		if c.paused {
+			// Held by `dispatcher pause`: looked at again in a second, so a
+			// paused queue with due tasks costs Redis little and a resume
+			// takes effect within a second.
+			s.badUntil[i] = time.Now().Add(pausedRetry)
+			s.lim.Info("paused", "queue paused: claiming nothing until `dispatcher resume`", "shard", i)
 			continue
 		}
 		if c.reaped > 0 {

@@ -72,6 +72,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] attempts hash P:{Q:i}:attempts
 // KEYS[4] last claim P:{Q:i}:claim (string "<token> <deadline>")
+// KEYS[5] pause flag P:{Q:i}:paused: while it exists the claim takes and
+//
+//	reaps nothing and returns reaped = -1
+//
 // ARGV[1] most tasks to claim; 0 only reads when the shard next needs
 //
 //	attention, changing nothing
@@ -89,6 +93,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 var claimScript = redis.NewScript(luaPrelude + luaNow + `
 local limit = tonumber(ARGV[1])
 local out = {now, '', '', 0, ''}
+if limit > 0 and redis.call('GET', KEYS[5]) then
+  out[4] = -1
+  limit = 0
+end
 if limit > 0 then
   local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'string'})
   if bad then return redis.error_reply(bad) end

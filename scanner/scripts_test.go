@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 
@@ -24,7 +25,7 @@ func setup(t *testing.T) (*redis.Client, shard.Keys, []string) {
 	rdb := testenv.Redis(t)
 	k := shard.Keys{Prefix: testenv.Name(t), Queue: "q"}
 	testenv.CleanRedis(t, rdb, k.Prefix)
-	return rdb, k, []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0)}
+	return rdb, k, []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0), k.Paused(0)}
 }
 
 var claimTokens atomic.Int64
@@ -243,7 +244,7 @@ func TestPeekChangesNothing(t *testing.T) {
 	ctx := context.Background()
 	now := serverMs(t, rdb)
 	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 5), Member: "due"})
-	v, err := claimScript.Run(ctx, rdb, []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0)}, 0, 30000, "t").Slice()
+	v, err := claimScript.Run(ctx, rdb, []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0), k.Paused(0)}, 0, 30000, "t").Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,5 +253,36 @@ func TestPeekChangesNothing(t *testing.T) {
 	}
 	if rdb.ZCard(ctx, k.Pending(0)).Val() != 1 {
 		t.Fatal("peek changed the shard")
+	}
+}
+
+// TestClaimPausedTakesNothing: while the shard's pause flag exists a claim
+// takes and reaps nothing, says so (reaped -1), and still reports when the
+// shard next needs a claim; once the flag is gone it claims as usual.
+func TestClaimPausedTakesNothing(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000), Member: "a"})
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now - 1), Member: "1:expired"})
+	rdb.Set(ctx, k.Paused(0), now, 0)
+	v := claim(t, rdb, keys, 10, 30000)
+	c, err := parseClaimed(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.paused || c.reaped != 0 || len(c.entries) != 0 || c.nextPending != strconv.FormatInt(now-1000, 10) {
+		t.Fatalf("paused claim: %+v", c)
+	}
+	if n := rdb.ZCard(ctx, k.Pending(0)).Val(); n != 1 {
+		t.Errorf("paused claim changed pending: %d left", n)
+	}
+	if s := rdb.ZScore(ctx, k.Inflight(0), "1:expired").Val(); s != float64(now-1) {
+		t.Errorf("paused claim re-leased an expired entry: score %v", s)
+	}
+	rdb.Del(ctx, k.Paused(0))
+	c, _ = parseClaimed(claim(t, rdb, keys, 10, 30000))
+	if c.paused || len(c.entries) != 2 {
+		t.Errorf("claim after resume: %+v, want both tasks", c)
 	}
 }

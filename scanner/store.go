@@ -32,6 +32,7 @@ type claimed struct {
 	nextPending any   // earliest pending score, "" if none
 	nextLease   any   // earliest lease deadline, "" if none
 	reaped      int   // leases of dead or stalled instances taken over
+	paused      bool  // the queue is paused: nothing claimed
 	deadline    int64 // the batch's lease deadline (fences fail and release)
 	entries     []string
 }
@@ -81,7 +82,7 @@ func (r sweepRead) result(now any) ([]any, error) {
 }
 
 func (st *store) claimKeys(i int) []string {
-	return []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i)}
+	return []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i), st.keys.Paused(i)}
 }
 
 // token is unique per claim, so the script can tell a run of the same
@@ -112,7 +113,7 @@ func parseClaimed(vals []any) (claimed, error) {
 	c := claimed{nextPending: vals[1], nextLease: vals[2]}
 	c.now, _ = vals[0].(int64)
 	reaped, _ := vals[3].(int64)
-	c.reaped = int(reaped)
+	c.reaped, c.paused = max(0, int(reaped)), reaped < 0
 	if d, ok := parseScore(vals[4]); ok {
 		c.deadline = d
 	}

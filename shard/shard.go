@@ -67,6 +67,14 @@ func (k Keys) DeadReason(i int) string { return k.tag(i) + ":dead:reason" }
 // lost reply returns the same batch instead of claiming another.
 func (k Keys) LastClaim(i int) string { return k.tag(i) + ":claim" }
 
+// Paused, while it exists, holds the shard's claims (`dispatcher pause`):
+// one per shard, so that the claim script sees it atomically, on Redis
+// Cluster too. Its value is the ms at which the queue was paused.
+func (k Keys) Paused(i int) string { return k.tag(i) + ":paused" }
+
+// Rate is the token bucket of the queue's dispatch rate limit (hash).
+func (k Keys) Rate() string { return k.Prefix + ":{" + k.Queue + "}:rate" }
+
 // Counter is the balancer's INCR counter for the queue.
 func (k Keys) Counter() string { return k.Prefix + ":{" + k.Queue + "}:counter" }
 
