@@ -5,6 +5,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -63,9 +64,10 @@ type Settings struct {
 // unprefixed name would pick up any SHARDS or EXCHANGE in the environment.
 type Queue struct {
 	Name       string
-	Shards     int    `env:"SHARDS" required:"true" desc:"shard count M of the queue (1 to 4096); producers use the same M"`
-	Exchange   string `env:"EXCHANGE" required:"true" desc:"exchange tasks are published to; declared durable direct if missing, used as it is otherwise; empty means the default exchange"`
-	RoutingKey string `env:"ROUTING_KEY" default:"" desc:"routing key of the published messages; defaults to the queue name"`
+	Shards     int     `env:"SHARDS" required:"true" desc:"shard count M of the queue (1 to 4096); producers use the same M"`
+	Exchange   string  `env:"EXCHANGE" required:"true" desc:"exchange tasks are published to; declared durable direct if missing, used as it is otherwise; empty means the default exchange"`
+	RoutingKey string  `env:"ROUTING_KEY" default:"" desc:"routing key of the published messages; defaults to the queue name"`
+	MaxRate    float64 `env:"MAX_RATE" default:"0" desc:"most tasks a second the queue's instances dispatch together (a token bucket in Redis), so that a backlog after an outage drains at a pace the consumers survive, oldest first in each shard; 0 means no limit"`
 }
 
 // EnvName is the <NAME> part of a queue's variables: the queue name
@@ -188,6 +190,13 @@ func loadQueue(name string, env map[string]string) (Queue, error) {
 	q.Shards = n
 	if q.Exchange, ok = env[p+"EXCHANGE"]; !ok {
 		return q, &Error{Var: p + "EXCHANGE", Reason: "required, not set (empty means the default exchange)"}
+	}
+	if v, ok := env[p+"MAX_RATE"]; ok && strings.TrimSpace(v) != "" {
+		r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0 {
+			return q, &Error{Var: p + "MAX_RATE", Value: v, Reason: "want a number of tasks per second, 0 or more (0: no limit)"}
+		}
+		q.MaxRate = r
 	}
 	q.RoutingKey = env[p+"ROUTING_KEY"]
 	if q.RoutingKey == "" {

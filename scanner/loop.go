@@ -179,14 +179,15 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				break fill
 			}
 		}
-		if held > 0 && s.anyFree(ctx) {
+		if held > 0 && !s.rateLimited(time.Now()) && s.anyFree(ctx) {
 			var targets []int
 			if busy {
 				targets = s.balanced(ctx, held)
 			} else {
 				targets = s.dueShards(held)
 			}
-			for _, j := range s.jobs(ctx, targets, s.opt.BatchSize, s.slotsPerJob(held)) {
+			targets, limit := s.allowClaims(ctx, targets)
+			for _, j := range s.jobs(ctx, targets, limit, s.slotsPerJob(held)) {
 				j.slots = len(j.shards)
 				held -= j.slots
 				launch(j)

@@ -54,6 +54,9 @@ type Options struct {
 	MaxAttempts      int
 	RetryMin         time.Duration
 	RetryMax         time.Duration
+	// MaxRate limits the tasks the queue's instances claim, together, to
+	// this many a second (a token bucket in Redis); 0: no limit.
+	MaxRate float64
 
 	// Coalescer, shared by the scanners of one instance, sends their sweeps
 	// and sweeper-role renewals that fall due together in one round trip
@@ -130,6 +133,7 @@ type Scanner struct {
 	balUntil    time.Time // the balancer counter is not asked before (backoff)
 	balDelay    time.Duration
 	lastBusy    time.Time // last time this instance told the others of a backlog
+	rateUntil   time.Time // no claim before: the rate limit's next token
 }
 
 // leadResult is the answer to a renewal of or bid for the sweeper role.
@@ -323,6 +327,9 @@ func (s *Scanner) Waiting() []string {
 	if n := s.publishing.Load(); n >= int64(s.opt.Pipeline) {
 		out = append(out, fmt.Sprintf("all %d publish slots wait for the broker's confirms%s", n, since(" (last confirmed batch %s ago)", s.lastAcked.Load())))
 	}
+	if s.opt.MaxRate > 0 {
+		out = append(out, fmt.Sprintf("dispatching is limited to %g tasks/s (DISPATCHER_QUEUE_<NAME>_MAX_RATE)", s.opt.MaxRate))
+	}
 	if last := s.lastClaimed.Load(); last == 0 {
 		out = append(out, "this instance has claimed no task since it started")
 	} else {
@@ -420,8 +427,11 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 	if s.leader && !busy && len(s.nodes) == 0 {
 		d = min(d, s.sweepEvery) // nothing swept yet
 	}
-	if claimNow && !backedOff {
+	if claimNow && !backedOff && !s.rateLimited(now) {
 		return 0
+	}
+	if claimNow && s.rateLimited(now) {
+		d = min(d, s.rateUntil.Sub(now))
 	}
 	if !canClaim {
 		return max(d, time.Millisecond)
@@ -430,6 +440,10 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 	for i, at := range s.known {
 		n := s.node(s.nodeOf(ctx, i))
 		if n.claiming || n.until.After(now) {
+			continue
+		}
+		if s.rateLimited(now) {
+			d = min(d, s.rateUntil.Sub(now)) // due shards wait for the next token
 			continue
 		}
 		// In µs: waking up to a ms early only to sleep a whole ms more

@@ -148,7 +148,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, StampPublished: cfg.StampPublished, Coalescer: coalescer,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance,
 		}))
 		byQueue[q.Name] = scs[len(scs)-1]
