@@ -1,0 +1,66 @@
+package tests
+
+import (
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/dispatcher/dispatcher/config"
+)
+
+// TestRateLimit drains a backlog under DISPATCHER_QUEUE_<NAME>_MAX_RATE with
+// 1, 2 and 4 instances: every task arrives, none early, and the instances
+// together keep to the limit. The achieved rate and the busiest second are
+// logged (RATE lines); the check allows the bucket's burst (a tenth of a
+// second's worth) and a tenth more, since this is a shared machine.
+func TestRateLimit(t *testing.T) {
+	const rate, n = 200.0, 800 // 4 s of work
+	for _, instances := range []int{1, 2, 4} {
+		t.Run(fmt.Sprint(instances), func(t *testing.T) {
+			h := newHarness(t, queueSpec{Name: "rl", Shards: 8})
+			h.extra[config.QueuePrefix("rl")+"_MAX_RATE"] = fmt.Sprint(rate)
+			// The backlog is there before any instance starts: an outage.
+			want := scheduleSpread(t, h.producer("rl"), "r", n, time.Now().Add(-time.Minute), time.Second)
+			var ps []*proc
+			for range instances {
+				ps = append(ps, h.start())
+			}
+			for _, p := range ps {
+				waitLogged(t, p, "broker connected", 15*time.Second)
+			}
+			got := h.collect("rl", n, 30*time.Second)
+			ids, _ := countIDs(got)
+			if miss := missing(want, ids); len(miss) > 0 {
+				t.Fatalf("%d of %d tasks missing", len(miss), n)
+			}
+			var at []time.Time
+			seen := map[string]bool{}
+			for _, r := range got {
+				if !seen[r.d.MessageId] {
+					seen[r.d.MessageId] = true
+					at = append(at, r.at)
+				}
+			}
+			sort.Slice(at, func(a, b int) bool { return at[a].Before(at[b]) })
+			span := at[len(at)-1].Sub(at[0])
+			achieved := float64(len(at)-1) / span.Seconds()
+			// The busiest window of one second, anywhere.
+			most := 0
+			for a, b := 0, 0; a < len(at); a++ {
+				for b < len(at) && at[b].Sub(at[a]) < time.Second {
+					b++
+				}
+				most = max(most, b-a)
+			}
+			t.Logf("RATE instances=%d limit=%.0f/s tasks=%d drained_in=%s achieved=%.1f/s (%.3f of the limit) busiest_second=%d",
+				instances, rate, n, span.Round(time.Millisecond), achieved, achieved/rate, most)
+			if burst := rate / 10; float64(most) > 1.1*rate+burst {
+				t.Errorf("%d tasks in one second with a limit of %.0f/s (burst %.0f)", most, rate, burst)
+			}
+			if achieved > 1.1*rate {
+				t.Errorf("drained at %.1f tasks/s with a limit of %.0f/s", achieved, rate)
+			}
+		})
+	}
+}
