@@ -52,6 +52,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return bench.Main(args[1:], stdout, stderr)
 		case "stats": // what the queues hold, read from Redis
 			return runStats(args[1:], stdout, stderr)
+		case "schedule":
+			return runSchedule(args[1:], stdout, stderr)
+		case "cancel":
+			return runCancel(args[1:], stdout, stderr)
+		case "dead":
+			return runDead(args[1:], stdout, stderr)
+		case "pause", "resume":
+			return runPause(args[1:], stdout, stderr, args[0] == "pause")
 		default:
 			fmt.Fprintf(stderr, "dispatcher: unknown argument %q (see dispatcher --help)\n", args[0])
 			return exitSettings

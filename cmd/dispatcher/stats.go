@@ -126,6 +126,9 @@ func writeStats(w io.Writer, states []queuestate.Queue) {
 			sweeper = "no instance (none running, or the role is changing hands)"
 		}
 		notes = append(notes, fmt.Sprintf("queue %s is swept by %s", q.Name, sweeper))
+		if q.Paused > 0 {
+			notes = append(notes, fmt.Sprintf("queue %s is PAUSED (%d of %d shards): nothing is claimed until `dispatcher resume --queue %s`", q.Name, q.Paused, len(q.Shards), q.Name))
+		}
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

@@ -93,7 +93,7 @@ type Monitor struct {
 	log    *slog.Logger
 	gauges []*prometheus.GaugeVec
 	// the gauges, by what they show
-	pending, due, inflight, expired, dead, age, broken, stalled *prometheus.GaugeVec
+	pending, due, inflight, expired, dead, age, broken, stalled, paused *prometheus.GaugeVec
 
 	reading     chan struct{} // one read at a time; a page load gives up waiting with its context
 	mu          sync.Mutex
@@ -122,7 +122,8 @@ func New(rdb redis.UniversalClient, opt Options) *Monitor {
 	m.dead = gauge("dispatcher_queue_dead_tasks", "Tasks in the queue's dead-letter sets.")
 	m.age = gauge("dispatcher_queue_oldest_due_age_seconds", "How long the earliest pending task has been due: now minus its due time, 0 when none is due.")
 	m.broken = gauge("dispatcher_queue_broken_shards", "Shards whose keys could not be read (a key of the wrong type, an unreachable primary).")
-	m.stalled = gauge("dispatcher_queue_stalled", "1 while the oldest due task has waited longer than DISPATCHER_STALL_AFTER.")
+	m.stalled = gauge("dispatcher_queue_stalled", "1 while the oldest due task has waited longer than DISPATCHER_STALL_AFTER (a paused queue does not count as stalled).")
+	m.paused = gauge("dispatcher_queue_paused", "1 while `dispatcher pause` holds the queue (any of its shards).")
 	for _, t := range opt.Queues {
 		m.queues = append(m.queues, &queueView{target: t, View: View{State: queuestate.Queue{Name: t.Name}}})
 	}
@@ -266,9 +267,16 @@ func (v *queueView) carry(st *queuestate.Queue, now time.Time) {
 	st.Sum()
 }
 
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // quiet reports whether a read found a queue as before, with nothing due.
 func quiet(was, is queuestate.Queue) bool {
-	return is.Due == 0 && is.Broken == 0 && is.Pending == was.Pending && is.Inflight == was.Inflight &&
+	return is.Due == 0 && is.Broken == 0 && is.Paused == was.Paused && is.Pending == was.Pending && is.Inflight == was.Inflight &&
 		is.Expired == was.Expired && is.Dead == was.Dead && is.NextDueMs == was.NextDueMs && is.Broken == was.Broken
 }
 
@@ -282,6 +290,7 @@ func (m *Monitor) export(v *queueView) {
 	m.dead.WithLabelValues(l).Set(float64(q.Dead))
 	m.age.WithLabelValues(l).Set(q.OldestDueAge.Seconds())
 	m.broken.WithLabelValues(l).Set(float64(q.Broken))
+	m.paused.WithLabelValues(l).Set(b2f(q.Paused > 0))
 }
 
 // unexport drops a queue's gauges when another instance took the sweeping
@@ -305,7 +314,8 @@ func (m *Monitor) watch(v *queueView, now time.Time) {
 	if !v.StalledSince.IsZero() {
 		limit /= 2
 	}
-	if q.OldestDueAge <= limit {
+	// A paused queue is held on purpose: late, not stalled.
+	if q.OldestDueAge <= limit || q.Paused > 0 {
 		if !v.StalledSince.IsZero() {
 			m.log.Info("queue no longer stalled", "queue", q.Name, "stalled_for", now.Sub(v.StalledSince).Round(time.Millisecond),
 				"oldest_due_age", q.OldestDueAge.Round(time.Millisecond), "due", q.Due)

@@ -27,9 +27,10 @@ import (
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] dead-letter set P:{Q:i}:dead
+// KEYS[4] pause flag P:{Q:i}:paused
 // ARGV[1] the score below which a due time is taken for seconds (10^11)
 // Returns {now_ms, pending, due, earliest_score|"", inflight,
-// inflight_expired, dead, earliest_ms_score|""}; due counts pending tasks
+// inflight_expired, dead, earliest_ms_score|"", paused (1 or 0)}; due counts pending tasks
 // with a due time at or before now, inflight_expired in-flight entries
 // whose lease (or retry backoff) ran out, which the next claim takes
 // again. earliest_ms_score is the earliest score of at least ARGV[1]: a
@@ -46,7 +47,7 @@ end
 return {now,
   redis.call('ZCARD', KEYS[1]), redis.call('ZCOUNT', KEYS[1], '-inf', now), head[2] or '',
   redis.call('ZCARD', KEYS[2]), redis.call('ZCOUNT', KEYS[2], '-inf', now),
-  redis.call('ZCARD', KEYS[3]), msHead[2] or ''}
+  redis.call('ZCARD', KEYS[3]), msHead[2] or '', redis.call('GET', KEYS[4]) and 1 or 0}
 `)
 
 // secondsScoreBelow is the scanner's bound: a due time under 10^11 ms is
@@ -63,6 +64,8 @@ type Shard struct {
 	// the next claim hands them out again.
 	Expired int64 `json:"inflight_expired"`
 	Dead    int64 `json:"dead"`
+	// Paused: `dispatcher pause` holds the shard's claims.
+	Paused bool `json:"paused,omitempty"`
 	// NextDueMs is the due time of the earliest pending task (ms since the
 	// epoch), 0 if none is pending.
 	NextDueMs int64 `json:"next_due_ms,omitempty"`
@@ -92,6 +95,9 @@ type Queue struct {
 	NextDueMs int64 `json:"next_due_ms,omitempty"`
 	// Broken counts the shards that could not be read.
 	Broken int `json:"broken_shards"`
+	// Paused counts the shards `dispatcher pause` holds (all of them after
+	// a pause that completed).
+	Paused int `json:"paused_shards"`
 	// Sweeper is the instance that holds the queue's sweeper role, "" if
 	// none does; SweeperErr says why it could not be read, if it could not.
 	Sweeper    string `json:"sweeper"`
@@ -132,7 +138,7 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 	sweepers := make([]*redis.StringCmd, len(targets))
 	send := func(pipe redis.Pipeliner, c *call, source bool) {
 		k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
-		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i)}
+		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i), k.Paused(c.i)}
 		if source { // after NOSCRIPT: the source, which also caches it
 			c.cmd = readScript.Eval(ctx, pipe, keys, secondsScoreBelow)
 		} else {
@@ -216,8 +222,8 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	if len(vals) != 8 {
-		return 0, fmt.Errorf("read script returned %d values, want 8", len(vals))
+	if len(vals) != 9 {
+		return 0, fmt.Errorf("read script returned %d values, want 9", len(vals))
 	}
 	ints := make([]int64, len(vals))
 	for n, v := range vals {
@@ -239,6 +245,7 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	}
 	now = ints[0]
 	s.Pending, s.Due, s.Inflight, s.Expired, s.Dead = ints[1], ints[2], ints[4], ints[5], ints[6]
+	s.Paused = ints[8] == 1
 	var dues []int64
 	if head, _ := vals[3].(string); head != "" {
 		dues = append(dues, DueMs(ints[3]))
@@ -273,7 +280,7 @@ func DueMs(score int64) int64 {
 // counts with the figures it carries (none, unless the caller carried its
 // last known ones over).
 func (q *Queue) Sum() {
-	q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, q.Broken = 0, 0, 0, 0, 0, 0
+	q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, q.Broken, q.Paused = 0, 0, 0, 0, 0, 0, 0
 	q.OldestDueAge, q.NextDueMs = 0, 0
 	q.sum()
 }
@@ -282,6 +289,9 @@ func (q *Queue) sum() {
 	for _, s := range q.Shards {
 		if s.Err != "" {
 			q.Broken++
+		}
+		if s.Paused {
+			q.Paused++
 		}
 		q.Pending += s.Pending
 		q.Due += s.Due

@@ -123,7 +123,7 @@ const (
 func queueRow(q monitor.View, lat []Bucket, stallAfter time.Duration) row {
 	// A queue swept by another instance is not watched here: judged by
 	// the same threshold.
-	r := row{View: q, Stalled: !q.StalledSince.IsZero() || q.State.OldestDueAge > stallAfter, Late: q.State.OldestDueAge > 0}
+	r := row{View: q, Stalled: !q.StalledSince.IsZero() || (q.State.OldestDueAge > stallAfter && q.State.Paused == 0), Late: q.State.OldestDueAge > 0}
 	r.Age = ageChart(q.History)
 	n := len(q.State.Shards)
 	if n > 0 {

@@ -1,0 +1,193 @@
+// Package admin changes a queue's state in Redis for the operator's
+// commands: pause and resume, and the dead letters (list, requeue, purge).
+// Scheduling and cancelling go through shard.Producer, like any producer.
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// Queue is one queue's keys and shard count.
+type Queue struct {
+	Keys   shard.Keys
+	Shards int
+}
+
+// Pause sets every shard's pause flag (its value: when, in ms): the claim
+// script of every instance then takes nothing from the shard.
+func Pause(ctx context.Context, rdb redis.UniversalClient, q Queue, nowMs int64) error {
+	pipe := rdb.Pipeline()
+	for i := 0; i < q.Shards; i++ {
+		pipe.Set(ctx, q.Keys.Paused(i), nowMs, 0)
+	}
+	return execAll(ctx, pipe, "pause")
+}
+
+// Resume removes every shard's pause flag and wakes the instances.
+func Resume(ctx context.Context, rdb redis.UniversalClient, q Queue) error {
+	pipe := rdb.Pipeline()
+	for i := 0; i < q.Shards; i++ {
+		pipe.Del(ctx, q.Keys.Paused(i))
+	}
+	if err := execAll(ctx, pipe, "resume"); err != nil {
+		return err
+	}
+	// A wake-up is a hint: the instances look at paused shards every second anyway.
+	_ = rdb.Publish(ctx, q.Keys.Wake(), shard.WakeBusy).Err()
+	return nil
+}
+
+func execAll(ctx context.Context, pipe redis.Pipeliner, what string) error {
+	cmds, err := pipe.Exec(ctx)
+	if err == nil {
+		return nil
+	}
+	for _, c := range cmds {
+		if c.Err() != nil {
+			return fmt.Errorf("%s: %s: %w", what, c.Args()[1], c.Err())
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// Dead is one dead-lettered scheduling.
+type Dead struct {
+	Shard     int    `json:"shard"`
+	DueMs     int64  `json:"due_ms"`
+	Member    string `json:"body"`
+	MessageID string `json:"message_id"`
+	Reason    string `json:"reason"`
+	Entry     string `json:"-"` // "<due_ms>:<member>", the set member
+}
+
+// DeadList lists the dead letters of one shard, or of all (shard < 0).
+func DeadList(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx int) ([]Dead, error) {
+	var out []Dead
+	for _, i := range shardsOf(q, shardIdx) {
+		entries, err := rdb.ZRange(ctx, q.Keys.Dead(i), 0, -1).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", q.Keys.Dead(i), err)
+		}
+		if len(entries) == 0 {
+			continue
+		}
+		reasons, err := rdb.HMGet(ctx, q.Keys.DeadReason(i), entries...).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("read %s: %w", q.Keys.DeadReason(i), err)
+		}
+		for n, e := range entries {
+			d, ok := parseEntry(i, e)
+			if !ok {
+				continue
+			}
+			if n < len(reasons) {
+				d.Reason, _ = reasons[n].(string)
+			}
+			out = append(out, d)
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].DueMs < out[b].DueMs })
+	return out, nil
+}
+
+// DeadOf returns the dead letters of one member (every scheduling of it).
+func DeadOf(ctx context.Context, rdb redis.UniversalClient, q Queue, member []byte) ([]Dead, error) {
+	all, err := DeadList(ctx, rdb, q, shard.Index(member, q.Shards))
+	if err != nil {
+		return nil, err
+	}
+	var out []Dead
+	for _, d := range all {
+		if d.Member == string(member) {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+func parseEntry(i int, e string) (Dead, bool) {
+	due, member, ok := strings.Cut(e, ":")
+	if !ok {
+		return Dead{}, false
+	}
+	ms, err := strconv.ParseInt(due, 10, 64)
+	if err != nil {
+		return Dead{}, false
+	}
+	return Dead{Shard: i, DueMs: ms, Member: member, Entry: e, MessageID: shard.MessageID([]byte(member), ms)}, true
+}
+
+func shardsOf(q Queue, shardIdx int) []int {
+	if shardIdx >= 0 {
+		return []int{shardIdx}
+	}
+	out := make([]int, q.Shards)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// requeueScript moves one dead entry back to its pending shard, at its
+// own due time (so the same message_id) unless given another score.
+//
+// KEYS[1] pending shard P:{Q:i}
+// KEYS[2] dead-letter set P:{Q:i}:dead
+// KEYS[3] dead-letter reasons P:{Q:i}:dead:reason
+// ARGV[1] the entry "<due_ms>:<member>"
+// ARGV[2] the score to schedule it at, "" for its due time
+// Returns 1 if it was moved, 0 if the entry is not dead (nothing changed).
+var requeueScript = redis.NewScript(`
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  return 0
+end
+local due, member = string.match(ARGV[1], '^(-?%d+):(.*)$')
+local score = ARGV[2]
+if score == '' then score = due end
+redis.call('ZADD', KEYS[1], score, member)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
+`)
+
+// Requeue moves a dead letter back to pending; atMs 0 keeps its due time
+// (and message_id). It reports false if d is no longer dead.
+func Requeue(ctx context.Context, rdb redis.UniversalClient, q Queue, d Dead, atMs int64) (bool, error) {
+	at := ""
+	if atMs != 0 {
+		at = strconv.FormatInt(atMs, 10)
+	}
+	n, err := requeueScript.Run(ctx, rdb, []string{q.Keys.Pending(d.Shard), q.Keys.Dead(d.Shard), q.Keys.DeadReason(d.Shard)}, d.Entry, at).Int()
+	if err != nil {
+		return false, fmt.Errorf("requeue on %s: %w", q.Keys.Dead(d.Shard), err)
+	}
+	return n == 1, nil
+}
+
+// purgeScript forgets one dead entry and its reason.
+//
+// KEYS[1] dead-letter set, KEYS[2] its reasons; ARGV[1] the entry.
+// Returns 1 if it was dead, 0 if not.
+var purgeScript = redis.NewScript(`
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return n
+`)
+
+// Purge forgets a dead letter for good.
+func Purge(ctx context.Context, rdb redis.UniversalClient, q Queue, d Dead) (bool, error) {
+	n, err := purgeScript.Run(ctx, rdb, []string{q.Keys.Dead(d.Shard), q.Keys.DeadReason(d.Shard)}, d.Entry).Int()
+	if err != nil {
+		return false, fmt.Errorf("purge on %s: %w", q.Keys.Dead(d.Shard), err)
+	}
+	return n == 1, nil
+}
