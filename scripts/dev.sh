@@ -57,6 +57,16 @@ ensure_test_tools() {
 	[ "${#pkgs[@]}" = 0 ] || apt_install "${pkgs[@]}"
 }
 
+# The examples (tests/examples_test.go): the Java consumer needs the RabbitMQ
+# Java client (with slf4j, a dependency) and lz4-java's XXH64, and a JDK.
+ensure_example_deps() {
+	local pkgs=()
+	[ -f /usr/share/java/amqp-client.jar ] || pkgs+=(librabbitmq-client-java)
+	[ -f /usr/share/java/lz4-java.jar ] || pkgs+=(liblz4-java)
+	command -v javac >/dev/null || pkgs+=(default-jdk-headless)
+	[ "${#pkgs[@]}" = 0 ] || apt_install "${pkgs[@]}"
+}
+
 ensure_services() {
 	[ "${DEV_SKIP_SERVICES:-}" = 1 ] && return 0
 	ensure_redis
@@ -80,6 +90,7 @@ test)
 	ensure_services
 	ensure_python_test_deps
 	ensure_test_tools
+	ensure_example_deps
 	log "gofmt"
 	unformatted="$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"
 	if [ -n "$unformatted" ]; then

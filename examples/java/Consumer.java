@@ -1,0 +1,235 @@
+// A consumer of the dispatcher's tasks, in Java 17, with the RabbitMQ Java
+// client (Debian: librabbitmq-client-java) and lz4-java's XXH64 (Debian:
+// liblz4-java). It follows CONTRACT.md only.
+//
+// It declares a durable queue, binds it to the queue's exchange with its
+// routing key, and consumes with manual acks and a prefetch: each task is
+// "worked on" (printed), then acked, so a crash in between gets it
+// delivered again. Delivery is at least once, so it drops duplicates by
+// message_id (and acks them). It checks every message against the contract:
+// message_id is the lowercase 16-hex XXH64 of the body, '-', the due time
+// in ms, which also comes in header x-due-ms.
+//
+//   javac -cp "$CP" -d /tmp/consumer Consumer.java
+//   java -cp "/tmp/consumer:$CP" Consumer amqp://guest:guest@localhost:5672/ tasks default my-worker
+//   java -cp "/tmp/consumer:$CP" Consumer --check-vectors
+//
+// with CP=/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar:
+// /usr/share/java/slf4j-simple.jar:/usr/share/java/lz4-java.jar (one line).
+//
+// Arguments: AMQP_URI EXCHANGE ROUTING_KEY QUEUE, then optionally
+// --expect N (exit once N distinct tasks were done and none came for
+// --quiet-ms, default 1000), --timeout SECONDS (give up; exit 1) and
+// --prefetch N (default 50). Without --expect it runs until SIGINT/SIGTERM.
+// It prints "ready ..." once consuming, "delivered <message_id> <body>" per
+// task done, "duplicate <message_id> dropped" per duplicate, "rejected
+// <message_id>: <why>" per message that breaks the contract, and last
+// "summary: delivered N, duplicates dropped N, rejected N".
+
+import com.rabbitmq.client.AMQP;
+import com.rabbitmq.client.BuiltinExchangeType;
+import com.rabbitmq.client.Channel;
+import com.rabbitmq.client.Connection;
+import com.rabbitmq.client.ConnectionFactory;
+import com.rabbitmq.client.Delivery;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import net.jpountz.xxhash.XXHash64;
+import net.jpountz.xxhash.XXHashFactory;
+
+public final class Consumer {
+    private static final XXHash64 XXH64 = XXHashFactory.fastestInstance().hash64();
+
+    /** XXH64 of member with seed 0, as the contract hashes. */
+    static long xxh64(byte[] member) {
+        return XXH64.hash(member, 0, member.length, 0L);
+    }
+
+    /** The shard a producer ZADDs member into: XXH64 mod M, the hash read as unsigned. */
+    static int shardOf(byte[] member, int shards) {
+        return (int) Long.remainderUnsigned(xxh64(member), shards);
+    }
+
+    /** The message_id of member scheduled at dueMs: 16 lowercase hex digits, '-', due ms. */
+    static String messageId(byte[] member, long dueMs) {
+        return String.format("%016x-%d", xxh64(member), dueMs);
+    }
+
+    /** CONTRACT.md's test vectors: member, XXH64 in hex, shard of 16. */
+    private static final Object[][] VECTORS = {
+        {"", "ef46db3751d8e999", 9},
+        {"a", "d24ec4f1a98c6e5b", 11},
+        {"order:42", "aa1f6214e0a40ff4", 4},
+        {"{\"id\":1}", "b7885ee991dfe823", 3},
+        {"задача", "2cc77690f6f15f7a", 10},
+    };
+
+    /** Fails loudly if lz4-java's XXH64 disagrees with the contract. */
+    static void checkVectors() {
+        for (Object[] v : VECTORS) {
+            byte[] member = ((String) v[0]).getBytes(StandardCharsets.UTF_8);
+            String hex = messageId(member, 0).substring(0, 16);
+            int shard = shardOf(member, 16);
+            if (!hex.equals(v[1]) || shard != (int) v[2]) {
+                throw new IllegalStateException("XXH64 test vector \"" + v[0] + "\": got " + hex + " (shard " + shard
+                        + " of 16), the contract says " + v[1] + " (shard " + v[2] + ")");
+            }
+        }
+    }
+
+    /** Why a message breaks the contract, or null if it keeps it. */
+    static String contractViolation(Delivery d) {
+        AMQP.BasicProperties p = d.getProperties();
+        Map<String, Object> headers = p.getHeaders();
+        Object due = headers == null ? null : headers.get("x-due-ms");
+        if (p.getMessageId() == null) {
+            return "no message_id";
+        }
+        if (!(due instanceof Number)) {
+            return "no integer header x-due-ms";
+        }
+        String want = messageId(d.getBody(), ((Number) due).longValue());
+        if (!p.getMessageId().equals(want)) {
+            return "message_id should be " + want;
+        }
+        if (p.getDeliveryMode() == null || p.getDeliveryMode() != 2) {
+            return "not persistent";
+        }
+        return null;
+    }
+
+    // The message_ids already done. A real consumer keeps them where they
+    // outlive a restart (e.g. a table with a unique key, written in the same
+    // transaction as the work) and forgets them after a while.
+    private final Set<String> done = ConcurrentHashMap.newKeySet();
+    private final AtomicLong duplicates = new AtomicLong();
+    private final AtomicLong rejected = new AtomicLong();
+    private volatile long lastDeliveryNanos = System.nanoTime();
+
+    /** The work: here, printing the task. */
+    private void work(String messageId, byte[] body) {
+        System.out.println("delivered " + messageId + " " + new String(body, StandardCharsets.UTF_8));
+    }
+
+    /** Called for each delivery, one at a time per channel. */
+    private void handle(Channel ch, Delivery d) throws IOException {
+        lastDeliveryNanos = System.nanoTime();
+        long tag = d.getEnvelope().getDeliveryTag();
+        String id = d.getProperties().getMessageId();
+        if (id != null && done.contains(id)) {
+            duplicates.incrementAndGet();
+            System.out.println("duplicate " + id + " dropped");
+            ch.basicAck(tag, false); // done before: acked, not worked on again
+            return;
+        }
+        String why = contractViolation(d);
+        if (why != null) {
+            rejected.incrementAndGet();
+            System.out.println("rejected " + id + ": " + why);
+            ch.basicReject(tag, false); // to the queue's dead-letter exchange, if it has one
+            return;
+        }
+        work(id, d.getBody());
+        done.add(id); // only once the work is done
+        ch.basicAck(tag, false); // after the work: a crash before this gets it redelivered
+    }
+
+    public static void main(String[] args) throws Exception {
+        try {
+            checkVectors();
+        } catch (IllegalStateException e) {
+            System.err.println("Consumer: " + e.getMessage() + ": lz4-java does not compute the contract's XXH64");
+            System.exit(2);
+        }
+        if (args.length == 1 && args[0].equals("--check-vectors")) {
+            System.out.println("XXH64 test vectors: " + VECTORS.length + " ok");
+            return;
+        }
+        if (args.length < 4 || args.length % 2 != 0) {
+            System.err.println("usage: Consumer AMQP_URI EXCHANGE ROUTING_KEY QUEUE [--expect N] [--quiet-ms MS]"
+                    + " [--timeout SECONDS] [--prefetch N] | --check-vectors");
+            System.exit(2);
+        }
+        String uri = args[0], exchange = args[1], routingKey = args[2], queue = args[3];
+        long expect = 0, quietMs = 1000, timeoutS = 0;
+        int prefetch = 50;
+        for (int i = 4; i < args.length; i += 2) {
+            switch (args[i]) {
+                case "--expect" -> expect = Long.parseLong(args[i + 1]);
+                case "--quiet-ms" -> quietMs = Long.parseLong(args[i + 1]);
+                case "--timeout" -> timeoutS = Long.parseLong(args[i + 1]);
+                case "--prefetch" -> prefetch = Integer.parseInt(args[i + 1]);
+                default -> {
+                    System.err.println("Consumer: unknown option " + args[i]);
+                    System.exit(2);
+                }
+            }
+        }
+
+        Consumer c = new Consumer();
+        CountDownLatch stop = new CountDownLatch(1);
+        CountDownLatch stopped = new CountDownLatch(1);
+        AtomicLong signalled = new AtomicLong();
+        AtomicLong cancelled = new AtomicLong();
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            signalled.set(1); // SIGINT, SIGTERM: stop consuming, print the summary
+            stop.countDown();
+            try {
+                stopped.await(10, TimeUnit.SECONDS);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }));
+
+        ConnectionFactory factory = new ConnectionFactory();
+        factory.setUri(uri);
+        if (factory.getVirtualHost().isEmpty()) {
+            // amqp://host:5672/ means vhost "/" to the dispatcher (and most
+            // clients); this client would read an empty vhost.
+            factory.setVirtualHost("/");
+        }
+        boolean complete;
+        try (Connection conn = factory.newConnection("dispatcher-example-consumer")) {
+            Channel ch = conn.createChannel();
+            // The same declaration as the dispatcher's operator's: a durable direct exchange.
+            ch.exchangeDeclare(exchange, BuiltinExchangeType.DIRECT, true);
+            ch.queueDeclare(queue, true, false, false, null);
+            ch.queueBind(queue, exchange, routingKey);
+            ch.basicQos(prefetch); // at most this many unacked messages at a time
+            ch.basicConsume(queue, false, (consumerTag, d) -> c.handle(ch, d), consumerTag -> {
+                System.err.println("Consumer: the broker cancelled the consumer (queue deleted?)");
+                cancelled.set(1);
+                stop.countDown();
+            });
+            System.out.println("ready: consuming " + queue + ", bound to " + exchange + " with key " + routingKey);
+
+            long deadline = timeoutS > 0 ? System.nanoTime() + TimeUnit.SECONDS.toNanos(timeoutS) : Long.MAX_VALUE;
+            while (!stop.await(50, TimeUnit.MILLISECONDS)) {
+                long now = System.nanoTime();
+                if (expect > 0 && c.done.size() >= expect
+                        && now - c.lastDeliveryNanos >= TimeUnit.MILLISECONDS.toNanos(quietMs)) {
+                    break;
+                }
+                if (now - deadline > 0) {
+                    System.err.println("Consumer: timed out after " + timeoutS + " s");
+                    break;
+                }
+            }
+            complete = expect == 0 || c.done.size() >= expect;
+            ch.close(); // unacked messages, if any, go back to the queue
+        }
+        System.out.println("summary: delivered " + c.done.size() + ", duplicates dropped " + c.duplicates.get()
+                + ", rejected " + c.rejected.get());
+        stopped.countDown();
+        if (signalled.get() == 1) {
+            return; // the JVM is already exiting, on a signal
+        }
+        System.exit(complete && cancelled.get() == 0 && c.rejected.get() == 0 ? 0 : 1);
+    }
+}

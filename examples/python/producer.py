@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""Schedules delayed tasks for the dispatcher, from Python.
+
+It follows CONTRACT.md only: a task is one ZADD of its body (the member),
+scored with its due time in milliseconds since the epoch, into shard
+i = XXH64(member, seed 0) mod M of queue Q, the sorted set P:{Q:i}. With
+--wake, a task due within a second also gets PUBLISH P:{Q}:wake
+due:<i>:<due_ms> in the same pipeline, so that a quiet dispatcher looks at
+that shard at once instead of at its next sweep.
+
+Needs redis-py and python-xxhash; on Debian: apt-get install python3-redis
+python3-xxhash, and run it with /usr/bin/python3. Examples:
+
+    producer.py --queue orders --shards 16 --in 60 '{"order":42}' '{"order":43}'
+    producer.py --queue orders --shards 16 --in 0 --wake --count 100
+    producer.py --check-vectors
+
+--shards must equal the dispatcher's DISPATCHER_QUEUE_<NAME>_SHARDS and
+--prefix its DISPATCHER_KEY_PREFIX. It prints one JSON object per scheduled
+task, one a line: member, key, shard, due_ms and message_id, the id the
+consumers will see on the message.
+"""
+
+import argparse
+import json
+import secrets
+import sys
+import time
+
+try:
+    import redis  # redis-py (Debian: python3-redis)
+    import xxhash  # python-xxhash (Debian: python3-xxhash)
+except ImportError as e:
+    sys.exit(f"producer.py: {e}: install python3-redis and python3-xxhash "
+             "(scripts/dev.sh test does) and run with /usr/bin/python3")
+
+# The Go producer sends a wake-up for tasks due within 1 s; so does this one.
+WAKE_WITHIN_MS = 1000
+
+
+def shard_of(member: bytes, shards: int) -> int:
+    """The contract's shard choice: XXH64(member, seed 0) mod M, unsigned."""
+    return xxhash.xxh64_intdigest(member, seed=0) % shards
+
+
+def pending_key(prefix: str, queue: str, i: int) -> str:
+    return f"{prefix}:{{{queue}:{i}}}"  # e.g. dq:{orders:4}
+
+
+def message_id(member: bytes, due_ms: int) -> str:
+    """The message_id consumers see: 16 hex digits of XXH64(member), '-', due ms."""
+    return "%016x-%d" % (xxhash.xxh64_intdigest(member, seed=0), due_ms)
+
+
+class Producer:
+    def __init__(self, r: redis.Redis, prefix: str, queue: str, shards: int, wake: bool = True):
+        self.r, self.prefix, self.queue, self.shards, self.wake = r, prefix, queue, shards, wake
+
+    def schedule(self, tasks: list[tuple[bytes, int]]) -> None:
+        """ZADDs (member, due_ms) pairs in one round trip; also reschedules."""
+        now_ms = int(time.time() * 1000)
+        pipe = self.r.pipeline(transaction=False)
+        for member, due_ms in tasks:
+            i = shard_of(member, self.shards)
+            pipe.zadd(pending_key(self.prefix, self.queue, i), {member: due_ms})
+            if self.wake and due_ms - now_ms < WAKE_WITHIN_MS:
+                pipe.publish(f"{self.prefix}:{{{self.queue}}}:wake", f"due:{i}:{due_ms}")
+        pipe.execute()
+
+    def cancel(self, member: bytes) -> bool:
+        """False if the task is no longer pending (a dispatcher took it)."""
+        i = shard_of(member, self.shards)
+        return self.r.zrem(pending_key(self.prefix, self.queue, i), member) == 1
+
+
+# CONTRACT.md's test vectors: member, XXH64 in hex, shard of 16.
+VECTORS = [
+    ("", "ef46db3751d8e999", 9),
+    ("a", "d24ec4f1a98c6e5b", 11),
+    ("order:42", "aa1f6214e0a40ff4", 4),
+    ('{"id":1}', "b7885ee991dfe823", 3),
+    ("задача", "2cc77690f6f15f7a", 10),
+]
+
+
+def check_vectors() -> None:
+    """Fails loudly if this xxhash library disagrees with the contract."""
+    for text, want_hex, want_shard in VECTORS:
+        member = text.encode("utf-8")
+        got_hex = message_id(member, 0)[:16]
+        got_shard = shard_of(member, 16)
+        if (got_hex, got_shard) != (want_hex, want_shard):
+            sys.exit(f"producer.py: XXH64 test vector {text!r}: got {got_hex} (shard {got_shard} of 16), "
+                     f"the contract says {want_hex} (shard {want_shard}): this xxhash library "
+                     "does not compute the contract's XXH64 with seed 0")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Schedule delayed tasks for the dispatcher.")
+    ap.add_argument("--redis", default="redis://localhost:6379/0", help="Redis URL")
+    ap.add_argument("--prefix", default="dq", help="DISPATCHER_KEY_PREFIX (default dq)")
+    ap.add_argument("--queue", help="queue name Q")
+    ap.add_argument("--shards", type=int, help="M: DISPATCHER_QUEUE_<NAME>_SHARDS")
+    ap.add_argument("--in", dest="delay", type=float, default=0.0,
+                    help="seconds from now until the tasks are due (default 0)")
+    ap.add_argument("--wake", action="store_true",
+                    help="wake the dispatchers for tasks due within 1 s")
+    ap.add_argument("--count", type=int, default=0,
+                    help="also schedule N generated bodies task-<tag>-<n>")
+    ap.add_argument("--tag", default=secrets.token_hex(4),
+                    help="tag of the generated bodies (default: random)")
+    ap.add_argument("--check-vectors", action="store_true",
+                    help="only check the contract's XXH64 test vectors")
+    ap.add_argument("bodies", nargs="*", metavar="BODY", help="task bodies (UTF-8)")
+    args = ap.parse_args()
+
+    check_vectors()
+    if args.check_vectors:
+        print(f"XXH64 test vectors: {len(VECTORS)} ok")
+        return
+    if not args.queue or not args.shards or not 1 <= args.shards <= 4096:
+        ap.error("--queue and --shards (1 to 4096) are required")
+
+    due_ms = int(time.time() * 1000 + args.delay * 1000)
+    members = [b.encode("utf-8") for b in args.bodies]
+    members += [f"task-{args.tag}-{n}".encode() for n in range(args.count)]
+    if not members:
+        ap.error("give BODY arguments or --count")
+
+    p = Producer(redis.Redis.from_url(args.redis), args.prefix, args.queue, args.shards, args.wake)
+    for start in range(0, len(members), 1000):  # 1000 tasks a round trip
+        p.schedule([(m, due_ms) for m in members[start:start + 1000]])
+    for m in members:
+        i = shard_of(m, args.shards)
+        print(json.dumps({"member": m.decode("utf-8"), "key": pending_key(args.prefix, args.queue, i),
+                          "shard": i, "due_ms": due_ms, "message_id": message_id(m, due_ms)},
+                         ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
