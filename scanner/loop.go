@@ -32,7 +32,8 @@ type claimJob struct {
 	shards []int
 	tokens []string // the claim token of each shard
 	limit  int
-	slots  int // publish slots held for its batches
+	slots  int       // publish slots held for its batches
+	sent   time.Time // when it was launched
 }
 
 // claimDone is what Redis said to a claimJob, per shard.
@@ -79,6 +80,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	outstanding := 0
 
 	launch := func(j claimJob) {
+		j.sent = time.Now()
 		s.node(j.node).lastClaim = j.limit > 0
 		s.node(j.node).claiming = true
 		outstanding++
@@ -627,6 +629,14 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		}
 		was, had := s.known[i]
 		s.noteNext(i, c.nextPending, c.nextLease)
+		if had && s.notedAt[i].After(d.job.sent) {
+			// A wake-up came after this job was sent: Redis may have run it
+			// before the producer's ZADD, so its answer does not overrule
+			// the due time the wake-up gave.
+			if at, ok := s.known[i]; !ok || was < at {
+				s.known[i] = was
+			}
+		}
 		if at, has := s.known[i]; d.job.limit == 0 && has && (!had || at < was) {
 			s.hot() // a task appeared, or one due earlier than any known
 		}
@@ -678,6 +688,7 @@ func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, erro
 	full := false
 	var errs []error
 	for _, j := range s.jobs(ctx, targets, s.opt.BatchSize, len(targets)) {
+		j.sent = time.Now()
 		b, f, err := s.absorb(s.runClaims(ctx, j))
 		out, full = append(out, b...), full || f
 		if err != nil {

@@ -116,9 +116,10 @@ type Scanner struct {
 	lastAcked   atomic.Int64 // unix ns of the last batch that left Redis confirmed
 
 	// Owned by Run's goroutine.
-	sweepEvery  time.Duration  // current sweep interval, PollInterval..IdlePollInterval
-	known       map[int]int64  // shard -> server ms at which it next needs a claim
-	unanswered  map[int]string // shard -> token of a claim whose answer never came
+	sweepEvery  time.Duration     // current sweep interval, PollInterval..IdlePollInterval
+	known       map[int]int64     // shard -> server ms at which it next needs a claim
+	notedAt     map[int]time.Time // shard -> when a wake-up last told of it
+	unanswered  map[int]string    // shard -> token of a claim whose answer never came
 	badUntil    map[int]time.Time
 	nodes       map[string]*nodeState
 	localNext   int       // next shard of the local walk when the balancer is unreachable
@@ -169,6 +170,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		met:        opt.Metrics.forQueue(opt.Queue),
 		wake:       make(chan struct{}, 1),
 		known:      map[int]int64{},
+		notedAt:    map[int]time.Time{},
 		sweepEvery: opt.PollInterval,
 		badUntil:   map[int]time.Time{},
 	}
@@ -254,7 +256,9 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	if !s.leader {
 		return
 	}
+	now := time.Now()
 	for i, at := range soon {
+		s.notedAt[i] = now
 		if cur, ok := s.known[i]; !ok || at < cur {
 			s.known[i] = at
 		}

@@ -127,3 +127,35 @@ func TestNothingToSweepDoesNotSpin(t *testing.T) {
 		t.Errorf("primary with nothing to sweep is due again at once (%v)", due)
 	}
 }
+
+// A wake-up that arrives while a claim of its shard is on its way must
+// survive that claim's answer: Redis may have run the claim before the
+// producer's ZADD (another client's pipeline is not atomic), and its
+// answer, "nothing pending", would otherwise erase the due time the
+// wake-up gave, leaving the task to the next sweep (an hour later in
+// TestWakeUpFromPython, where this was seen).
+func TestWakeUpSurvivesAClaimSentBeforeIt(t *testing.T) {
+	s := New(nil, nil, Options{Queue: "q", Shards: 4, BatchSize: 10, PollInterval: time.Hour})
+	s.leader, s.leading = true, true // no role renewal in this test
+	job := claimJob{shards: []int{2}, tokens: []string{"t"}, limit: 10, sent: time.Now()}
+	time.Sleep(time.Millisecond)
+	s.notes.due(2, 1_000)
+	busy := false
+	s.takeNotes(context.Background(), &busy)
+	if s.known[2] != 1_000 {
+		t.Fatalf("the wake-up was not taken in: known %v", s.known)
+	}
+	now := time.Now()
+	s.absorb(claimDone{job: job, vals: [][]any{{int64(900), "", "", int64(0), "5000"}}, errs: []error{nil},
+		before: []time.Time{now}, after: []time.Time{now}})
+	if at, ok := s.known[2]; !ok || at != 1_000 {
+		t.Errorf("after the answer of a claim sent before the wake-up: known[2] = %v (%v), want 1000", at, ok)
+	}
+	// An answer to a claim sent after the wake-up is the truth.
+	job.sent = time.Now()
+	s.absorb(claimDone{job: job, vals: [][]any{{int64(1100), "", "", int64(0), "6000"}}, errs: []error{nil},
+		before: []time.Time{now}, after: []time.Time{now}})
+	if at, ok := s.known[2]; ok {
+		t.Errorf("a later claim found nothing pending, yet known[2] = %v", at)
+	}
+}
