@@ -193,8 +193,8 @@ func loadQueue(name string, env map[string]string) (Queue, error) {
 	}
 	if v, ok := env[p+"MAX_RATE"]; ok && strings.TrimSpace(v) != "" {
 		r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0 {
-			return q, &Error{Var: p + "MAX_RATE", Value: v, Reason: "want a number of tasks per second, 0 or more (0: no limit)"}
+		if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0 || (r > 0 && r < 0.001) {
+			return q, &Error{Var: p + "MAX_RATE", Value: v, Reason: "want a number of tasks per second, 0 (no limit) or 0.001 and more"}
 		}
 		q.MaxRate = r
 	}

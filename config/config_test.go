@@ -338,6 +338,8 @@ func TestLoadErrors(t *testing.T) {
 			wantVar: "DISPATCHER_QUEUE_ORDERS_MAX_RATE", wantValue: "fast", wantText: "tasks per second"},
 		{name: "max rate negative", env: with(map[string]string{"DISPATCHER_QUEUE_ORDERS_MAX_RATE": "-5"}),
 			wantVar: "DISPATCHER_QUEUE_ORDERS_MAX_RATE", wantValue: "-5"},
+		{name: "max rate tiny", env: with(map[string]string{"DISPATCHER_QUEUE_ORDERS_MAX_RATE": "1e-12"}),
+			wantVar: "DISPATCHER_QUEUE_ORDERS_MAX_RATE", wantValue: "1e-12", wantText: "0.001"},
 		{name: "max rate NaN", env: with(map[string]string{"DISPATCHER_QUEUE_ORDERS_MAX_RATE": "NaN"}),
 			wantVar: "DISPATCHER_QUEUE_ORDERS_MAX_RATE", wantValue: "NaN"},
 		{name: "stats interval under 1s", env: with(map[string]string{"DISPATCHER_STATS_INTERVAL": "500ms"}),

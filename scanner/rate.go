@@ -64,6 +64,20 @@ func (s *Scanner) allowClaims(ctx context.Context, targets []int) ([]int, int) {
 	if s.opt.MaxRate <= 0 || len(targets) == 0 {
 		return targets, s.opt.BatchSize
 	}
+	// Tokens for a shard no job will claim now (its primary busy or backed
+	// off, the shard set aside, e.g. paused) would be lost.
+	now := time.Now()
+	var claimable []int
+	for _, i := range targets {
+		if s.free(s.nodeOf(ctx, i), now) && !now.Before(s.badUntil[i]) {
+			claimable = append(claimable, i)
+		}
+	}
+	if targets = claimable; len(targets) == 0 {
+		// Look again shortly rather than at once: the loop would spin.
+		s.rateUntil = now.Add(min(s.opt.PollInterval, 100*time.Millisecond))
+		return nil, 0
+	}
 	rctx, cancel := context.WithTimeout(ctx, counterTimeout)
 	defer cancel()
 	want := int64(len(targets) * s.opt.BatchSize)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -149,6 +151,17 @@ func TestScheduleCancelAndDeadLetters(t *testing.T) {
 	if len(got) != 1 || got[0].d.MessageId != wantID {
 		t.Errorf("requeued task arrived as %v, want its original message_id %s", got, wantID)
 	}
+	// A dead body that is pending again (rescheduled since) is left alone:
+	// requeueing it would move that scheduling.
+	if err := h.producer("ops").Schedule(ctx, []byte("poison-b"), time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := runCLI(t, env, "dead", "requeue", "--queue", "ops", "poison-b"); code != 1 || !strings.Contains(errOut, "pending already") {
+		t.Errorf("requeue of a dead body pending again: exit %d %q, want 1 saying so", code, errOut)
+	}
+	if s := h.rdb.ZScore(ctx, k.Pending(shard.Index([]byte("poison-b"), 4)), "poison-b").Val(); s < float64(time.Now().Add(59*time.Minute).UnixMilli()) {
+		t.Errorf("the rescheduled task's due time was moved to %v", s)
+	}
 	if out, _, code := runCLI(t, env, "dead", "purge", "--queue", "ops", "--all", "--yes"); code != 0 || !strings.Contains(out, "1 purged") {
 		t.Errorf("purge --all --yes: exit %d %q", code, out)
 	}
@@ -166,14 +179,21 @@ func TestScheduleCancelAndDeadLetters(t *testing.T) {
 		"unknown command \"show\"":           {"dead", "show", "--queue", "ops"},
 		"flag provided but not defined":      {"cancel", "--queue", "ops", "--force", "x"},
 		"--shard 9: queue ops has shards 0":  {"dead", "list", "--queue", "ops", "--shard", "9"},
+		"shard count":                        {"pause", "--queue", "ops"}, // with SHARDS=5, below
 	}
 	for want, args := range bad {
-		_, errOut, code := runCLI(t, env, args...)
+		e := env
+		if want == "shard count" {
+			e = maps.Clone(env)
+			e[config.QueuePrefix("ops")+"_SHARDS"] = "5"
+		}
+		_, errOut, code := runCLI(t, e, args...)
 		if code != 2 || !strings.Contains(errOut, want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 			t.Errorf("dispatcher %s: exit %d, %q; want 2 and one line saying %q", strings.Join(args[:min(len(args), 4)], " "), code, errOut, want)
 		}
 	}
-	if n := h.rdb.ZCard(ctx, k.Pending(shard.Index([]byte(strings.Repeat("x", 1001)), 4))).Val(); n != 0 {
-		t.Errorf("a rejected schedule left %d tasks", n)
+	big := strings.Repeat("x", 1001)
+	if err := h.rdb.ZScore(ctx, k.Pending(shard.Index([]byte(big), 4)), big).Err(); err != redis.Nil {
+		t.Errorf("a rejected schedule left its task pending (%v)", err)
 	}
 }

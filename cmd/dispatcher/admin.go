@@ -96,6 +96,20 @@ func (c *cli) open(fs *flag.FlagSet, args []string, queue *string) (code int, ok
 	}
 	c.rdb = ropt.NewClient()
 	c.q = admin.Queue{Keys: shard.Keys{Prefix: cfg.KeyPrefix, Queue: c.queue.Name}, Shards: c.queue.Shards}
+	// The shard count the daemon recorded: with another one, pause would
+	// miss shards and schedule would pick the wrong one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := shard.EnsureShardCount(ctx, c.rdb, c.q.Keys, c.queue.Shards); err != nil {
+		var sce *shard.ShardCountError
+		if errors.As(err, &sce) {
+			fmt.Fprintf(c.stderr, "dispatcher %s: %v (DISPATCHER_QUEUE_%s_SHARDS=%d)\n", c.name, err, config.EnvName(c.queue.Name), c.queue.Shards)
+			c.close()
+			return exitSettings, false
+		}
+		c.close()
+		return c.fail(err), false
+	}
 	return 0, true
 }
 
@@ -331,6 +345,7 @@ func runDead(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	var done []admin.Dead
+	skipped := 0
 	at := int64(0)
 	if *now {
 		at = time.Now().UnixMilli()
@@ -340,6 +355,11 @@ func runDead(args []string, stdout, stderr io.Writer) int {
 		var err error
 		if verb == "requeue" {
 			ok, err = admin.Requeue(ctx, c.rdb, c.q, d, at)
+			if errors.Is(err, admin.ErrPending) {
+				fmt.Fprintf(stderr, "dispatcher dead requeue: %q (message_id %s): %v\n", d.Member, d.MessageID, err)
+				skipped++
+				continue
+			}
 			if ok && at != 0 {
 				d.DueMs, d.MessageID = at, shard.MessageID([]byte(d.Member), at)
 			}
@@ -347,12 +367,23 @@ func runDead(args []string, stdout, stderr io.Writer) int {
 			ok, err = admin.Purge(ctx, c.rdb, c.q, d)
 		}
 		if err != nil {
+			c.report(verb, done)
 			return c.fail(err)
 		}
 		if ok {
 			done = append(done, d)
 		}
 	}
+	c.report(verb, done)
+	if skipped > 0 {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// report prints what a dead requeue or purge did, also when it stopped
+// part-way.
+func (c *cli) report(verb string, done []admin.Dead) {
 	past := map[string]string{"requeue": "requeued", "purge": "purged"}[verb]
 	c.print(map[string]any{"queue": c.queue.Name, past: nonNil(done)}, func(w io.Writer) {
 		for _, d := range done {
@@ -360,7 +391,6 @@ func runDead(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(w, "%d %s\n", len(done), past)
 	})
-	return exitOK
 }
 
 func nonNil(d []admin.Dead) []admin.Dead {

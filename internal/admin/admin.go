@@ -138,19 +138,26 @@ func shardsOf(q Queue, shardIdx int) []int {
 }
 
 // requeueScript moves one dead entry back to its pending shard, at its
-// own due time (so the same message_id) unless given another score.
+// own due time (so the same message_id) unless given another score. A
+// member that is pending already (rescheduled since, or another dead
+// scheduling of it requeued first) is left alone: a sorted set holds a
+// member once, and the ZADD would move that scheduling.
 //
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] dead-letter set P:{Q:i}:dead
 // KEYS[3] dead-letter reasons P:{Q:i}:dead:reason
 // ARGV[1] the entry "<due_ms>:<member>"
 // ARGV[2] the score to schedule it at, "" for its due time
-// Returns 1 if it was moved, 0 if the entry is not dead (nothing changed).
+// Returns 1 if it was moved, 0 if the entry is not dead, 2 if its member is
+// pending already (nothing changed in either case).
 var requeueScript = redis.NewScript(`
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
 end
 local due, member = string.match(ARGV[1], '^(-?%d+):(.*)$')
+if redis.call('ZSCORE', KEYS[1], member) then
+  return 2
+end
 local score = ARGV[2]
 if score == '' then score = due end
 redis.call('ZADD', KEYS[1], score, member)
@@ -159,8 +166,12 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
 `)
 
+// ErrPending is Requeue's answer for a member that is pending already.
+var ErrPending = errors.New("its body is pending already (rescheduled since, or another dead scheduling of it was requeued): nothing changed")
+
 // Requeue moves a dead letter back to pending; atMs 0 keeps its due time
-// (and message_id). It reports false if d is no longer dead.
+// (and message_id). It reports false if d is no longer dead, ErrPending if
+// its member is pending already. The instances are woken for it: it is due.
 func Requeue(ctx context.Context, rdb redis.UniversalClient, q Queue, d Dead, atMs int64) (bool, error) {
 	at := ""
 	if atMs != 0 {
@@ -169,6 +180,16 @@ func Requeue(ctx context.Context, rdb redis.UniversalClient, q Queue, d Dead, at
 	n, err := requeueScript.Run(ctx, rdb, []string{q.Keys.Pending(d.Shard), q.Keys.Dead(d.Shard), q.Keys.DeadReason(d.Shard)}, d.Entry, at).Int()
 	if err != nil {
 		return false, fmt.Errorf("requeue on %s: %w", q.Keys.Dead(d.Shard), err)
+	}
+	if n == 2 {
+		return false, ErrPending
+	}
+	if n == 1 {
+		due := d.DueMs
+		if atMs != 0 {
+			due = atMs
+		}
+		_ = rdb.Publish(ctx, q.Keys.Wake(), shard.WakeDue(d.Shard, due)).Err() // a hint: sweeps find it anyway
 	}
 	return n == 1, nil
 }
