@@ -36,6 +36,7 @@ var wantAlerts = []string{
 	"DispatcherInstanceDown",
 	"DispatcherAllInstancesDown",
 	"DispatcherShardBroken",
+	"DispatcherQueuePausedLong",
 }
 
 // promtool runs promtool with args and returns its output; it fails the
