@@ -10,11 +10,6 @@ import (
 	"github.com/dispatcher/dispatcher/shard"
 )
 
-// secondsScoreBelow: a due time under 10^11 ms (March 1973) is almost surely
-// a producer writing seconds; read as ms it is long past, so it goes out at
-// once, but it is counted and logged so the producer bug gets noticed.
-const secondsScoreBelow = 100_000_000_000
-
 // failed is one in-flight entry to hand to the fail script.
 type failed struct {
 	entry  string
@@ -46,7 +41,7 @@ func (s *Scanner) dispatch(work context.Context, b batch, published func()) {
 				"member is %d bytes, over DISPATCHER_MAX_MESSAGE_BYTES=%d", len(t.Member), s.opt.MaxMessageBytes)})
 			continue
 		}
-		if t.DueMs > 0 && t.DueMs < secondsScoreBelow {
+		if shard.LooksLikeSeconds(t.DueMs) {
 			s.met.secondsScore(1)
 			s.lim.Warn("seconds", "score looks like seconds since the epoch, not milliseconds; dispatching it now as due",
 				"shard", b.shard, "key", s.keys.Pending(b.shard), "score", t.DueMs)

@@ -30,6 +30,15 @@ func Index(member []byte, m int) int {
 	return int(Hash(member) % uint64(m))
 }
 
+// SecondsScoreBelow: a due time under 10^11 ms (March 1973) is almost
+// surely a producer writing seconds; read as ms it is long past, so the
+// dispatcher sends it at once, and counts and logs it so the producer bug
+// gets noticed.
+const SecondsScoreBelow = 100_000_000_000
+
+// LooksLikeSeconds reports whether a score is such a due time in seconds.
+func LooksLikeSeconds(score int64) bool { return score > 0 && score < SecondsScoreBelow }
+
 // MessageID is the AMQP message_id of one scheduling of a member:
 // lowercase 16-digit hex XXH64, "-", due time in ms.
 func MessageID(member []byte, dueMs int64) string {

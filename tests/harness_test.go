@@ -89,15 +89,7 @@ type proc struct {
 func start(t testing.TB, env map[string]string) *proc {
 	t.Helper()
 	cmd := exec.Command(binary)
-	for _, kv := range os.Environ() {
-		// DISPATCHER_TEST_* are test knobs (e.g. a CPU profile): passed on.
-		if !strings.HasPrefix(kv, "DISPATCHER_") || strings.HasPrefix(kv, "DISPATCHER_TEST_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
+	cmd.Env = childEnv(env)
 	p := &proc{t: t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
@@ -115,6 +107,22 @@ func start(t testing.TB, env map[string]string) *proc {
 		}
 	})
 	return p
+}
+
+// childEnv is the environment of a dispatcher process the tests run: this
+// one's without its DISPATCHER_* settings, then env.
+func childEnv(env map[string]string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		// DISPATCHER_TEST_* are test knobs (e.g. a CPU profile): passed on.
+		if !strings.HasPrefix(kv, "DISPATCHER_") || strings.HasPrefix(kv, "DISPATCHER_TEST_") {
+			out = append(out, kv)
+		}
+	}
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	return out
 }
 
 func tail(s string, n int) string {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -37,9 +38,10 @@ instance, until resumed. Exit status: 0 done, 1 Redis failed or nothing to do
 (not pending, not dead), 2 bad arguments or settings.
 `
 
-// cli is one admin command's context: its settings, queue and Redis.
+// cli is one command's context: its settings, queue and Redis.
 type cli struct {
 	name   string
+	usage  string // printed by --help
 	stdout io.Writer
 	stderr io.Writer
 	cfg    *config.Settings
@@ -60,54 +62,79 @@ func (c *cli) fail(err error) int {
 	return exitFailure
 }
 
-// open parses fs, loads the settings and opens Redis for --queue.
-func (c *cli) open(fs *flag.FlagSet, args []string, queue *string) (code int, ok bool) {
+// parse parses args into fs, --json included.
+func (c *cli) parse(fs *flag.FlagSet, args []string) (code int, ok bool) {
 	fs.SetOutput(io.Discard)
 	fs.BoolVar(&c.json, "json", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(c.stdout, adminUsage)
+			fmt.Fprint(c.stdout, c.usage)
 			return exitOK, false
 		}
 		return c.usageErr("%v", err), false
 	}
-	if *queue == "" {
-		return c.usageErr("--queue is required"), false
-	}
+	return 0, true
+}
+
+// connect loads the settings from the environment and opens Redis.
+func (c *cli) connect() (code int, ok bool) {
 	cfg, err := config.Load()
 	if err != nil {
 		fmt.Fprintf(c.stderr, "dispatcher %s: %v\n", c.name, err)
 		return exitSettings, false
-	}
-	c.cfg = cfg
-	found := false
-	for _, q := range cfg.QueueSettings {
-		if q.Name == *queue {
-			c.queue, found = q, true
-		}
-	}
-	if !found {
-		return c.usageErr("--queue %q: not one of DISPATCHER_QUEUES (%s)", *queue, strings.Join(cfg.Queues, ", ")), false
 	}
 	ropt, err := redisOptions(cfg)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "dispatcher %s: %v\n", c.name, err)
 		return exitSettings, false
 	}
-	c.rdb = ropt.NewClient()
-	c.q = admin.Queue{Keys: shard.Keys{Prefix: cfg.KeyPrefix, Queue: c.queue.Name}, Shards: c.queue.Shards}
+	c.cfg, c.rdb = cfg, ropt.NewClient()
+	return 0, true
+}
+
+// knownQueue reports whether name is one of DISPATCHER_QUEUES, saying so
+// if not.
+func (c *cli) knownQueue(name string) (code int, ok bool) {
+	if !slices.Contains(c.cfg.Queues, name) {
+		return c.usageErr("--queue %q: not one of DISPATCHER_QUEUES (%s)", name, strings.Join(c.cfg.Queues, ", ")), false
+	}
+	return 0, true
+}
+
+// open parses fs, loads the settings and opens Redis for --queue, whose
+// shard count it checks against the one recorded in Redis.
+func (c *cli) open(fs *flag.FlagSet, args []string, queue *string) (code int, ok bool) {
+	c.usage = adminUsage
+	if code, ok := c.parse(fs, args); !ok {
+		return code, false
+	}
+	if *queue == "" {
+		return c.usageErr("--queue is required"), false
+	}
+	if code, ok := c.connect(); !ok {
+		return code, false
+	}
+	if code, ok := c.knownQueue(*queue); !ok {
+		c.close()
+		return code, false
+	}
+	for _, q := range c.cfg.QueueSettings {
+		if q.Name == *queue {
+			c.queue = q
+		}
+	}
+	c.q = admin.Queue{Keys: shard.Keys{Prefix: c.cfg.KeyPrefix, Queue: c.queue.Name}, Shards: c.queue.Shards}
 	// The shard count the daemon recorded: with another one, pause would
 	// miss shards and schedule would pick the wrong one.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := shard.EnsureShardCount(ctx, c.rdb, c.q.Keys, c.queue.Shards); err != nil {
+		c.close()
 		var sce *shard.ShardCountError
 		if errors.As(err, &sce) {
 			fmt.Fprintf(c.stderr, "dispatcher %s: %v (DISPATCHER_QUEUE_%s_SHARDS=%d)\n", c.name, err, config.EnvName(c.queue.Name), c.queue.Shards)
-			c.close()
 			return exitSettings, false
 		}
-		c.close()
 		return c.fail(err), false
 	}
 	return 0, true

@@ -183,17 +183,22 @@ func primaryProblem(rdb redis.UniversalClient, addr, what string) string {
 	return "redis: primary " + addr + " " + what + " (its shards wait)"
 }
 
+// redisProblems lists Redis primaries down or refusing the scripts.
+func (st status) redisProblems(ctx context.Context) []string {
+	if down := unreachablePrimaries(ctx, st.rdb); len(down) > 0 {
+		return down
+	}
+	var problems []string
+	for _, why := range st.refusals() {
+		problems = append(problems, "redis: refuses the dispatcher's scripts: "+why)
+	}
+	return problems
+}
+
 // problems lists what keeps the instance from dispatching: Redis primaries
 // down or refusing the scripts, the broker not connected or blocking.
 func (st status) problems(ctx context.Context) []string {
-	var problems []string
-	if down := unreachablePrimaries(ctx, st.rdb); len(down) > 0 {
-		problems = append(problems, down...)
-	} else {
-		for _, why := range st.refusals() {
-			problems = append(problems, "redis: refuses the dispatcher's scripts: "+why)
-		}
-	}
+	problems := st.redisProblems(ctx)
 	switch {
 	case st.pub.Blocked():
 		problems = append(problems, "broker: blocking publishes (memory or disk alarm)")
@@ -208,12 +213,7 @@ func (st status) pageData(ctx context.Context) statuspage.Data {
 	d := st.page
 	d.Now = time.Now()
 	d.Broker.Connected, d.Broker.Blocked = st.pub.Ready(), st.pub.Blocked()
-	d.Redis.Problems = unreachablePrimaries(ctx, st.rdb)
-	if len(d.Redis.Problems) == 0 {
-		for _, why := range st.refusals() {
-			d.Redis.Problems = append(d.Redis.Problems, "refuses the dispatcher's scripts: "+why)
-		}
-	}
+	d.Redis.Problems = st.redisProblems(ctx)
 	d.Queues = st.mon.Views(ctx)
 	d.Stalls = st.mon.Stalls()
 	d.Lateness = lateness(st.reg)

@@ -191,7 +191,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cfg.HTTPAddr != "" {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals,
 			page: statuspage.Data{
-				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)), StallAfter: cfg.StallAfter,
+				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
 				Broker: statuspage.Broker{URL: redact.URL(cfg.AMQPURL)},
 				Redis:  statuspage.Redis{URL: redact.URL(cfg.RedisURL), Mode: string(ropt.Mode)},
 			}}, log)

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/queuestate"
 	"github.com/dispatcher/dispatcher/internal/redact"
 )
@@ -41,64 +38,38 @@ func (q *queueList) Set(v string) error { *q = append(*q, v); return nil }
 
 // runStats is `dispatcher stats`.
 func runStats(args []string, stdout, stderr io.Writer) int {
+	c := &cli{name: "stats", usage: statsUsage, stdout: stdout, stderr: stderr}
 	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	var queues queueList
 	fs.Var(&queues, "queue", "")
-	asJSON := fs.Bool("json", false, "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, statsUsage)
-			return exitOK
-		}
-		fmt.Fprintf(stderr, "dispatcher stats: %v (see dispatcher stats --help)\n", err)
-		return exitSettings
+	if code, ok := c.parse(fs, args); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "dispatcher stats: unexpected argument %q (see dispatcher stats --help)\n", fs.Arg(0))
-		return exitSettings
+		return c.usageErr("unexpected argument %q", fs.Arg(0))
 	}
-	cfg, err := config.Load()
-	if err != nil {
-		fmt.Fprintf(stderr, "dispatcher stats: %v\n", err)
-		return exitSettings
+	if code, ok := c.connect(); !ok {
+		return code
+	}
+	defer c.close()
+	for _, q := range queues {
+		if code, ok := c.knownQueue(q); !ok {
+			return code
+		}
 	}
 	var targets []queuestate.Target
-	for _, q := range cfg.QueueSettings {
+	for _, q := range c.cfg.QueueSettings {
 		if len(queues) == 0 || slices.Contains(queues, q.Name) {
 			targets = append(targets, queuestate.Target{Name: q.Name, Shards: q.Shards})
 		}
 	}
-	for _, q := range queues {
-		if !slices.Contains(cfg.Queues, q) {
-			fmt.Fprintf(stderr, "dispatcher stats: --queue %q: not one of DISPATCHER_QUEUES (%s)\n", q, strings.Join(cfg.Queues, ", "))
-			return exitSettings
-		}
-	}
-	ropt, err := redisOptions(cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "dispatcher stats: %v\n", err)
-		return exitSettings
-	}
-	rdb := ropt.NewClient()
-	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	states, err := queuestate.Read(ctx, rdb, cfg.KeyPrefix, targets)
+	states, err := queuestate.Read(ctx, c.rdb, c.cfg.KeyPrefix, targets)
 	if err != nil {
-		fmt.Fprintf(stderr, "dispatcher stats: %s: %v\n", redact.URL(cfg.RedisURL), redact.Error(err))
-		return exitFailure
+		return c.fail(fmt.Errorf("%s: %w", redact.URL(c.cfg.RedisURL), err))
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(map[string]any{"queues": states}); err != nil {
-			fmt.Fprintf(stderr, "dispatcher stats: %v\n", err)
-			return exitFailure
-		}
-		return exitOK
-	}
-	writeStats(stdout, states)
+	c.print(map[string]any{"queues": states}, func(w io.Writer) { writeStats(w, states) })
 	return exitOK
 }
 

@@ -61,7 +61,10 @@ type View struct {
 	// StalledSince is when the oldest due task passed StallAfter; zero
 	// while the queue is not stalled.
 	StalledSince time.Time
-	Waiting      []string
+	// Stalled: watched here and stalled, or swept by another instance and
+	// past the same threshold (not paused).
+	Stalled bool
+	Waiting []string
 }
 
 type queueView struct {
@@ -386,6 +389,8 @@ func (m *Monitor) Views(ctx context.Context) []View {
 		out[n] = v.View
 		out[n].History = append([]Sample(nil), v.History...)
 		out[n].Waiting = append([]string(nil), v.Waiting...)
+		out[n].Stalled = !v.StalledSince.IsZero() ||
+			(!v.Swept && v.State.OldestDueAge > m.opt.StallAfter && v.State.Paused == 0)
 	}
 	return out
 }

@@ -50,10 +50,6 @@ return {now,
   redis.call('ZCARD', KEYS[3]), msHead[2] or '', redis.call('GET', KEYS[4]) and 1 or 0}
 `)
 
-// secondsScoreBelow is the scanner's bound: a due time under 10^11 ms is
-// taken for seconds.
-const secondsScoreBelow = 100_000_000_000
-
 // Shard is what one shard holds.
 type Shard struct {
 	Index    int   `json:"shard"`
@@ -140,9 +136,9 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 		k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
 		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i), k.Paused(c.i)}
 		if source { // after NOSCRIPT: the source, which also caches it
-			c.cmd = readScript.Eval(ctx, pipe, keys, secondsScoreBelow)
+			c.cmd = readScript.Eval(ctx, pipe, keys, shard.SecondsScoreBelow)
 		} else {
-			c.cmd = readScript.EvalSha(ctx, pipe, keys, secondsScoreBelow)
+			c.cmd = readScript.EvalSha(ctx, pipe, keys, shard.SecondsScoreBelow)
 		}
 	}
 	pipe := rdb.Pipeline()
@@ -248,7 +244,7 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	s.Paused = ints[8] == 1
 	var dues []int64
 	if head, _ := vals[3].(string); head != "" {
-		dues = append(dues, DueMs(ints[3]))
+		dues = append(dues, dueMs(ints[3]))
 	}
 	if head, _ := vals[7].(string); head != "" {
 		dues = append(dues, ints[7])
@@ -265,12 +261,12 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	return now, nil
 }
 
-// DueMs is the due time a score means, in ms: a score under 10^11 is a
-// producer writing seconds (the dispatcher sends such a task at once, and
+// dueMs is the due time a score means, in ms: a score in seconds
+// (shard.LooksLikeSeconds) is a producer writing seconds (the dispatcher sends such a task at once, and
 // its lateness counts from the time it meant, not from 1970). A score of
 // 0 or less, or -inf, is read as 0: due, with no known due time.
-func DueMs(score int64) int64 {
-	if score > 0 && score < secondsScoreBelow {
+func dueMs(score int64) int64 {
+	if shard.LooksLikeSeconds(score) {
 		return score * 1000
 	}
 	return score

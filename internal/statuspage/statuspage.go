@@ -28,14 +28,13 @@ var page = template.Must(template.New("page.html").Funcs(template.FuncMap{
 
 // Data is what the page shows.
 type Data struct {
-	Instance   string
-	Now        time.Time
-	Refresh    int // seconds between reloads
-	StallAfter time.Duration
-	Broker     Broker
-	Redis      Redis
-	Stalls     []string
-	Queues     []monitor.View
+	Instance string
+	Now      time.Time
+	Refresh  int // seconds between reloads
+	Broker   Broker
+	Redis    Redis
+	Stalls   []string
+	Queues   []monitor.View
 	// Lateness is this instance's dispatch lateness per queue, from its
 	// histogram.
 	Lateness map[string][]Bucket
@@ -66,7 +65,7 @@ type Bucket struct {
 func Render(w io.Writer, d Data) error {
 	v := view{Data: d}
 	for _, q := range d.Queues {
-		v.Rows = append(v.Rows, queueRow(q, d.Lateness[q.State.Name], d.StallAfter))
+		v.Rows = append(v.Rows, queueRow(q, d.Lateness[q.State.Name]))
 	}
 	return page.Execute(w, v)
 }
@@ -79,7 +78,6 @@ type view struct {
 // row is one queue with its pictures laid out.
 type row struct {
 	monitor.View
-	Stalled  bool
 	Late     bool
 	Age      chart
 	Backlog  []bar
@@ -120,10 +118,8 @@ const (
 	chartW, chartH = 600.0, 80.0
 )
 
-func queueRow(q monitor.View, lat []Bucket, stallAfter time.Duration) row {
-	// A queue swept by another instance is not watched here: judged by
-	// the same threshold.
-	r := row{View: q, Stalled: !q.StalledSince.IsZero() || (q.State.OldestDueAge > stallAfter && q.State.Paused == 0), Late: q.State.OldestDueAge > 0}
+func queueRow(q monitor.View, lat []Bucket) row {
+	r := row{View: q, Late: q.State.OldestDueAge > 0}
 	r.Age = ageChart(q.History)
 	n := len(q.State.Shards)
 	if n > 0 {
