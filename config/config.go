@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,7 +30,8 @@ const Prefix = "DISPATCHER"
 // Settings are the instance-wide settings. The desc tags feed --help.
 type Settings struct {
 	RedisURL         string        `envconfig:"DISPATCHER_REDIS_URL" default:"redis://localhost:6379/0" desc:"Redis URL: redis:// or rediss:// (one server), redis+cluster:// (Redis Cluster: seed nodes as host and addr=), redis+sentinel:// (Sentinel: sentinels as host and addr=, master_name= required), each also rediss+...; the password in it is never logged"`
-	AMQPURL          string        `envconfig:"DISPATCHER_AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL (amqp:// or amqps://); the password in it is never logged"`
+	AMQPURL          string        `envconfig:"DISPATCHER_AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL (amqp:// or amqps://), or the comma-separated URLs of one cluster's nodes (schemes may be mixed): the dispatcher connects to one and, when it is lost or refuses, goes on to the next; the password in it is never logged"`
+	AMQPNodeOrder    string        `envconfig:"DISPATCHER_AMQP_NODE_ORDER" default:"shuffle" desc:"order in which the nodes of DISPATCHER_AMQP_URL are tried: shuffle (each instance its own random order, so instances spread over the nodes) or listed (the first node is preferred, the others are fallbacks)"`
 	RedisCAFile      string        `envconfig:"DISPATCHER_REDIS_CA_FILE" default:"" desc:"PEM file of the CA(s) to trust for rediss:// (default: the system's)"`
 	RedisCertFile    string        `envconfig:"DISPATCHER_REDIS_CERT_FILE" default:"" desc:"PEM client certificate for rediss://, with DISPATCHER_REDIS_KEY_FILE"`
 	RedisKeyFile     string        `envconfig:"DISPATCHER_REDIS_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_REDIS_CERT_FILE"`
@@ -235,13 +238,16 @@ func (s *Settings) Validate() error {
 	if err := validRedisURL(s.RedisURL); err != nil {
 		return &Error{Var: v("REDIS_URL"), Value: s.RedisURL, Reason: urlReason(s.RedisURL, err)}
 	}
-	if err := validAMQPURL(s.AMQPURL); err != nil {
-		return &Error{Var: v("AMQP_URL"), Value: s.AMQPURL, Reason: urlReason(s.AMQPURL, err)}
+	if err := validAMQPURLs(s.AMQPURLs()); err != nil {
+		return err
+	}
+	if s.AMQPNodeOrder != NodeOrderShuffle && s.AMQPNodeOrder != NodeOrderListed {
+		return &Error{Var: v("AMQP_NODE_ORDER"), Value: s.AMQPNodeOrder, Reason: "want shuffle or listed"}
 	}
 	if err := validTLS("REDIS", s.RedisURL, "rediss", s.RedisTLSFiles()); err != nil {
 		return err
 	}
-	if err := validTLS("AMQP", s.AMQPURL, "amqps", s.AMQPTLSFiles()); err != nil {
+	if err := validTLS("AMQP", amqpsFirst(s.AMQPURLs()), "amqps", s.AMQPTLSFiles()); err != nil {
 		return err
 	}
 	if !validPrefix(s.KeyPrefix) {
@@ -375,11 +381,71 @@ func validRedisURL(u string) error {
 	return err
 }
 
-func validAMQPURL(u string) error {
-	if _, err := amqp.ParseURI(u); err != nil {
-		return err
+// Orders of DISPATCHER_AMQP_NODE_ORDER.
+const (
+	NodeOrderShuffle = "shuffle"
+	NodeOrderListed  = "listed"
+)
+
+// urlStartRE finds where each URL of a list begins: a comma only splits
+// the list where a URL follows it, so a comma in a password (allowed
+// unencoded in user info) stays in its URL instead of cutting it in two
+// and showing half the password as a "URL" in an error.
+var urlStartRE = regexp.MustCompile(`(?i),\s*amqps?://`)
+
+// SplitAMQPURLs splits a DISPATCHER_AMQP_URL value into its URLs,
+// trimmed of spaces.
+func SplitAMQPURLs(list string) []string {
+	var out []string
+	start := 0
+	for _, m := range urlStartRE.FindAllStringIndex(list, -1) {
+		out = append(out, strings.TrimSpace(list[start:m[0]]))
+		start = m[0] + 1
+	}
+	return append(out, strings.TrimSpace(list[start:]))
+}
+
+// AMQPURLs are the broker nodes' URLs, as listed.
+func (s *Settings) AMQPURLs() []string { return SplitAMQPURLs(s.AMQPURL) }
+
+// validAMQPURLs checks every URL of the list on its own: an error names
+// the variable, which URL of the list, and that URL only (redacted).
+func validAMQPURLs(urls []string) error {
+	seen := map[string]int{}
+	for i, u := range urls {
+		which := ""
+		if len(urls) > 1 {
+			which = fmt.Sprintf("URL %d of %d: ", i+1, len(urls))
+		}
+		uri, err := amqp.ParseURI(u)
+		if err == nil && strings.HasSuffix(u, ",") {
+			// A vhost may be named ",", but a list that ends in a comma
+			// is a URL left out, far more likely.
+			err = errors.New("ends with a comma: a URL missing from the list?")
+		}
+		if err != nil {
+			return &Error{Var: Prefix + "_AMQP_URL", Value: u, Reason: which + urlReason(u, err)}
+		}
+		node := net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+		if j, dup := seen[node]; dup {
+			return &Error{Var: Prefix + "_AMQP_URL", Value: u,
+				Reason: fmt.Sprintf("%snode %s is listed already as URL %d", which, node, j+1)}
+		}
+		seen[node] = i
 	}
 	return nil
+}
+
+// amqpsFirst is the first amqps:// URL of the list, or the first URL: TLS
+// files need at least one node reached over TLS, and in a mixed list they
+// apply to the amqps:// nodes only.
+func amqpsFirst(urls []string) string {
+	for _, u := range urls {
+		if strings.HasPrefix(strings.ToLower(u), "amqps://") {
+			return u
+		}
+	}
+	return urls[0]
 }
 
 // checkUnknown rejects DISPATCHER_* variables nobody reads: a typo in a

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -70,6 +71,7 @@ func TestLoadDefaults(t *testing.T) {
 	want := &config.Settings{
 		RedisURL:         "redis://localhost:6379/0",
 		AMQPURL:          "amqp://guest:guest@localhost:5672/",
+		AMQPNodeOrder:    "shuffle",
 		KeyPrefix:        "dq",
 		Queues:           []string{"orders"},
 		Lease:            30 * time.Second,
@@ -312,6 +314,14 @@ func TestLoadErrors(t *testing.T) {
 			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://host:5672/%zz"},
 		{name: "AMQP URL bad port", env: with(map[string]string{"DISPATCHER_AMQP_URL": "amqp://host:notaport/"}),
 			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://host:notaport/"},
+		{name: "AMQP URL list, second bad", env: with(map[string]string{"DISPATCHER_AMQP_URL": "amqp://h1:5672/,amqp://h2:notaport/"}),
+			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://h2:notaport/", wantText: "URL 2 of 2"},
+		{name: "AMQP URL list, node twice", env: with(map[string]string{"DISPATCHER_AMQP_URL": "amqp://u:p@h1:5672/a, amqp://h1/b"}),
+			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://h1/b", wantText: "node h1:5672 is listed already as URL 1"},
+		{name: "AMQP URL list, trailing comma", env: with(map[string]string{"DISPATCHER_AMQP_URL": "amqp://h1:5672/,"}),
+			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://h1:5672/,"},
+		{name: "AMQP node order unknown", env: with(map[string]string{"DISPATCHER_AMQP_NODE_ORDER": "random"}),
+			wantVar: "DISPATCHER_AMQP_NODE_ORDER", wantValue: "random", wantText: "shuffle or listed"},
 		{name: "key prefix with brace", env: with(map[string]string{"DISPATCHER_KEY_PREFIX": "a{b"}),
 			wantVar: "DISPATCHER_KEY_PREFIX", wantValue: "a{b"},
 		{name: "key prefix empty", env: with(map[string]string{"DISPATCHER_KEY_PREFIX": ""}),
@@ -424,6 +434,8 @@ func TestLoadErrorHidesPassword(t *testing.T) {
 		{"amqp bad port", "DISPATCHER_AMQP_URL", "amqp://user:" + pw + "@host:notaport/"},
 		{"amqp port out of range", "DISPATCHER_AMQP_URL", "amqp://user:" + pw + "@host:99999999999/"},
 		{"amqp no user", "DISPATCHER_AMQP_URL", "amqps://:" + pw + "@host:x/"},
+		{"amqp list, second bad", "DISPATCHER_AMQP_URL", "amqp://user:" + pw + "@h1/,amqp://user:" + pw + "@host:5672/%zz"},
+		{"amqp list, comma in password", "DISPATCHER_AMQP_URL", "amqp://user:" + pw + ",x@h1/,amqp://user:" + pw + ",x@host:notaport/"},
 		{"misspelt URL variable", "DISPATCHER_REDIS_URI", "redis://user:" + pw + "@host:6379/0"},
 	}
 	for _, tt := range tests {
@@ -440,6 +452,34 @@ func TestLoadErrorHidesPassword(t *testing.T) {
 				t.Errorf("error text %q does not name %s", err, tt.key)
 			}
 		})
+	}
+}
+
+// A list of URLs splits only where a URL starts, so a comma in a password
+// stays in its URL; schemes may be mixed, and TLS files apply to the
+// amqps:// nodes.
+func TestAMQPURLList(t *testing.T) {
+	got := config.SplitAMQPURLs("amqp://u:a,b@h1:5672/, amqps://h2:5671/v ,AMQP://h3")
+	want := []string{"amqp://u:a,b@h1:5672/", "amqps://h2:5671/v", "AMQP://h3"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("SplitAMQPURLs = %q, want %q", got, want)
+	}
+	ca := testenv.NewCerts(t).CA
+	setEnv(t, with(map[string]string{
+		"DISPATCHER_AMQP_URL":        "amqp://h1:5672/,amqps://h2:5671/",
+		"DISPATCHER_AMQP_CA_FILE":    ca,
+		"DISPATCHER_AMQP_NODE_ORDER": "listed",
+	}))
+	s, err := config.Load()
+	if err != nil {
+		t.Fatalf("mixed list with TLS files: %v", err)
+	}
+	if got := s.AMQPURLs(); len(got) != 2 || s.AMQPNodeOrder != "listed" {
+		t.Errorf("AMQPURLs = %q, order %q", got, s.AMQPNodeOrder)
+	}
+	setEnv(t, with(map[string]string{"DISPATCHER_AMQP_URL": "amqp://h1:5672/,amqp://h2:5672/", "DISPATCHER_AMQP_CA_FILE": ca}))
+	if _, err := config.Load(); err == nil || !strings.Contains(err.Error(), "DISPATCHER_AMQP_CA_FILE") {
+		t.Errorf("TLS files with no amqps:// node: err = %v, want one naming DISPATCHER_AMQP_CA_FILE", err)
 	}
 }
 

@@ -10,6 +10,8 @@ type Metrics struct {
 	blockedG      prometheus.Gauge
 	connectErrors prometheus.Counter
 	connects      prometheus.Counter
+	node          *prometheus.GaugeVec
+	switches      prometheus.Counter
 }
 
 // NewMetrics registers the publisher's metrics with reg.
@@ -23,9 +25,29 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dispatcher_broker_connect_errors_total", Help: "Failed attempts to connect to the broker."}),
 		connects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dispatcher_broker_connects_total", Help: "Successful connections to the broker, first one included."}),
+		node: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dispatcher_broker_node", Help: "1 for the broker node (host:port) the connection is up to, 0 for the other nodes of DISPATCHER_AMQP_URL."}, []string{"node"}),
+		switches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dispatcher_broker_node_switches_total", Help: "Connections made to another node than the one before (a failover)."}),
 	}
-	reg.MustRegister(m.up, m.blockedG, m.connectErrors, m.connects)
+	reg.MustRegister(m.up, m.blockedG, m.connectErrors, m.connects, m.node, m.switches)
 	return m
+}
+
+// nodes shows every node at 0 from the start, so a dashboard lists them all.
+func (m *Metrics) nodes(ns []node) {
+	if m == nil {
+		return
+	}
+	for _, n := range ns {
+		m.node.WithLabelValues(n.addr).Set(0)
+	}
+}
+
+func (m *Metrics) switched() {
+	if m != nil {
+		m.switches.Inc()
+	}
 }
 
 func (m *Metrics) connectError() {
@@ -34,15 +56,17 @@ func (m *Metrics) connectError() {
 	}
 }
 
-func (m *Metrics) connected(up bool) {
+func (m *Metrics) connected(up bool, node string) {
 	if m == nil {
 		return
 	}
 	if up {
 		m.connects.Inc()
 		m.up.Set(1)
+		m.node.WithLabelValues(node).Set(1)
 	} else {
 		m.up.Set(0)
+		m.node.WithLabelValues(node).Set(0)
 		m.blockedG.Set(0) // a new connection starts unblocked
 	}
 }

@@ -44,7 +44,7 @@ func benchPublish(b *testing.B, batch, concurrent int) {
 	}()
 
 	p := New(Options{
-		URL: testenv.AMQPURL(b), Exchanges: []string{ex}, ConfirmTimeout: 30 * time.Second,
+		URLs: []string{testenv.AMQPURL(b)}, Exchanges: []string{ex}, ConfirmTimeout: 30 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,5 +1,6 @@
 // Package publisher publishes tasks to RabbitMQ with publisher confirms
-// and mandatory routing, over one connection that heals itself.
+// and mandatory routing, over one connection that heals itself, to one of
+// the nodes of a cluster.
 package publisher
 
 import (
@@ -8,7 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"net"
 	"os"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -31,8 +36,10 @@ type Message struct {
 
 // Options configure a Publisher.
 type Options struct {
-	URL            string        // amqp:// or amqps://; never logged
-	TLS            *tls.Config   // for amqps://: CA and client certificate; nil uses the system's CAs
+	// URLs are the nodes of one cluster (or a single broker), in the order
+	// they are tried: amqp:// or amqps://, mixed if need be; never logged.
+	URLs           []string
+	TLS            *tls.Config   // for amqps:// nodes: CA and client certificate; nil uses the system's CAs
 	Exchanges      []string      // declared durable direct if missing, used as they are otherwise
 	ConfirmTimeout time.Duration // how long one publish may wait for its confirm
 	Logger         *slog.Logger
@@ -45,12 +52,20 @@ type Options struct {
 // publishes over it. Run keeps it connected; Publish may be called from
 // many goroutines.
 type Publisher struct {
-	opt Options
-	log *slog.Logger
+	opt   Options
+	log   *slog.Logger
+	nodes []node
 
 	mu      sync.Mutex
 	cur     *session
+	curNode string        // the node of cur
 	changed chan struct{} // closed and replaced whenever cur changes
+}
+
+// node is one broker node: its URL and how logs and metrics name it.
+type node struct {
+	url  string
+	addr string // host:port, without user or password
 }
 
 // New returns a Publisher; call Run to connect.
@@ -65,12 +80,44 @@ func New(opt Options) *Publisher {
 		host, _ := os.Hostname()
 		opt.ConnectionName = fmt.Sprintf("dispatcher %s pid %d", host, os.Getpid())
 	}
-	return &Publisher{opt: opt, log: opt.Logger, changed: make(chan struct{})}
+	p := &Publisher{opt: opt, log: opt.Logger, changed: make(chan struct{})}
+	for _, u := range opt.URLs {
+		p.nodes = append(p.nodes, node{url: u, addr: nodeAddr(u)})
+	}
+	opt.Metrics.nodes(p.nodes)
+	return p
+}
+
+// nodeAddr names a node by host and port: never by its URL, which holds
+// the password.
+func nodeAddr(u string) string {
+	uri, err := amqp.ParseURI(u)
+	if err != nil {
+		return "unparsable URL" // the settings check them before
+	}
+	return net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+}
+
+// Shuffled returns urls in a random order, so that the instances of a
+// cluster's dispatchers spread over its nodes.
+func Shuffled(urls []string) []string {
+	out := slices.Clone(urls)
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
 }
 
 // Run connects, and reconnects with backoff whenever the connection or
 // channel is lost, until ctx ends. It returns nil when ctx ends.
+//
+// The nodes are tried in turn, starting with the first: a refused or
+// failed connect moves on to the next node at once, and only when every
+// node has failed in a row does it wait (with backoff) before the next
+// round. A lost connection moves on to the next node too, since its node
+// is the likeliest to be down; with one node that is the same node.
 func (p *Publisher) Run(ctx context.Context) error {
+	if len(p.nodes) == 0 {
+		return errors.New("publisher: no broker URL given")
+	}
 	// The longest wait is also how late tasks may go out after the broker
 	// is back (an outage of seconds reaches it): keep it short, since a
 	// refused connect costs the broker next to nothing.
@@ -82,16 +129,27 @@ func (p *Publisher) Run(ctx context.Context) error {
 	logged := map[string]bool{}
 	var lastLostLog time.Time
 	connectedBefore := false
+	next, failedInARow := 0, 0
+	lastNode := ""
 	for {
-		s, err := p.connect(ctx)
+		n := p.nodes[next%len(p.nodes)]
+		next++
+		s, err := p.connect(ctx, n)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			p.opt.Metrics.connectError()
-			if msg := err.Error(); !logged[msg] && len(logged) < 32 {
-				p.log.Warn("broker connect failed; retrying", "err", err, "retry_in", backoff)
+			if msg := n.addr + err.Error(); !logged[msg] && len(logged) < 32 {
+				what := "broker connect failed; retrying"
+				if len(p.nodes) > 1 {
+					what = "broker connect failed; trying the next node"
+				}
+				p.log.Warn(what, "node", n.addr, "err", err)
 				logged[msg] = true
+			}
+			if failedInARow++; failedInARow%len(p.nodes) != 0 {
+				continue // the next node, at once
 			}
 			if !sleep(ctx, backoff) {
 				return nil
@@ -99,28 +157,35 @@ func (p *Publisher) Run(ctx context.Context) error {
 			backoff = min(backoff*2, maxBackoff)
 			continue
 		}
+		failedInARow = 0
+		attrs := []any{"node", n.addr}
+		if lastNode != "" && lastNode != n.addr {
+			attrs = append(attrs, "previous_node", lastNode)
+			p.opt.Metrics.switched()
+		}
 		switch {
 		case !connectedBefore && len(logged) == 0:
-			p.log.Info("broker connected")
+			p.log.Info("broker connected", attrs...)
 		case len(logged) > 0 || time.Since(lastLostLog) < 10*time.Second:
-			p.log.Info("broker connected again")
+			p.log.Info("broker connected again", attrs...)
 		}
 		connectedBefore = true
+		lastNode = n.addr
 		clear(logged)
-		p.opt.Metrics.connected(true)
-		p.set(s)
+		p.opt.Metrics.connected(true, n.addr)
+		p.set(s, n.addr)
 		select {
 		case <-s.done:
 		case <-ctx.Done():
 		}
-		p.set(nil)
-		p.opt.Metrics.connected(false)
+		p.set(nil, "")
+		p.opt.Metrics.connected(false, n.addr)
 		s.close()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if time.Since(lastLostLog) > 10*time.Second {
-			p.log.Warn("broker connection lost; reconnecting", "err", s.dead)
+			p.log.Warn("broker connection lost; reconnecting", "node", n.addr, "err", s.dead)
 			lastLostLog = time.Now()
 		}
 		// A session that dies soon after it started (e.g. the broker
@@ -136,9 +201,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 }
 
-func (p *Publisher) set(s *session) {
+func (p *Publisher) set(s *session, node string) {
 	p.mu.Lock()
-	p.cur = s
+	p.cur, p.curNode = s, node
 	close(p.changed)
 	p.changed = make(chan struct{})
 	p.mu.Unlock()
@@ -148,6 +213,23 @@ func (p *Publisher) session() (*session, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cur, p.changed
+}
+
+// Node is the node (host:port) of the connection in use, or "" when none
+// is up.
+func (p *Publisher) Node() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.curNode
+}
+
+// Nodes are the nodes (host:port) in the order they are tried.
+func (p *Publisher) Nodes() []string {
+	out := make([]string, len(p.nodes))
+	for i, n := range p.nodes {
+		out[i] = n.addr
+	}
+	return out
 }
 
 // Ready reports whether a connection is up and the broker is not blocking
@@ -197,7 +279,7 @@ func (p *Publisher) WaitReady(ctx context.Context) error {
 	}
 }
 
-func (p *Publisher) connect(ctx context.Context) (*session, error) {
+func (p *Publisher) connect(ctx context.Context, n node) (*session, error) {
 	// A write stuck longer than a confirm may take ends the connection,
 	// and stopping aborts the set-up (see dialer).
 	dial, dialDone := dialer(ctx, 10*time.Second, p.opt.ConfirmTimeout)
@@ -212,7 +294,7 @@ func (p *Publisher) connect(ctx context.Context) (*session, error) {
 		// Cloned per dial: the amqp library sets ServerName on it.
 		cfg.TLSClientConfig = p.opt.TLS.Clone()
 	}
-	conn, err := amqp.DialConfig(p.opt.URL, cfg)
+	conn, err := amqp.DialConfig(n.url, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("dial broker: %w", redact.Error(err))
 	}

@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 
 func runPublisher(t *testing.T, exchanges ...string) *Publisher {
 	t.Helper()
-	return runPublisherWith(t, Options{URL: testenv.AMQPURL(t), Exchanges: exchanges, ConfirmTimeout: 5 * time.Second})
+	return runPublisherWith(t, Options{URLs: []string{testenv.AMQPURL(t)}, Exchanges: exchanges, ConfirmTimeout: 5 * time.Second})
 }
 
 // runPublisherWith runs a Publisher with opt (logging nowhere unless
@@ -134,7 +134,7 @@ func TestPublishAlone(t *testing.T) {
 }
 
 func TestNotConnected(t *testing.T) {
-	p := New(Options{URL: "amqp://guest:guest@127.0.0.1:1/", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	p := New(Options{URLs: []string{"amqp://guest:guest@127.0.0.1:1/"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	errs := p.Publish(context.Background(), []Message{{Exchange: "x", Body: []byte("b")}})
 	if !errors.Is(errs[0], ErrNotConnected) || Kind(errs[0]) != "not_connected" {
 		t.Fatalf("%v", errs[0])
@@ -169,7 +169,7 @@ func TestSlowLinkLargeMessagesConfirmed(t *testing.T) {
 	got := testenv.Consumer(t, conn, ex, "bound")
 	proxy := newNetProxy(t, testenv.HostPort(testenv.AMQPURL(t)))
 	proxy.toxic("bandwidth", "upstream", map[string]int64{"rate": 2048}) // KB/s
-	p := runPublisherWith(t, Options{URL: proxy.url(testenv.AMQPURL(t)), Exchanges: []string{ex}, ConfirmTimeout: 2 * time.Second})
+	p := runPublisherWith(t, Options{URLs: []string{proxy.url(testenv.AMQPURL(t))}, Exchanges: []string{ex}, ConfirmTimeout: 2 * time.Second})
 
 	msgs := make([]Message, n)
 	for i := range msgs {
@@ -203,7 +203,7 @@ func TestPublishAloneBoundedUnderAlarm(t *testing.T) {
 	node := testenv.PrivateRabbit(t)
 	ex := testenv.Name(t)
 	const timeout = time.Second
-	p := runPublisherWith(t, Options{URL: node.AMQPURL(), Exchanges: []string{ex}, ConfirmTimeout: timeout})
+	p := runPublisherWith(t, Options{URLs: []string{node.AMQPURL()}, Exchanges: []string{ex}, ConfirmTimeout: timeout})
 	if err := node.SetAlarm("memory"); err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestBatchLargerThanWindow(t *testing.T) {
 		for range got { // ends when the consumer's cleanup closes its channel
 		}
 	}()
-	p := runPublisherWith(t, Options{URL: testenv.AMQPURL(t), Exchanges: []string{ex}, ConfirmTimeout: 10 * time.Second})
+	p := runPublisherWith(t, Options{URLs: []string{testenv.AMQPURL(t)}, Exchanges: []string{ex}, ConfirmTimeout: 10 * time.Second})
 	n := 3*maxOutstanding + 7
 	msgs := make([]Message, n)
 	for i := range msgs {
@@ -293,7 +293,7 @@ func TestPublishTimesOutWhenBrokerStopsAnswering(t *testing.T) {
 	node := testenv.PrivateRabbit(t)
 	ex := testenv.Name(t)
 	const timeout = time.Second
-	p := runPublisherWith(t, Options{URL: node.AMQPURL(), Exchanges: []string{ex}, ConfirmTimeout: timeout})
+	p := runPublisherWith(t, Options{URLs: []string{node.AMQPURL()}, Exchanges: []string{ex}, ConfirmTimeout: timeout})
 	if err := node.SetAlarm("memory"); err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func TestReturnNotLostWhileLogStalls(t *testing.T) {
 	ex := testenv.Name(t) // no queue is bound: every message is unroutable
 	w := newStallWriter()
 	p := runPublisherWith(t, Options{
-		URL: node.AMQPURL(), Exchanges: []string{ex}, ConfirmTimeout: time.Minute,
+		URLs: []string{node.AMQPURL()}, Exchanges: []string{ex}, ConfirmTimeout: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(w, nil)),
 	})
 	t.Cleanup(w.release) // before the publisher stops: cleanups run last first
@@ -104,7 +104,7 @@ func TestAcksBufferedBeforeCloseCount(t *testing.T) {
 	t.Run("channel", func(t *testing.T) {
 		ex := testenv.Name(t)
 		testenv.Consumer(t, testenv.AMQP(t), ex, "bound")
-		p := runPublisherWith(t, Options{URL: testenv.AMQPURL(t), Exchanges: []string{ex}, ConfirmTimeout: time.Minute})
+		p := runPublisherWith(t, Options{URLs: []string{testenv.AMQPURL(t)}, Exchanges: []string{ex}, ConfirmTimeout: time.Minute})
 		acksThenClose(t, p, ex, func(t *testing.T, s *session) {
 			// A publish to a missing exchange: the broker closes the channel (404).
 			if err := s.ch.PublishWithContext(context.Background(), ex+".missing", "k", false, false, amqp.Publishing{}); err != nil {
@@ -121,7 +121,7 @@ func TestAcksBufferedBeforeCloseCount(t *testing.T) {
 		}
 		t.Cleanup(func() { conn.Close() })
 		testenv.Consumer(t, conn, ex, "bound")
-		p := runPublisherWith(t, Options{URL: node.AMQPURL(), Exchanges: []string{ex}, ConfirmTimeout: time.Minute})
+		p := runPublisherWith(t, Options{URLs: []string{node.AMQPURL()}, Exchanges: []string{ex}, ConfirmTimeout: time.Minute})
 		acksThenClose(t, p, ex, func(t *testing.T, s *session) {
 			if _, err := node.Ctl("close_connection", connPid(t, node, s), "test closes it"); err != nil {
 				t.Fatal(err)
@@ -181,7 +181,7 @@ func acksThenClose(t *testing.T, p *Publisher, ex string, closeIt func(*testing.
 func TestReturnsMatchedWhenLoopFallsBehind(t *testing.T) {
 	ex := testenv.Name(t)
 	testenv.Consumer(t, testenv.AMQP(t), ex, "bound")
-	p := runPublisherWith(t, Options{URL: testenv.AMQPURL(t), Exchanges: []string{ex}, ConfirmTimeout: time.Minute})
+	p := runPublisherWith(t, Options{URLs: []string{testenv.AMQPURL(t)}, Exchanges: []string{ex}, ConfirmTimeout: time.Minute})
 	const n = 1000
 	msgs := make([]Message, n)
 	for i := range msgs {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,6 +63,7 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 			return
 		}
 		fmt.Fprintln(w, "ready")
+		fmt.Fprintln(w, "broker: connected to node", st.pub.Node())
 	})
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -201,9 +203,9 @@ func (st status) problems(ctx context.Context) []string {
 	problems := st.redisProblems(ctx)
 	switch {
 	case st.pub.Blocked():
-		problems = append(problems, "broker: blocking publishes (memory or disk alarm)")
+		problems = append(problems, "broker: node "+st.pub.Node()+" blocks publishes (memory or disk alarm)")
 	case !st.pub.Ready():
-		problems = append(problems, "broker: not connected")
+		problems = append(problems, "broker: not connected (nodes: "+strings.Join(st.pub.Nodes(), ", ")+")")
 	}
 	return problems
 }
@@ -212,7 +214,7 @@ func (st status) problems(ctx context.Context) []string {
 func (st status) pageData(ctx context.Context) statuspage.Data {
 	d := st.page
 	d.Now = time.Now()
-	d.Broker.Connected, d.Broker.Blocked = st.pub.Ready(), st.pub.Blocked()
+	d.Broker.Connected, d.Broker.Blocked, d.Broker.Node = st.pub.Ready(), st.pub.Blocked(), st.pub.Node()
 	d.Redis.Problems = st.redisProblems(ctx)
 	d.Queues = st.mon.Views(ctx)
 	d.Stalls = st.mon.Stalls()

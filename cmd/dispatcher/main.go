@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -122,8 +123,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, q := range cfg.QueueSettings {
 		exchanges = append(exchanges, q.Exchange)
 	}
+	nodes := cfg.AMQPURLs()
+	if cfg.AMQPNodeOrder == config.NodeOrderShuffle {
+		nodes = publisher.Shuffled(nodes)
+	}
 	pub := publisher.New(publisher.Options{
-		URL:            cfg.AMQPURL,
+		URLs:           nodes,
 		TLS:            amqpTLS,
 		Exchanges:      exchanges,
 		ConfirmTimeout: cfg.ConfirmTimeout,
@@ -192,7 +197,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals,
 			page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
-				Broker: statuspage.Broker{URL: redact.URL(cfg.AMQPURL)},
+				Broker: statuspage.Broker{URL: redactedURLs(nodes)},
 				Redis:  statuspage.Redis{URL: redact.URL(cfg.RedisURL), Mode: string(ropt.Mode)},
 			}}, log)
 		if err != nil {
@@ -210,7 +215,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
-	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URL(cfg.AMQPURL))
+	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redactedURLs(nodes), "amqp_node_order", cfg.AMQPNodeOrder)
 	logShardPlacement(ctx, rdb, cfg, log)
 
 	<-ctx.Done()
@@ -340,4 +345,13 @@ func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
 	l.last[format] = time.Now()
 	l.mu.Unlock()
 	l.log.Warn(redact.String(fmt.Sprintf(format, v...)))
+}
+
+// redactedURLs shows a list of URLs, each with its password hidden.
+func redactedURLs(urls []string) string {
+	out := make([]string, len(urls))
+	for i, u := range urls {
+		out[i] = redact.URL(u)
+	}
+	return strings.Join(out, ",")
 }

@@ -42,7 +42,8 @@ type Data struct {
 
 // Broker is the broker's state as this instance sees it.
 type Broker struct {
-	URL       string // redacted
+	URL       string // redacted; the nodes' URLs in the order they are tried
+	Node      string // host:port of the node in use, when connected
 	Connected bool
 	Blocked   bool
 }

@@ -1,0 +1,157 @@
+package publisher
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+)
+
+// lockedBuffer is a log destination the test reads while the publisher
+// writes to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// The first node of the list is dead: the publisher goes on to the next
+// at once and connects there. No switch is counted: it never had a node.
+func TestFirstNodeDead(t *testing.T) {
+	live := testenv.AMQPURL(t)
+	reg := prometheus.NewRegistry()
+	var logs lockedBuffer
+	p := runPublisherWith(t, Options{
+		URLs:    []string{"amqp://guest:s3cr3t@127.0.0.1:1/", live},
+		Metrics: NewMetrics(reg), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if got, want := p.Node(), testenv.HostPort(live); got != want {
+		t.Fatalf("Node() = %q, want %q", got, want)
+	}
+	if n := testutil.ToFloat64(p.opt.Metrics.switches); n != 0 {
+		t.Errorf("switches = %v, want 0", n)
+	}
+	if n := testutil.ToFloat64(p.opt.Metrics.connectErrors); n < 1 {
+		t.Errorf("connect errors = %v, want at least 1", n)
+	}
+	if n := testutil.ToFloat64(p.opt.Metrics.node.WithLabelValues("127.0.0.1:1")); n != 0 {
+		t.Errorf("dead node's gauge = %v, want 0", n)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "trying the next node") || !strings.Contains(out, "node=127.0.0.1:1") {
+		t.Errorf("no connect failure naming the dead node logged:\n%s", out)
+	}
+	if strings.Contains(out, "s3cr3t") {
+		t.Errorf("log shows the password:\n%s", out)
+	}
+}
+
+// The node in use goes away (its listener and every connection through it
+// close): the publisher connects to the next node, says so in its log and
+// metrics, and publishes there.
+func TestNodeFailover(t *testing.T) {
+	conn := testenv.AMQP(t)
+	ex := testenv.Name(t)
+	got := testenv.Consumer(t, conn, ex, "bound")
+	live := testenv.AMQPURL(t)
+	proxy := newNetProxy(t, testenv.HostPort(live))
+	first := proxy.url(live)
+	reg := prometheus.NewRegistry()
+	var logs lockedBuffer
+	p := runPublisherWith(t, Options{
+		URLs: []string{first, live}, Exchanges: []string{ex}, ConfirmTimeout: 5 * time.Second,
+		Metrics: NewMetrics(reg), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if got, want := p.Node(), testenv.HostPort(first); got != want {
+		t.Fatalf("Node() = %q, want the first node %q", got, want)
+	}
+	publishOne := func(id string) {
+		t.Helper()
+		errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "bound", Body: []byte(id), MessageID: id, DueMs: 1}})
+		if errs[0] != nil {
+			t.Fatalf("publish %s on %s: %v", id, p.Node(), errs[0])
+		}
+		select {
+		case d := <-got:
+			if d.MessageId != id {
+				t.Fatalf("got %q, want %q", d.MessageId, id)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s not delivered", id)
+		}
+	}
+	publishOne("before")
+
+	lost := time.Now()
+	proxy.p.Stop() // the node is gone: connections cut, new ones refused
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Node() != testenv.HostPort(live) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still on %q 10s after its node went away; log:\n%s", p.Node(), logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("connected to the next node %s after %s", p.Node(), time.Since(lost).Round(time.Millisecond))
+	publishOne("after")
+
+	m := p.opt.Metrics
+	if n := testutil.ToFloat64(m.switches); n != 1 {
+		t.Errorf("switches = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(m.node.WithLabelValues(testenv.HostPort(live))); n != 1 {
+		t.Errorf("gauge of the node in use = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(m.node.WithLabelValues(testenv.HostPort(first))); n != 0 {
+		t.Errorf("gauge of the lost node = %v, want 0", n)
+	}
+	out := logs.String()
+	for _, want := range []string{"broker connection lost", "node=" + testenv.HostPort(first), "previous_node=" + testenv.HostPort(first)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// Shuffled is a permutation, and each node comes first about as often as
+// the others: instances spread over the nodes.
+func TestShuffledSpreads(t *testing.T) {
+	urls := []string{"amqp://a", "amqp://b", "amqp://c"}
+	first := map[string]int{}
+	const n = 3000
+	for range n {
+		s := Shuffled(urls)
+		sorted := slices.Sorted(slices.Values(s))
+		if !slices.Equal(sorted, urls) {
+			t.Fatalf("Shuffled(%q) = %q: not a permutation", urls, s)
+		}
+		first[s[0]]++
+	}
+	for _, u := range urls {
+		if f := float64(first[u]) / n; f < 0.25 || f > 0.42 {
+			t.Errorf("%s first in %.0f%% of %d shuffles, want about a third: %v", u, 100*f, n, first)
+		}
+	}
+	if !slices.Equal(urls, []string{"amqp://a", "amqp://b", "amqp://c"}) {
+		t.Error("Shuffled changed its argument")
+	}
+}
