@@ -77,7 +77,7 @@ func (r *runner) rawPublish(ctx context.Context, size, window int) (*CeilingRun,
 		}
 	}()
 
-	conn, err := amqp.DialConfig(r.opt.AMQPURL, amqp.Config{
+	conn, err := amqp.DialConfig(r.opt.firstAMQP(), amqp.Config{
 		Properties: amqp.Table{"connection_name": "dispatcher bench raw publisher"},
 		Dial:       amqp.DefaultDial(10 * time.Second),
 	})

@@ -75,7 +75,7 @@ type instanceSpec struct {
 // Settings the bench sets itself; the parent's own values of these are not
 // passed on. Every other DISPATCHER_* (e.g. DISPATCHER_PIPELINE) is, so a
 // bench can try them.
-var ownVars = []string{"DISPATCHER_REDIS_URL", "DISPATCHER_AMQP_URL", "DISPATCHER_KEY_PREFIX",
+var ownVars = []string{"DISPATCHER_REDIS_URL", "DISPATCHER_AMQP_URL", "DISPATCHER_AMQP_NODE_ORDER", "DISPATCHER_KEY_PREFIX",
 	"DISPATCHER_QUEUES", "DISPATCHER_HTTP_ADDR", "DISPATCHER_BATCH_SIZE", "DISPATCHER_LOG_LEVEL",
 	"DISPATCHER_QUEUE_", stampVar}
 
@@ -101,6 +101,8 @@ func (sp instanceSpec) env(n int, httpAddr string) ([]string, error) {
 	env = append(env,
 		"DISPATCHER_REDIS_URL="+ru,
 		"DISPATCHER_AMQP_URL="+sp.amqpURL,
+		// The first node, as the consumer and the raw publisher use.
+		"DISPATCHER_AMQP_NODE_ORDER=listed",
 		"DISPATCHER_KEY_PREFIX="+sp.prefix,
 		"DISPATCHER_QUEUES="+strings.Join(queues, ","),
 		"DISPATCHER_BATCH_SIZE="+strconv.Itoa(sp.batch),

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/redisconn"
 )
 
@@ -28,6 +29,7 @@ type Machine struct {
 	RedisMode    string `json:"redis_mode"`        // single, sentinel, or cluster of N primaries
 	RedisPersist string `json:"redis_persistence"` // appendonly and save settings
 	RabbitMQ     string `json:"rabbitmq_version"`
+	BrokerNodes  int    `json:"broker_nodes"` // URLs given to the dispatchers
 }
 
 func machineInfo(ctx context.Context, rdb redis.UniversalClient, mode redisconn.Mode, amqpURL string) Machine {
@@ -74,7 +76,9 @@ func machineInfo(ctx context.Context, rdb redis.UniversalClient, mode redisconn.
 			m.RedisPersist = fmt.Sprintf("appendonly %s, save %q", cfg["appendonly"], save["save"])
 		}
 	}
-	if conn, err := amqp.DialConfig(amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)}); err == nil {
+	urls := config.SplitAMQPURLs(amqpURL)
+	m.BrokerNodes = len(urls)
+	if conn, err := amqp.DialConfig(urls[0], amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)}); err == nil {
 		if v, ok := conn.Properties["version"].(string); ok {
 			m.RabbitMQ = v
 		}
@@ -88,6 +92,10 @@ func (m Machine) String() string {
 	if m.RedisMode != "" && m.RedisMode != string(redisconn.Single) {
 		redisText += ", " + m.RedisMode
 	}
+	rabbitText := m.RabbitMQ
+	if m.BrokerNodes > 1 {
+		rabbitText += fmt.Sprintf(" (%d nodes)", m.BrokerNodes)
+	}
 	return fmt.Sprintf("%d CPUs (%s), %d GiB, Linux %s, Redis %s (%s), RabbitMQ %s, %s",
-		m.CPUs, m.CPUModel, m.MemoryGiB, m.Kernel, redisText, m.RedisPersist, m.RabbitMQ, m.GoVersion)
+		m.CPUs, m.CPUModel, m.MemoryGiB, m.Kernel, redisText, m.RedisPersist, rabbitText, m.GoVersion)
 }

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dispatcher/dispatcher/config"
 )
 
 // Options are the bench's settings, from its flags.
@@ -126,7 +128,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	// The defaults are resolved after parsing so that -h never shows a
 	// password from the environment.
 	fs.StringVar(&o.RedisURL, "redis", "", "Redis URL (default $DISPATCHER_REDIS_URL, else redis://localhost:6379/0)")
-	fs.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL (default $DISPATCHER_AMQP_URL, else the guest user at localhost:5672)")
+	fs.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL, or a cluster's node URLs comma-separated: the dispatchers get the list (DISPATCHER_AMQP_NODE_ORDER=listed), the consumer and the raw publisher use the first (default $DISPATCHER_AMQP_URL, else the guest user at localhost:5672)")
 	fs.StringVar(&o.Dispatcher, "dispatcher", "", "dispatcher executable to start (default: this one)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
@@ -150,6 +152,9 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	}
 
 	var err error
+	if o.AMQPURL == "" || config.SplitAMQPURLs(o.AMQPURL)[0] == "" {
+		return nil, fmt.Errorf("-amqp %q: no URL", o.AMQPURL)
+	}
 	o.Modes = splitList(modes)
 	for _, m := range o.Modes {
 		if m != modeBacklog && m != modeRate && m != modeIdle {
@@ -366,3 +371,7 @@ func parseCount(f string) (int, error) {
 	}
 	return int(v * mult), nil
 }
+
+// firstAMQP is the node the consumer and the raw publisher use: the first
+// of the list, the one the dispatchers prefer.
+func (o *Options) firstAMQP() string { return config.SplitAMQPURLs(o.AMQPURL)[0] }

@@ -40,7 +40,7 @@ const consumerTag = "dispatcher-bench"
 // would) and a queue name of the options' queue type bound to it, and
 // starts consuming as the options say.
 func openSink(opt *Options, name string, rec *recorder) (*sink, error) {
-	conn, err := amqp.DialConfig(opt.AMQPURL, amqp.Config{
+	conn, err := amqp.DialConfig(opt.firstAMQP(), amqp.Config{
 		Properties: amqp.Table{"connection_name": "dispatcher bench consumer"},
 		Dial:       amqp.DefaultDial(10 * time.Second),
 	})

@@ -155,3 +155,47 @@ func TestShuffledSpreads(t *testing.T) {
 		t.Error("Shuffled changed its argument")
 	}
 }
+
+// A channel that stops confirming while the connection looks alive (in a
+// RabbitMQ cluster: a channel still sending to a quorum queue leader on a
+// node cut off from it) is given up after one confirm timeout without an
+// answer: the publisher reconnects, to the next node, instead of timing
+// out publish after publish on it until a heartbeat fails, which may be
+// never.
+func TestSilentChannelReplaced(t *testing.T) {
+	conn := testenv.AMQP(t)
+	ex := testenv.Name(t)
+	got := testenv.Consumer(t, conn, ex, "bound")
+	live := testenv.AMQPURL(t)
+	proxy := newNetProxy(t, testenv.HostPort(live))
+	first := proxy.url(live)
+	p := runPublisherWith(t, Options{URLs: []string{first, live}, Exchanges: []string{ex}, ConfirmTimeout: time.Second})
+	// Nothing comes back from the broker any more; heartbeats included,
+	// but they would take 30 s to tell.
+	proxy.toxic("timeout", "downstream", map[string]int64{"timeout": 0})
+	errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "bound", Body: []byte("a"), MessageID: "a", DueMs: 1}})
+	if Kind(errs[0]) != "timeout" {
+		t.Fatalf("publish through the silent node: %v, want a timeout", errs[0])
+	}
+	gaveUp := time.Now()
+	for p.Node() != testenv.HostPort(live) {
+		if time.Since(gaveUp) > 8*time.Second {
+			t.Fatalf("still on %q %s after a publish timed out on it", p.Node(), time.Since(gaveUp).Round(time.Millisecond))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("on the next node %s after the timeout", time.Since(gaveUp).Round(time.Millisecond))
+	if errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "bound", Body: []byte("b"), MessageID: "b", DueMs: 1}}); errs[0] != nil {
+		t.Fatalf("publish on the next node: %v", errs[0])
+	}
+	for {
+		select {
+		case d := <-got:
+			if d.MessageId == "b" {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("b not delivered")
+		}
+	}
+}

@@ -409,6 +409,17 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 			s.forget(w)
 		}
 	}
+	// A timeout means the channel answered nothing for a whole confirm
+	// timeout. Unless the broker said it blocks us (an alarm), the
+	// channel is given up: a connection can look alive (heartbeats flow)
+	// while its channel never confirms again, as one on a cluster node
+	// still sending to a quorum queue leader that was cut off from it.
+	for _, err := range errs {
+		if err == ErrTimeout && !s.blocked.Load() {
+			s.giveUp(&LostError{Reason: fmt.Sprintf("no confirm on the channel for %s (confirm timeout): replacing the connection", p.opt.ConfirmTimeout)})
+			break
+		}
+	}
 	return errs
 }
 

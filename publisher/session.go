@@ -435,6 +435,16 @@ func (s *session) confirm(c amqp.Confirmation) {
 	}
 }
 
+// giveUp ends the session from outside its confirm loop: every waiting
+// publish fails with err, and closing the connection ends the loop, so
+// the publisher connects anew.
+func (s *session) giveUp(err error) {
+	s.spawn(func() {
+		s.shutdown(err)
+		_ = s.conn.CloseDeadline(time.Now().Add(time.Second))
+	})
+}
+
 // shutdown fails every waiting publish with err; later publishes fail at once.
 func (s *session) shutdown(err error) {
 	s.mu.Lock()

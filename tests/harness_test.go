@@ -48,6 +48,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	testenv.StopPrivateRabbit() // its process watcher would count as a leak
+	testenv.StopSharedRabbitCluster()
 	// Every test's consumers, clients and processes are gone by now; a
 	// goroutine still running is a leak.
 	if err := goleak.Find(netProxyLeaks...); err != nil && code == 0 {
@@ -170,6 +171,8 @@ type harness struct {
 	queues []queueSpec
 	got    map[string]<-chan amqp.Delivery
 	extra  map[string]string
+	// delivered is what the last verify collected, duplicates included.
+	delivered []received
 }
 
 func newHarness(t testing.TB, queues ...queueSpec) *harness {
@@ -341,3 +344,7 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// queueName is the name of the broker queue a test's consumer of queue
+// declares.
+func (h *harness) queueName(queue string) string { return h.prefix + "." + queue }

@@ -39,15 +39,24 @@ func newNodeHarness(t testing.TB, node *testenv.RabbitNode, queues ...queueSpec)
 // nodeConsumer consumes exchange/key on node through a durable queue and
 // goes on consuming across the node's restarts: stop_app closes every
 // connection, and the durable queue keeps the persistent messages
-// published while the consumer was away. Each delivery is acked once it is
-// handed over. A broker redelivery (Redelivered set) of a message_id
-// already handed over is dropped and only counted: it is the broker sending
-// one publish again because a cut connection lost the consumer's ack, not
-// a second publish by the dispatcher, which is what the tests count.
+// published while the consumer was away.
 func nodeConsumer(t testing.TB, node *testenv.RabbitNode, exchange, key, queue string) <-chan amqp.Delivery {
 	t.Helper()
+	return durableConsumer(t, node.Dial, exchange, key, queue, nil)
+}
+
+// durableConsumer consumes exchange/key through a durable queue declared
+// with args, on a connection from dial, and subscribes again (dial may
+// give another node) whenever the connection closes. Each delivery is
+// acked once it is handed over. A broker redelivery (Redelivered set) of a
+// message_id already handed over is dropped and only counted: it is the
+// broker sending one publish again because a cut connection lost the
+// consumer's ack, not a second publish by the dispatcher, which is what
+// the tests count.
+func durableConsumer(t testing.TB, dial func() (*amqp.Connection, error), exchange, key, queue string, args amqp.Table) <-chan amqp.Delivery {
+	t.Helper()
 	subscribe := func() (*amqp.Connection, <-chan amqp.Delivery, error) {
-		conn, err := node.Dial()
+		conn, err := dial()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -59,7 +68,7 @@ func nodeConsumer(t testing.TB, node *testenv.RabbitNode, exchange, key, queue s
 			if err := ch.ExchangeDeclare(exchange, "direct", true, false, false, false, nil); err != nil {
 				return nil, fmt.Errorf("declare exchange %s: %w", exchange, err)
 			}
-			if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+			if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
 				return nil, fmt.Errorf("declare queue %s: %w", queue, err)
 			}
 			if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
@@ -80,7 +89,7 @@ func nodeConsumer(t testing.TB, node *testenv.RabbitNode, exchange, key, queue s
 	// on is unroutable.
 	conn, d, err := subscribe()
 	if err != nil {
-		t.Fatalf("consumer on private node: %v", err)
+		t.Fatalf("consumer of %s: %v", queue, err)
 	}
 	out := make(chan amqp.Delivery, 1<<16)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -129,7 +138,7 @@ func nodeConsumer(t testing.TB, node *testenv.RabbitNode, exchange, key, queue s
 		cancel()
 		wg.Wait()
 		t.Logf("consumer of %s: %d reconnects, %d broker redeliveries of messages already seen dropped", queue, reconnects, redelivered)
-		c, err := node.Dial()
+		c, err := dial()
 		if err != nil {
 			t.Logf("delete queue %s: %v", queue, err)
 			return

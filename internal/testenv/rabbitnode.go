@@ -362,6 +362,22 @@ func (n *RabbitNode) current() *nodeProc {
 // write (the server and rabbitmqctl run as that user), listening on free
 // ports, and waits until it accepts AMQP connections.
 func startRabbitNode(t testing.TB) (*RabbitNode, error) {
+	n, err := newRabbitNode(t, "")
+	if err != nil {
+		return nil, err
+	}
+	started := time.Now()
+	if err := n.firstBoot(); err != nil {
+		return nil, err
+	}
+	t.Logf("private RabbitMQ node %s up in %s: amqp 127.0.0.1:%d, amqps 127.0.0.1:%d",
+		n.Name, time.Since(started).Round(time.Millisecond), n.Port, n.TLSPort)
+	return n, nil
+}
+
+// newRabbitNode prepares a node's directory, configuration (rabbitmq.conf
+// plus extraConf) and environment without starting it; firstBoot does.
+func newRabbitNode(t testing.TB, extraConf string) (*RabbitNode, error) {
 	if _, err := os.Stat(rabbitServer); err != nil {
 		return nil, fmt.Errorf("rabbitmq-server is not installed: %w", err)
 	}
@@ -402,7 +418,7 @@ ssl_options.fail_if_no_peer_cert = true
 vm_memory_high_watermark.relative = 0.4
 log.file.level = info
 log.console = false
-`, n.Port, n.TLSPort, n.Certs.CA, n.Certs.ServerCert, n.Certs.ServerKey)
+`, n.Port, n.TLSPort, n.Certs.CA, n.Certs.ServerCert, n.Certs.ServerKey) + extraConf
 	files := map[string]string{
 		"rabbitmq.conf":   conf,
 		"enabled_plugins": "[].\n",
@@ -431,19 +447,28 @@ log.console = false
 	if n.out, err = os.Create(filepath.Join(dir, "console.log")); err != nil {
 		return nil, err
 	}
-	started := time.Now()
-	if err := n.Boot(); err != nil {
-		if n.current() != nil {
-			n.Stop()
-		} else {
-			n.out.Close()
-		}
-		return nil, err
-	}
-	t.Logf("private RabbitMQ node %s up in %s: amqp 127.0.0.1:%d, amqps 127.0.0.1:%d",
-		n.Name, time.Since(started).Round(time.Millisecond), n.Port, n.TLSPort)
 	ok = true
 	return n, nil
+}
+
+// firstBoot boots a node newRabbitNode prepared; if it does not come up,
+// the node is stopped and its files removed.
+func (n *RabbitNode) firstBoot() error {
+	if err := n.Boot(); err != nil {
+		n.discard()
+		return err
+	}
+	return nil
+}
+
+// discard stops the node if it was ever started and removes its files.
+func (n *RabbitNode) discard() {
+	if n.current() != nil {
+		n.Stop()
+		return
+	}
+	n.out.Close()
+	os.RemoveAll(n.dir)
 }
 
 // rabbitCredential is who the node runs as: user rabbitmq, whose home
