@@ -37,6 +37,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	testenv.StopSharedRabbitCluster()
+	testenv.StopPrivateRabbit()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -77,14 +79,7 @@ func TestBenchEndToEnd(t *testing.T) {
 		t.Errorf("no progress on stderr:\n%s", stderr)
 	}
 
-	var rep Report
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("JSON report: %v", err)
-	}
+	rep := readReport(t, jsonPath)
 	if len(rep.Failures) != 0 {
 		t.Errorf("failures: %q", rep.Failures)
 	}
@@ -261,14 +256,7 @@ func TestBenchFailsWhenTasksGoMissing(t *testing.T) {
 	if !strings.Contains(stdout, "FAILED") {
 		t.Errorf("no FAILED section:\n%s", stdout)
 	}
-	var rep Report
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, jsonPath)
 	if len(rep.Failures) == 0 {
 		t.Error("no failure in the JSON report")
 	}
@@ -295,14 +283,7 @@ func TestBenchRedisCluster(t *testing.T) {
 	if !strings.Contains(out.String(), "| point | primary | shards |") || !strings.Contains(out.String(), "Consumer: auto-ack (no prefetch)") {
 		t.Errorf("no per-primary table, or not the auto-ack consumer")
 	}
-	var rep Report
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("JSON report: %v", err)
-	}
+	rep := readReport(t, jsonPath)
 	if len(rep.Failures) != 0 || len(rep.Results) != 2 {
 		t.Fatalf("failures %q, %d results", rep.Failures, len(rep.Results))
 	}
@@ -346,7 +327,7 @@ func TestBenchRedisCluster(t *testing.T) {
 	}
 	// No key of the run is left on any primary.
 	ctx := context.Background()
-	err = cluster.Client().ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+	err := cluster.Client().ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		keys, err := c.Keys(ctx, "dispatcher-bench-"+rep.RunID+"-*").Result()
 		if err == nil && len(keys) > 0 {
 			t.Errorf("keys left behind on %s: %q", c.Options().Addr, keys)
@@ -356,4 +337,18 @@ func TestBenchRedisCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// readReport reads the JSON report the bench wrote to path.
+func readReport(t *testing.T, path string) Report {
+	t.Helper()
+	var rep Report
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("JSON report %s: %v", path, err)
+	}
+	return rep
 }

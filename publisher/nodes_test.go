@@ -102,16 +102,8 @@ func TestNodeFailover(t *testing.T) {
 	}
 	publishOne("before")
 
-	lost := time.Now()
 	proxy.p.Stop() // the node is gone: connections cut, new ones refused
-	deadline := time.Now().Add(10 * time.Second)
-	for p.Node() != testenv.HostPort(live) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still on %q 10s after its node went away; log:\n%s", p.Node(), logs.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Logf("connected to the next node %s after %s", p.Node(), time.Since(lost).Round(time.Millisecond))
+	waitNode(t, p, testenv.HostPort(live), 10*time.Second)
 	publishOne("after")
 
 	m := p.opt.Metrics
@@ -130,6 +122,20 @@ func TestNodeFailover(t *testing.T) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// waitNode waits until p is connected to node, failing the test after
+// within.
+func waitNode(t *testing.T, p *Publisher, node string, within time.Duration) {
+	t.Helper()
+	from := time.Now()
+	for p.Node() != node {
+		if time.Since(from) > within {
+			t.Fatalf("still on %q %s later, want %s", p.Node(), within, node)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("on node %s after %s", node, time.Since(from).Round(time.Millisecond))
 }
 
 // Shuffled is a permutation, and each node comes first about as often as
@@ -177,14 +183,8 @@ func TestSilentChannelReplaced(t *testing.T) {
 	if Kind(errs[0]) != "timeout" {
 		t.Fatalf("publish through the silent node: %v, want a timeout", errs[0])
 	}
-	gaveUp := time.Now()
-	for p.Node() != testenv.HostPort(live) {
-		if time.Since(gaveUp) > 8*time.Second {
-			t.Fatalf("still on %q %s after a publish timed out on it", p.Node(), time.Since(gaveUp).Round(time.Millisecond))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Logf("on the next node %s after the timeout", time.Since(gaveUp).Round(time.Millisecond))
+	// Sooner than the heartbeat could tell.
+	waitNode(t, p, testenv.HostPort(live), 8*time.Second)
 	if errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "bound", Body: []byte("b"), MessageID: "b", DueMs: 1}}); errs[0] != nil {
 		t.Fatalf("publish on the next node: %v", errs[0])
 	}
