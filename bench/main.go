@@ -154,9 +154,9 @@ func commandLine(args []string) string {
 	for _, a := range args {
 		// Hide a URL's password, whether given as -redis=URL or -redis URL.
 		if k, v, ok := strings.Cut(a, "="); ok && strings.Contains(v, "://") {
-			a = k + "=" + redact.URL(v)
+			a = k + "=" + redact.URLs(v)
 		} else if strings.Contains(a, "://") {
-			a = redact.URL(a)
+			a = redact.URLs(a)
 		}
 		if strings.ContainsAny(a, " '\"$`\\*?") {
 			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"

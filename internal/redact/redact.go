@@ -23,6 +23,23 @@ func String(s string) string {
 // password= query parameter.
 func URL(raw string) string { return queryPasswordRE.ReplaceAllString(userinfoURL(raw), "${1}xxxxx") }
 
+// listStartRE finds where each URL of a comma-separated list begins.
+var listStartRE = regexp.MustCompile(`(?i),\s*[a-z][a-z0-9+.-]*://`)
+
+// URLs hides the passwords of a comma-separated list of URLs (the nodes
+// of DISPATCHER_AMQP_URL), each on its own: URL on the whole list would
+// take everything up to the last '@' for one password and hide the hosts
+// in between. A comma only splits where a URL follows, as the list is read.
+func URLs(list string) string {
+	var out []string
+	start := 0
+	for _, m := range listStartRE.FindAllStringIndex(list, -1) {
+		out = append(out, URL(list[start:m[0]]))
+		start = m[0] + 1
+	}
+	return strings.Join(append(out, URL(list[start:])), ",")
+}
+
 // userinfoURL hides the password of one URL, parsed or not: everything
 // between the user name and the last '@' of the authority goes, so a
 // password with unencoded '/', '?', '#' or spaces is hidden too.

@@ -32,3 +32,16 @@ func TestLeaksEscaped(t *testing.T) {
 		t.Error("Leaks misses a password shown Go-escaped")
 	}
 }
+
+// A list of URLs keeps every host and hides every password, a comma in a
+// password included.
+func TestURLs(t *testing.T) {
+	in := "amqp://u:s3cr,et@h1:5672/, amqps://u:s3cret@h2:5671/v,AMQP://h3"
+	want := "amqp://u:xxxxx@h1:5672/, amqps://u:xxxxx@h2:5671/v,AMQP://h3"
+	if got := URLs(in); got != want {
+		t.Errorf("URLs(%q) =\n%q, want\n%q", in, got, want)
+	}
+	if got := URLs("redis://:pw@h:6379/0"); got != "redis://:xxxxx@h:6379/0" {
+		t.Errorf("one URL: %q", got)
+	}
+}
