@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/internal/redact"
 )
 
 // Options are the bench's settings, from its flags.
@@ -153,7 +154,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 
 	var err error
 	if o.AMQPURL == "" || config.SplitAMQPURLs(o.AMQPURL)[0] == "" {
-		return nil, fmt.Errorf("-amqp %q: no URL", o.AMQPURL)
+		return nil, fmt.Errorf("-amqp %q: no URL", redact.URLs(o.AMQPURL))
 	}
 	o.Modes = splitList(modes)
 	for _, m := range o.Modes {

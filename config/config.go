@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"regexp"
 	"sort"
@@ -423,10 +424,18 @@ func validAMQPURLs(urls []string) error {
 			// is a URL left out, far more likely.
 			err = errors.New("ends with a comma: a URL missing from the list?")
 		}
+		if written := redact.Password(u); err == nil && written != "" && uri.Password != written {
+			// An unencoded '@' then '/', '?' or '#' in the password makes
+			// the parser take part of it for the host, which logs and
+			// metrics show as the node's name.
+			if dec, derr := url.PathUnescape(written); derr != nil || dec != uri.Password {
+				err = errors.New("the password holds an unencoded '@', '/', '?' or '#': percent-encode it")
+			}
+		}
 		if err != nil {
 			return &Error{Var: Prefix + "_AMQP_URL", Value: u, Reason: which + urlReason(u, err)}
 		}
-		node := net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+		node := net.JoinHostPort(strings.ToLower(uri.Host), strconv.Itoa(uri.Port))
 		if j, dup := seen[node]; dup {
 			return &Error{Var: Prefix + "_AMQP_URL", Value: u,
 				Reason: fmt.Sprintf("%snode %s is listed already as URL %d", which, node, j+1)}

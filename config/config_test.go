@@ -318,6 +318,8 @@ func TestLoadErrors(t *testing.T) {
 			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://h2:notaport/", wantText: "URL 2 of 2"},
 		{name: "AMQP URL list, node twice", env: with(map[string]string{"DISPATCHER_AMQP_URL": "amqp://u:p@h1:5672/a, amqp://h1/b"}),
 			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://h1/b", wantText: "node h1:5672 is listed already as URL 1"},
+		{name: "AMQP URL list, node twice in other case", env: with(map[string]string{"DISPATCHER_AMQP_URL": "amqp://H1:5672/,amqp://h1:5672/"}),
+			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://h1:5672/", wantText: "listed already"},
 		{name: "AMQP URL list, trailing comma", env: with(map[string]string{"DISPATCHER_AMQP_URL": "amqp://h1:5672/,"}),
 			wantVar: "DISPATCHER_AMQP_URL", wantValue: "amqp://h1:5672/,"},
 		{name: "AMQP node order unknown", env: with(map[string]string{"DISPATCHER_AMQP_NODE_ORDER": "random"}),
@@ -435,6 +437,7 @@ func TestLoadErrorHidesPassword(t *testing.T) {
 		{"amqp port out of range", "DISPATCHER_AMQP_URL", "amqp://user:" + pw + "@host:99999999999/"},
 		{"amqp no user", "DISPATCHER_AMQP_URL", "amqps://:" + pw + "@host:x/"},
 		{"amqp list, second bad", "DISPATCHER_AMQP_URL", "amqp://user:" + pw + "@h1/,amqp://user:" + pw + "@host:5672/%zz"},
+		{"amqp list, '@' and '/' in password", "DISPATCHER_AMQP_URL", "amqp://h1/,amqp://user:" + pw + "@ss/word@host:5672/"},
 		{"amqp list, comma in password", "DISPATCHER_AMQP_URL", "amqp://user:" + pw + ",x@h1/,amqp://user:" + pw + ",x@host:notaport/"},
 		{"misspelt URL variable", "DISPATCHER_REDIS_URI", "redis://user:" + pw + "@host:6379/0"},
 	}

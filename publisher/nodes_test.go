@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/internal/tlsfiles"
 )
 
 // lockedBuffer is a log destination the test reads while the publisher
@@ -177,7 +179,7 @@ func TestSilentChannelReplaced(t *testing.T) {
 	first := proxy.url(live)
 	p := runPublisherWith(t, Options{URLs: []string{first, live}, Exchanges: []string{ex}, ConfirmTimeout: time.Second})
 	// Nothing comes back from the broker any more; heartbeats included,
-	// but they would take 30 s to tell.
+	// but they would take 15 s (3 × half the 10 s heartbeat) to tell.
 	proxy.toxic("timeout", "downstream", map[string]int64{"timeout": 0})
 	errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "bound", Body: []byte("a"), MessageID: "a", DueMs: 1}})
 	if Kind(errs[0]) != "timeout" {
@@ -197,5 +199,37 @@ func TestSilentChannelReplaced(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("b not delivered")
 		}
+	}
+}
+
+// A list mixing amqps:// and amqp:// nodes: the TLS settings serve the
+// amqps:// node, the plain one is reached without them, and the publisher
+// fails over from one to the other.
+func TestMixedSchemesFailover(t *testing.T) {
+	node := testenv.PrivateRabbit(t)
+	tlsCfg, err := tlsfiles.Files{CA: node.Certs.CA, Cert: node.Certs.ClientCert, Key: node.Certs.ClientKey}.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := testenv.Name(t)
+	plain := testenv.AMQPURL(t)
+	p := runPublisherWith(t, Options{
+		URLs: []string{node.AMQPSURL("guest", "guest"), plain}, TLS: tlsCfg, Exchanges: []string{ex}, ConfirmTimeout: 5 * time.Second,
+	})
+	if got, want := p.Node(), "localhost:"+strconv.Itoa(node.TLSPort); got != want {
+		t.Fatalf("Node() = %q, want the amqps:// node %q", got, want)
+	}
+	publish := func() error {
+		return p.Publish(context.Background(), []Message{{Exchange: ex, Body: []byte("x"), MessageID: "x", DueMs: 1}})[0]
+	}
+	if err := publish(); err != nil && Kind(err) != "returned" { // no queue bound: returned, yet confirmed
+		t.Fatalf("publish over TLS: %v", err)
+	}
+	if err := node.StopApp(); err != nil {
+		t.Fatal(err)
+	}
+	waitNode(t, p, testenv.HostPort(plain), 15*time.Second)
+	if err := publish(); err != nil && Kind(err) != "returned" {
+		t.Fatalf("publish on the plain node: %v", err)
 	}
 }

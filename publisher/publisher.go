@@ -223,6 +223,21 @@ func (p *Publisher) Node() string {
 	return p.curNode
 }
 
+// State is the broker connection at one moment.
+type State struct {
+	Node      string // host:port of the node in use; "" when not connected
+	Connected bool
+	Blocked   bool // connection.blocked: a memory or disk alarm
+}
+
+// State returns the connection's state, read at once, so that a report
+// never says "connected" and names no node.
+func (p *Publisher) State() State {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return State{Node: p.curNode, Connected: p.cur != nil, Blocked: p.cur != nil && p.cur.blocked.Load()}
+}
+
 // Nodes are the nodes (host:port) in the order they are tried.
 func (p *Publisher) Nodes() []string {
 	out := make([]string, len(p.nodes))
@@ -381,7 +396,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 	// Collect what is settled; give up on each at its timeout, on all at a stop.
 	timeout := time.NewTimer(p.opt.ConfirmTimeout)
 	defer timeout.Stop()
-	stopped := false
+	stopped, silent := false, false
 	for i, w := range ws {
 	wait:
 		for !stopped {
@@ -405,6 +420,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 			errs[i] = ErrTimeout
 			if stopped {
 				errs[i] = ErrStopped
+			} else {
+				silent = true // its confirm deadline passed: no answer for the timeout
 			}
 			s.forget(w)
 		}
@@ -414,11 +431,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 	// channel is given up: a connection can look alive (heartbeats flow)
 	// while its channel never confirms again, as one on a cluster node
 	// still sending to a quorum queue leader that was cut off from it.
-	for _, err := range errs {
-		if err == ErrTimeout && !s.blocked.Load() {
-			s.giveUp(&LostError{Reason: fmt.Sprintf("no confirm on the channel for %s (confirm timeout): replacing the connection", p.opt.ConfirmTimeout)})
-			break
-		}
+	// (A slot not freed within the timeout is no such sign: answers may
+	// still be coming, only slowly.)
+	if silent && !s.blocked.Load() {
+		s.giveUp(&LostError{Reason: fmt.Sprintf("no confirm on the channel for %s (confirm timeout): replacing the connection", p.opt.ConfirmTimeout)})
 	}
 	return errs
 }

@@ -301,6 +301,7 @@ func TestPublishTimesOutWhenBrokerStopsAnswering(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = Message{Exchange: ex, RoutingKey: "k", Body: []byte(fmt.Sprint(i)), MessageID: fmt.Sprint(i), DueMs: 1}
 	}
+	before, _ := p.session()
 	res := make(chan []error, 1)
 	go func() { res <- p.Publish(context.Background(), msgs) }()
 	select {
@@ -309,6 +310,12 @@ func TestPublishTimesOutWhenBrokerStopsAnswering(t *testing.T) {
 			if Kind(err) != "timeout" {
 				t.Errorf("message %d under the alarm: %v (kind %s), want a timeout", i, err, Kind(err))
 			}
+		}
+		// The broker said why it does not answer: the connection is kept
+		// (a new one would be blocked all the same).
+		time.Sleep(200 * time.Millisecond)
+		if after, _ := p.session(); after != before {
+			t.Error("the connection was replaced under the alarm")
 		}
 	case <-time.After(10 * timeout):
 		if err := node.ClearAlarm("memory"); err != nil {

@@ -65,7 +65,8 @@ type session struct {
 	onBlocked func(amqp.Blocking)
 	blockNote chan amqp.Blocking // the latest one onBlocked has not heard yet
 
-	slots    chan struct{} // one per publish sent and not yet answered
+	gaveUp   atomic.Pointer[LostError] // why giveUp ended the session, if it did
+	slots    chan struct{}             // one per publish sent and not yet answered
 	answered atomic.Int64  // when the latest answer came, as time since started
 
 	pubMu sync.Mutex // serializes publishes so delivery tags match waiters
@@ -294,9 +295,9 @@ func (s *session) confirmLoop(confirms <-chan amqp.Confirmation, returns <-chan 
 				// closes the confirms channel: pick it up if it is there.
 				select {
 				case e := <-chClose:
-					s.shutdown(s.channelClosed(e))
+					s.shutdown(s.end(s.channelClosed(e)))
 				default:
-					s.shutdown(&LostError{Reason: "channel closed"})
+					s.shutdown(s.end(&LostError{Reason: "channel closed"}))
 				}
 				return
 			}
@@ -304,7 +305,7 @@ func (s *session) confirmLoop(confirms <-chan amqp.Confirmation, returns <-chan 
 			s.confirm(c)
 		case e := <-chClose:
 			s.drain(confirms, returns)
-			s.shutdown(s.channelClosed(e))
+			s.shutdown(s.end(s.channelClosed(e)))
 			return
 		case e := <-connClose:
 			s.drain(confirms, returns)
@@ -312,7 +313,7 @@ func (s *session) confirmLoop(confirms <-chan amqp.Confirmation, returns <-chan 
 			if e != nil {
 				reason = e.Error()
 			}
-			s.shutdown(&LostError{Reason: reason})
+			s.shutdown(s.end(&LostError{Reason: reason}))
 			return
 		case b, ok := <-blocked:
 			if !ok {
@@ -435,14 +436,20 @@ func (s *session) confirm(c amqp.Confirmation) {
 	}
 }
 
-// giveUp ends the session from outside its confirm loop: every waiting
-// publish fails with err, and closing the connection ends the loop, so
-// the publisher connects anew.
-func (s *session) giveUp(err error) {
-	s.spawn(func() {
-		s.shutdown(err)
-		_ = s.conn.CloseDeadline(time.Now().Add(time.Second))
-	})
+// giveUp ends the session from outside its confirm loop: closing the
+// connection ends the loop, which settles what was answered meanwhile
+// (drain) and fails the rest with err; the publisher then connects anew.
+func (s *session) giveUp(err *LostError) {
+	s.gaveUp.CompareAndSwap(nil, err)
+	s.spawn(func() { _ = s.conn.CloseDeadline(time.Now().Add(time.Second)) })
+}
+
+// end is err, unless giveUp ended the session: then its reason.
+func (s *session) end(err error) error {
+	if g := s.gaveUp.Load(); g != nil {
+		return g
+	}
+	return err
 }
 
 // shutdown fails every waiting publish with err; later publishes fail at once.

@@ -53,7 +53,8 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
-		problems := st.problems(ctx)
+		broker := st.pub.State()
+		problems := st.problems(ctx, broker)
 		problems = append(problems, st.mon.Stalls()...)
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -63,7 +64,7 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 			return
 		}
 		fmt.Fprintln(w, "ready")
-		fmt.Fprintln(w, "broker: connected to node", st.pub.Node())
+		fmt.Fprintln(w, "broker: connected to node", broker.Node)
 	})
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -199,12 +200,12 @@ func (st status) redisProblems(ctx context.Context) []string {
 
 // problems lists what keeps the instance from dispatching: Redis primaries
 // down or refusing the scripts, the broker not connected or blocking.
-func (st status) problems(ctx context.Context) []string {
+func (st status) problems(ctx context.Context, broker publisher.State) []string {
 	problems := st.redisProblems(ctx)
 	switch {
-	case st.pub.Blocked():
-		problems = append(problems, "broker: node "+st.pub.Node()+" blocks publishes (memory or disk alarm)")
-	case !st.pub.Ready():
+	case broker.Blocked:
+		problems = append(problems, "broker: node "+broker.Node+" blocks publishes (memory or disk alarm)")
+	case !broker.Connected:
 		problems = append(problems, "broker: not connected (nodes: "+strings.Join(st.pub.Nodes(), ", ")+")")
 	}
 	return problems
@@ -214,7 +215,8 @@ func (st status) problems(ctx context.Context) []string {
 func (st status) pageData(ctx context.Context) statuspage.Data {
 	d := st.page
 	d.Now = time.Now()
-	d.Broker.Connected, d.Broker.Blocked, d.Broker.Node = st.pub.Ready(), st.pub.Blocked(), st.pub.Node()
+	b := st.pub.State()
+	d.Broker.Connected, d.Broker.Blocked, d.Broker.Node = b.Connected && !b.Blocked, b.Blocked, b.Node
 	d.Redis.Problems = st.redisProblems(ctx)
 	d.Queues = st.mon.Views(ctx)
 	d.Stalls = st.mon.Stalls()

@@ -146,7 +146,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stopPub()
 	var pubDone sync.WaitGroup
 	pubDone.Add(1)
-	go func() { defer pubDone.Done(); _ = pub.Run(pubCtx) }()
+	go func() {
+		defer pubDone.Done()
+		if err := pub.Run(pubCtx); err != nil {
+			log.Error("publisher stopped", "err", err)
+		}
+	}()
 
 	// One id for the whole process: the status page and `dispatcher stats`
 	// show it as the holder of the queues' sweeper role.

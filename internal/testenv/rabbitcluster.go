@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +39,29 @@ var (
 	sharedClusterOnce sync.Once
 	sharedCluster     *RabbitCluster
 	sharedClusterErr  error
+	clusterLock       *os.File // held while this test binary's cluster runs
 )
+
+// lockCluster waits until no other test binary on the machine runs a
+// cluster: `go test ./...` runs packages in parallel, and two clusters of
+// three nodes on two cores would starve each other and every test beside
+// them. The kernel drops the lock if the binary dies.
+func lockCluster(t testing.TB) error {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "dispatcher-rabbit-cluster.lock"), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return fmt.Errorf("cluster lock: %w", err)
+	}
+	began := time.Now()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return fmt.Errorf("cluster lock: %w", err)
+	}
+	if waited := time.Since(began); waited > time.Second {
+		t.Logf("waited %s for another test binary's RabbitMQ cluster to stop", waited.Round(time.Second))
+	}
+	clusterLock = f
+	return nil
+}
 
 // SharedRabbitCluster returns the cluster shared by the tests of this test
 // binary, starting it on first use. Tests run one after another on it; when
@@ -46,7 +71,11 @@ var (
 // (parent-death signal).
 func SharedRabbitCluster(t testing.TB) *RabbitCluster {
 	t.Helper()
-	sharedClusterOnce.Do(func() { sharedCluster, sharedClusterErr = startRabbitCluster(t) })
+	sharedClusterOnce.Do(func() {
+		if sharedClusterErr = lockCluster(t); sharedClusterErr == nil {
+			sharedCluster, sharedClusterErr = startRabbitCluster(t)
+		}
+	})
 	if sharedClusterErr != nil {
 		t.Fatalf("private RabbitMQ cluster: %v", sharedClusterErr)
 	}
@@ -64,6 +93,9 @@ func SharedRabbitCluster(t testing.TB) *RabbitCluster {
 func StopSharedRabbitCluster() {
 	if sharedCluster != nil {
 		sharedCluster.stop()
+	}
+	if clusterLock != nil {
+		clusterLock.Close() // releases the lock
 	}
 }
 
