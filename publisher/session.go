@@ -67,7 +67,7 @@ type session struct {
 
 	gaveUp   atomic.Pointer[LostError] // why giveUp ended the session, if it did
 	slots    chan struct{}             // one per publish sent and not yet answered
-	answered atomic.Int64  // when the latest answer came, as time since started
+	answered atomic.Int64              // when the latest answer came, as time since started
 
 	pubMu sync.Mutex // serializes publishes so delivery tags match waiters
 
