@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/internal/tlsfiles"
@@ -232,4 +233,50 @@ func TestMixedSchemesFailover(t *testing.T) {
 	if err := publish(); err != nil && Kind(err) != "returned" {
 		t.Fatalf("publish on the plain node: %v", err)
 	}
+}
+
+// A channel whose publishes are all nacked for a whole confirm timeout is
+// given up too: the cluster tests saw a channel nack every publish for
+// minutes while its quorum queue had a new leader elsewhere. Here a queue
+// that rejects every publish (x-max-length 0, reject-publish) makes the
+// broker nack; the publisher moves to the next node once no ack came for
+// the timeout, and not before.
+func TestNackingChannelReplaced(t *testing.T) {
+	conn := testenv.AMQP(t)
+	ex := testenv.Name(t)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(ex, "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "full", ex, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	live := testenv.AMQPURL(t)
+	proxy := newNetProxy(t, testenv.HostPort(live))
+	first := proxy.url(live)
+	const timeout = time.Second
+	p := runPublisherWith(t, Options{URLs: []string{first, live}, Exchanges: []string{ex}, ConfirmTimeout: timeout})
+	began := time.Now()
+	for time.Since(began) < timeout {
+		errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "full", Body: []byte("x"), MessageID: "x", DueMs: 1}})
+		if Kind(errs[0]) != "nack" {
+			t.Fatalf("publish to the full queue: %v, want a nack", errs[0])
+		}
+		if p.Node() != testenv.HostPort(first) {
+			t.Fatalf("left the node %s after nacks for only %s", first, time.Since(began).Round(time.Millisecond))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// One more nack, now past the timeout without an ack.
+	if errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "full", Body: []byte("x"), MessageID: "x", DueMs: 1}}); Kind(errs[0]) != "nack" {
+		t.Fatalf("publish to the full queue: %v, want a nack", errs[0])
+	}
+	waitNode(t, p, testenv.HostPort(live), 5*time.Second)
 }

@@ -396,7 +396,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 	// Collect what is settled; give up on each at its timeout, on all at a stop.
 	timeout := time.NewTimer(p.opt.ConfirmTimeout)
 	defer timeout.Stop()
-	stopped, silent := false, false
+	stopped, failed := false, false
 	for i, w := range ws {
 	wait:
 		for !stopped {
@@ -416,25 +416,28 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 		select {
 		case <-w.done:
 			errs[i] = w.err
+			failed = failed || w.err == ErrNacked
 		default:
 			errs[i] = ErrTimeout
 			if stopped {
 				errs[i] = ErrStopped
 			} else {
-				silent = true // its confirm deadline passed: no answer for the timeout
+				failed = true // its confirm deadline passed: no answer for the timeout
 			}
 			s.forget(w)
 		}
 	}
-	// A timeout means the channel answered nothing for a whole confirm
-	// timeout. Unless the broker said it blocks us (an alarm), the
-	// channel is given up: a connection can look alive (heartbeats flow)
-	// while its channel never confirms again, as one on a cluster node
-	// still sending to a quorum queue leader that was cut off from it.
-	// (A slot not freed within the timeout is no such sign: answers may
-	// still be coming, only slowly.)
-	if silent && !s.blocked.Load() {
-		s.giveUp(&LostError{Reason: fmt.Sprintf("no confirm on the channel for %s (confirm timeout): replacing the connection", p.opt.ConfirmTimeout)})
+	// A channel that confirmed nothing for a whole confirm timeout, its
+	// publishes timing out or nacked, is given up unless the broker said
+	// it blocks us (an alarm): a connection can look alive (heartbeats
+	// flow) while its channel never confirms again. The cluster tests
+	// found one: a channel opened on a surviving node while a quorum
+	// queue elected a new leader kept talking to the old, dead one; its
+	// publishes were nacked, or never answered, for minutes. A new
+	// connection finds the new leader. (A slot not freed within the
+	// timeout is no such sign: answers may still be coming, only slowly.)
+	if failed && !s.blocked.Load() && s.sinceAck() >= p.opt.ConfirmTimeout {
+		s.giveUp(&LostError{Reason: fmt.Sprintf("the channel confirmed nothing for %s (publishes nacked or unanswered): replacing the connection", p.opt.ConfirmTimeout)})
 	}
 	return errs
 }

@@ -68,6 +68,7 @@ type session struct {
 	gaveUp   atomic.Pointer[LostError] // why giveUp ended the session, if it did
 	slots    chan struct{}             // one per publish sent and not yet answered
 	answered atomic.Int64              // when the latest answer came, as time since started
+	acked    atomic.Int64              // when the latest ack came (0: none yet), likewise
 
 	pubMu sync.Mutex // serializes publishes so delivery tags match waiters
 
@@ -416,6 +417,9 @@ func (s *session) channelClosed(e *amqp.Error) error {
 
 func (s *session) confirm(c amqp.Confirmation) {
 	s.answered.Store(int64(time.Since(s.started)))
+	if c.Ack {
+		s.acked.Store(int64(time.Since(s.started)))
+	}
 	s.release()
 	s.mu.Lock()
 	w := s.pending[c.DeliveryTag]
@@ -442,6 +446,12 @@ func (s *session) confirm(c amqp.Confirmation) {
 func (s *session) giveUp(err *LostError) {
 	s.gaveUp.CompareAndSwap(nil, err)
 	s.spawn(func() { _ = s.conn.CloseDeadline(time.Now().Add(time.Second)) })
+}
+
+// sinceAck is how long the channel has confirmed nothing: since its latest
+// ack, or since it started.
+func (s *session) sinceAck() time.Duration {
+	return time.Since(s.started.Add(time.Duration(s.acked.Load())))
 }
 
 // end is err, unless giveUp ended the session: then its reason.

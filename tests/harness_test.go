@@ -171,8 +171,10 @@ type harness struct {
 	queues []queueSpec
 	got    map[string]<-chan amqp.Delivery
 	extra  map[string]string
-	// delivered is what the last verify collected, duplicates included.
-	delivered []received
+	mu     sync.Mutex
+	// delivered is what the last verify of each queue collected,
+	// duplicates included (verify may run for several queues at once).
+	delivered map[string][]received
 }
 
 func newHarness(t testing.TB, queues ...queueSpec) *harness {
@@ -187,7 +189,7 @@ func newHarness(t testing.TB, queues ...queueSpec) *harness {
 func newHarnessOn(t testing.TB, rdb redis.UniversalClient, queues ...queueSpec) *harness {
 	t.Helper()
 	h := &harness{t: t, prefix: testenv.Name(t), rdb: rdb, conn: testenv.AMQP(t),
-		got: map[string]<-chan amqp.Delivery{}, extra: map[string]string{}}
+		got: map[string]<-chan amqp.Delivery{}, extra: map[string]string{}, delivered: map[string][]received{}}
 	if c, ok := rdb.(*redis.Client); ok {
 		testenv.CleanRedis(t, c, h.prefix) // a private cluster goes with its test
 	}

@@ -157,7 +157,7 @@ func testClusterNodeLoss(t *testing.T, kill bool) {
 	// marks the switch. (stop_app's own start takes a second or two, so
 	// the loss is timed by the dispatcher's log, and the kill by the test.)
 	noticed := lostLogged(t, r.p.out.String(), first)
-	switched, ok := firstPublishAfter(r.h.delivered, noticed)
+	switched, ok := firstPublishAfter(r.h.delivered["failover"], noticed)
 	now := r.node(t)
 	t.Logf("CLUSTER %s: node %s lost (fault began at +%s, seen by the dispatcher %s later); first confirmed publish on %s %s after that; scheduled=%d delivered=%d missing=%d duplicates=%d worst_late_ms=%d",
 		t.Name(), first, lost.Sub(from).Round(time.Millisecond), noticed.Sub(lost).Round(time.Millisecond), now, switched.Round(time.Millisecond),
@@ -226,7 +226,7 @@ func TestClusterPartition(t *testing.T) {
 
 	})
 	noticed := lostLogged(t, r.p.out.String(), first)
-	switched, ok := firstPublishAfter(r.h.delivered, noticed)
+	switched, ok := firstPublishAfter(r.h.delivered["partition"], noticed)
 	now := r.node(t)
 	unconfirmed := 0.0
 	for _, kind := range []string{"lost", "timeout", "nack"} {

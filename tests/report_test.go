@@ -21,7 +21,9 @@ type outcome struct {
 func (h *harness) verify(queue string, want map[string]int64, timeout time.Duration, maxDups int) outcome {
 	h.t.Helper()
 	got := h.collect(queue, len(want), timeout)
-	h.delivered = got
+	h.mu.Lock()
+	h.delivered[queue] = got
+	h.mu.Unlock()
 	ids, dups := countIDs(got)
 	miss := missing(want, ids)
 	o := outcome{Scheduled: len(want), Delivered: len(ids), Missing: len(miss), Duplicates: dups}
