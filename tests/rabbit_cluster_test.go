@@ -100,6 +100,10 @@ func firstPublishAfter(rs []received, t0 time.Time) (time.Duration, bool) {
 	return best, best >= 0
 }
 
+// givenUp counts the channels the dispatcher gave up because they
+// confirmed nothing (a stale quorum queue leader, say).
+func givenUp(p *proc) int { return strings.Count(p.out.String(), "replacing the connection") }
+
 // lostLogged is when the dispatcher logged that its connection to node
 // was lost (the log's time= field).
 func lostLogged(t testing.TB, out, node string) time.Time {
@@ -159,9 +163,9 @@ func testClusterNodeLoss(t *testing.T, kill bool) {
 	noticed := lostLogged(t, r.p.out.String(), first)
 	switched, ok := firstPublishAfter(r.h.delivered["failover"], noticed)
 	now := r.node(t)
-	t.Logf("CLUSTER %s: node %s lost (fault began at +%s, seen by the dispatcher %s later); first confirmed publish on %s %s after that; scheduled=%d delivered=%d missing=%d duplicates=%d worst_late_ms=%d",
+	t.Logf("CLUSTER %s: node %s lost (fault began at +%s, seen by the dispatcher %s later); first confirmed publish on %s %s after that; channels given up %d; scheduled=%d delivered=%d missing=%d duplicates=%d worst_late_ms=%d",
 		t.Name(), first, lost.Sub(from).Round(time.Millisecond), noticed.Sub(lost).Round(time.Millisecond), now, switched.Round(time.Millisecond),
-		o.Scheduled, o.Delivered, o.Missing, o.Duplicates, o.WorstLate.Milliseconds())
+		givenUp(r.p), o.Scheduled, o.Delivered, o.Missing, o.Duplicates, o.WorstLate.Milliseconds())
 	if now == first {
 		t.Errorf("still connected to the lost node %s", first)
 	}
@@ -233,8 +237,8 @@ func TestClusterPartition(t *testing.T) {
 		v, _ := tryMetric(r.addr, fmt.Sprintf("dispatcher_errors_total{kind=%q,queue=%q}", kind, "partition"))
 		unconfirmed += v
 	}
-	t.Logf("CLUSTER %s: node %s isolated at +%s, seen lost by the dispatcher %s later; first confirmed publish on %s %s after that; publishes not confirmed (lost, timeout, nack) %v; scheduled=%d delivered=%d missing=%d duplicates=%d worst_late_ms=%d",
-		t.Name(), first, cut.Sub(from).Round(time.Millisecond), noticed.Sub(cut).Round(time.Millisecond), now, switched.Round(time.Millisecond), unconfirmed,
+	t.Logf("CLUSTER %s: node %s isolated at +%s, seen lost by the dispatcher %s later; first confirmed publish on %s %s after that; channels given up %d; publishes not confirmed (lost, timeout, nack) %v; scheduled=%d delivered=%d missing=%d duplicates=%d worst_late_ms=%d",
+		t.Name(), first, cut.Sub(from).Round(time.Millisecond), noticed.Sub(cut).Round(time.Millisecond), now, switched.Round(time.Millisecond), givenUp(r.p), unconfirmed,
 		o.Scheduled, o.Delivered, o.Missing, o.Duplicates, o.WorstLate.Milliseconds())
 	if now == first {
 		t.Errorf("still connected to the isolated node %s", first)
