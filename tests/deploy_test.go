@@ -32,6 +32,7 @@ var wantAlerts = []string{
 	"DispatcherDeadLettersGrowing",
 	"DispatcherBrokerBlocked",
 	"DispatcherBrokerDisconnected",
+	"DispatcherBrokerNodeFlapping",
 	"DispatcherNoSweeper",
 	"DispatcherInstanceDown",
 	"DispatcherAllInstancesDown",
