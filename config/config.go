@@ -343,7 +343,7 @@ func validTLS(name, url, scheme string, f tlsfiles.Files) error {
 	}
 	if !strings.HasPrefix(strings.ToLower(url), scheme) {
 		return &Error{Var: first, Value: value,
-			Reason: fmt.Sprintf("TLS files are set but %s is not a %s URL", v("URL"), scheme+"://")}
+			Reason: fmt.Sprintf("TLS files are set but %s holds no %s URL", v("URL"), scheme+"://")}
 	}
 	if (f.Cert == "") != (f.Key == "") {
 		return &Error{Var: first, Value: value, Reason: fmt.Sprintf("%s and %s must be set together", v("CERT_FILE"), v("KEY_FILE"))}
