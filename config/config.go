@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -388,22 +387,14 @@ const (
 	NodeOrderListed  = "listed"
 )
 
-// urlStartRE finds where each URL of a list begins: a comma only splits
-// the list where a URL follows it, so a comma in a password (allowed
-// unencoded in user info) stays in its URL instead of cutting it in two
-// and showing half the password as a "URL" in an error.
-var urlStartRE = regexp.MustCompile(`(?i),\s*amqps?://`)
-
 // SplitAMQPURLs splits a DISPATCHER_AMQP_URL value into its URLs,
-// trimmed of spaces.
+// trimmed of spaces (see redact.SplitList).
 func SplitAMQPURLs(list string) []string {
-	var out []string
-	start := 0
-	for _, m := range urlStartRE.FindAllStringIndex(list, -1) {
-		out = append(out, strings.TrimSpace(list[start:m[0]]))
-		start = m[0] + 1
+	out := redact.SplitList(list)
+	for i, u := range out {
+		out[i] = strings.TrimSpace(u)
 	}
-	return append(out, strings.TrimSpace(list[start:]))
+	return out
 }
 
 // AMQPURLs are the broker nodes' URLs, as listed.

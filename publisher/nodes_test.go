@@ -38,6 +38,23 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// twoNodes are two nodes for failover tests, both the shared broker: first
+// reached through a proxy the test can cut or silence, then live, reached
+// directly.
+func twoNodes(t *testing.T) (proxy *netProxy, first, live string) {
+	t.Helper()
+	live = testenv.AMQPURL(t)
+	proxy = newNetProxy(t, testenv.HostPort(live))
+	return proxy, proxy.url(live), live
+}
+
+// boundExchange is a new exchange with a consumer of routing key "bound".
+func boundExchange(t *testing.T) (string, <-chan amqp.Delivery) {
+	t.Helper()
+	ex := testenv.Name(t)
+	return ex, testenv.Consumer(t, testenv.AMQP(t), ex, "bound")
+}
+
 // The first node of the list is dead: the publisher goes on to the next
 // at once and connects there. No switch is counted: it never had a node.
 func TestFirstNodeDead(t *testing.T) {
@@ -48,7 +65,7 @@ func TestFirstNodeDead(t *testing.T) {
 		URLs:    []string{"amqp://guest:s3cr3t@127.0.0.1:1/", live},
 		Metrics: NewMetrics(reg), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
-	if got, want := p.Node(), testenv.HostPort(live); got != want {
+	if got, want := p.State().Node, testenv.HostPort(live); got != want {
 		t.Fatalf("Node() = %q, want %q", got, want)
 	}
 	if n := testutil.ToFloat64(p.opt.Metrics.switches); n != 0 {
@@ -73,26 +90,22 @@ func TestFirstNodeDead(t *testing.T) {
 // close): the publisher connects to the next node, says so in its log and
 // metrics, and publishes there.
 func TestNodeFailover(t *testing.T) {
-	conn := testenv.AMQP(t)
-	ex := testenv.Name(t)
-	got := testenv.Consumer(t, conn, ex, "bound")
-	live := testenv.AMQPURL(t)
-	proxy := newNetProxy(t, testenv.HostPort(live))
-	first := proxy.url(live)
+	ex, got := boundExchange(t)
+	proxy, first, live := twoNodes(t)
 	reg := prometheus.NewRegistry()
 	var logs lockedBuffer
 	p := runPublisherWith(t, Options{
 		URLs: []string{first, live}, Exchanges: []string{ex}, ConfirmTimeout: 5 * time.Second,
 		Metrics: NewMetrics(reg), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
-	if got, want := p.Node(), testenv.HostPort(first); got != want {
+	if got, want := p.State().Node, testenv.HostPort(first); got != want {
 		t.Fatalf("Node() = %q, want the first node %q", got, want)
 	}
 	publishOne := func(id string) {
 		t.Helper()
 		errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "bound", Body: []byte(id), MessageID: id, DueMs: 1}})
 		if errs[0] != nil {
-			t.Fatalf("publish %s on %s: %v", id, p.Node(), errs[0])
+			t.Fatalf("publish %s on %s: %v", id, p.State().Node, errs[0])
 		}
 		select {
 		case d := <-got:
@@ -132,9 +145,9 @@ func TestNodeFailover(t *testing.T) {
 func waitNode(t *testing.T, p *Publisher, node string, within time.Duration) {
 	t.Helper()
 	from := time.Now()
-	for p.Node() != node {
+	for p.State().Node != node {
 		if time.Since(from) > within {
-			t.Fatalf("still on %q %s later, want %s", p.Node(), within, node)
+			t.Fatalf("still on %q %s later, want %s", p.State().Node, within, node)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -172,12 +185,8 @@ func TestShuffledSpreads(t *testing.T) {
 // out publish after publish on it until a heartbeat fails, which may be
 // never.
 func TestSilentChannelReplaced(t *testing.T) {
-	conn := testenv.AMQP(t)
-	ex := testenv.Name(t)
-	got := testenv.Consumer(t, conn, ex, "bound")
-	live := testenv.AMQPURL(t)
-	proxy := newNetProxy(t, testenv.HostPort(live))
-	first := proxy.url(live)
+	ex, got := boundExchange(t)
+	proxy, first, live := twoNodes(t)
 	p := runPublisherWith(t, Options{URLs: []string{first, live}, Exchanges: []string{ex}, ConfirmTimeout: time.Second})
 	// Nothing comes back from the broker any more; heartbeats included,
 	// but they would take 15 s (3 × half the 10 s heartbeat) to tell.
@@ -217,7 +226,7 @@ func TestMixedSchemesFailover(t *testing.T) {
 	p := runPublisherWith(t, Options{
 		URLs: []string{node.AMQPSURL("guest", "guest"), plain}, TLS: tlsCfg, Exchanges: []string{ex}, ConfirmTimeout: 5 * time.Second,
 	})
-	if got, want := p.Node(), "localhost:"+strconv.Itoa(node.TLSPort); got != want {
+	if got, want := p.State().Node, "localhost:"+strconv.Itoa(node.TLSPort); got != want {
 		t.Fatalf("Node() = %q, want the amqps:// node %q", got, want)
 	}
 	publish := func() error {
@@ -258,9 +267,7 @@ func TestNackingChannelReplaced(t *testing.T) {
 	if err := ch.QueueBind(q.Name, "full", ex, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	live := testenv.AMQPURL(t)
-	proxy := newNetProxy(t, testenv.HostPort(live))
-	first := proxy.url(live)
+	_, first, live := twoNodes(t)
 	const timeout = time.Second
 	p := runPublisherWith(t, Options{URLs: []string{first, live}, Exchanges: []string{ex}, ConfirmTimeout: timeout})
 	began := time.Now()
@@ -269,7 +276,7 @@ func TestNackingChannelReplaced(t *testing.T) {
 		if Kind(errs[0]) != "nack" {
 			t.Fatalf("publish to the full queue: %v, want a nack", errs[0])
 		}
-		if p.Node() != testenv.HostPort(first) {
+		if p.State().Node != testenv.HostPort(first) {
 			t.Fatalf("left the node %s after nacks for only %s", first, time.Since(began).Round(time.Millisecond))
 		}
 		time.Sleep(100 * time.Millisecond)

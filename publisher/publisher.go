@@ -215,14 +215,6 @@ func (p *Publisher) session() (*session, chan struct{}) {
 	return p.cur, p.changed
 }
 
-// Node is the node (host:port) of the connection in use, or "" when none
-// is up.
-func (p *Publisher) Node() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.curNode
-}
-
 // State is the broker connection at one moment.
 type State struct {
 	Node      string // host:port of the node in use; "" when not connected
@@ -250,16 +242,13 @@ func (p *Publisher) Nodes() []string {
 // Ready reports whether a connection is up and the broker is not blocking
 // it (connection.blocked, a memory or disk alarm).
 func (p *Publisher) Ready() bool {
-	s, _ := p.session()
-	return s != nil && !s.blocked.Load()
+	st := p.State()
+	return st.Connected && !st.Blocked
 }
 
 // Blocked reports whether the broker blocks the connection
 // (connection.blocked: a memory or disk alarm).
-func (p *Publisher) Blocked() bool {
-	s, _ := p.session()
-	return s != nil && s.blocked.Load()
-}
+func (p *Publisher) Blocked() bool { return p.State().Blocked }
 
 // blockChanged tells the operator why dispatching stalls: a blocked
 // connection is up, yet nothing can be published on it.

@@ -202,7 +202,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals,
 			page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
-				Broker: statuspage.Broker{URL: redactedURLs(nodes)},
+				Broker: statuspage.Broker{URL: redact.URLs(strings.Join(nodes, ","))},
 				Redis:  statuspage.Redis{URL: redact.URL(cfg.RedisURL), Mode: string(ropt.Mode)},
 			}}, log)
 		if err != nil {
@@ -220,7 +220,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
-	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redactedURLs(nodes), "amqp_node_order", cfg.AMQPNodeOrder)
+	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URLs(strings.Join(nodes, ",")), "amqp_node_order", cfg.AMQPNodeOrder)
 	logShardPlacement(ctx, rdb, cfg, log)
 
 	<-ctx.Done()
@@ -350,13 +350,4 @@ func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
 	l.last[format] = time.Now()
 	l.mu.Unlock()
 	l.log.Warn(redact.String(fmt.Sprintf(format, v...)))
-}
-
-// redactedURLs shows a list of URLs, each with its password hidden.
-func redactedURLs(urls []string) string {
-	out := make([]string, len(urls))
-	for i, u := range urls {
-		out[i] = redact.URL(u)
-	}
-	return strings.Join(out, ",")
 }

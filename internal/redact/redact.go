@@ -26,18 +26,31 @@ func URL(raw string) string { return queryPasswordRE.ReplaceAllString(userinfoUR
 // listStartRE finds where each URL of a comma-separated list begins.
 var listStartRE = regexp.MustCompile(`(?i),\s*[a-z][a-z0-9+.-]*://`)
 
-// URLs hides the passwords of a comma-separated list of URLs (the nodes
-// of DISPATCHER_AMQP_URL), each on its own: URL on the whole list would
-// take everything up to the last '@' for one password and hide the hosts
-// in between. A comma only splits where a URL follows, as the list is read.
-func URLs(list string) string {
+// SplitList splits a comma-separated list of URLs (the nodes of
+// DISPATCHER_AMQP_URL) as written, spaces kept. A comma only splits where
+// a URL follows it, so a comma in a password (allowed unencoded in user
+// info) stays in its URL instead of cutting it in two and showing half
+// the password as a "URL". The settings read the list with it too, so
+// what is redacted is what is read.
+func SplitList(list string) []string {
 	var out []string
 	start := 0
 	for _, m := range listStartRE.FindAllStringIndex(list, -1) {
-		out = append(out, URL(list[start:m[0]]))
+		out = append(out, list[start:m[0]])
 		start = m[0] + 1
 	}
-	return strings.Join(append(out, URL(list[start:])), ",")
+	return append(out, list[start:])
+}
+
+// URLs hides the passwords of a comma-separated list of URLs, each on its
+// own: URL on the whole list would take everything up to the last '@' for
+// one password and hide the hosts in between.
+func URLs(list string) string {
+	parts := SplitList(list)
+	for i, p := range parts {
+		parts[i] = URL(p)
+	}
+	return strings.Join(parts, ",")
 }
 
 // userinfoURL hides the password of one URL, parsed or not: everything
