@@ -80,16 +80,14 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	outstanding := 0
 
 	launch := func(j claimJob) {
-		j.sent = time.Now()
-		s.node(j.node).lastClaim = j.limit > 0
-		s.node(j.node).claiming = true
+		s.started(&j)
 		outstanding++
 		go func() { done <- s.runClaims(ctx, j) }()
 	}
 	finish := func(d claimDone) {
 		outstanding--
+		s.answered(d.job)
 		n := s.node(d.job.node)
-		n.claiming = false
 		batches, full, err := s.absorb(d)
 		held := d.job.slots
 		if len(batches) > 0 {
@@ -220,6 +218,29 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		case <-ctx.Done():
 		}
 		t.Stop()
+	}
+}
+
+// started records that job j is sent: its primary is busy until it answers.
+func (s *Scanner) started(j *claimJob) {
+	j.sent = time.Now()
+	if j.limit > 0 {
+		for _, i := range j.shards {
+			s.inClaim[i] = true
+		}
+	}
+	n := s.node(j.node)
+	n.lastClaim = j.limit > 0
+	n.claiming = true
+}
+
+// answered records that job j's answer came (or its round trip failed).
+func (s *Scanner) answered(j claimJob) {
+	s.node(j.node).claiming = false
+	if j.limit > 0 {
+		for _, i := range j.shards {
+			delete(s.inClaim, i)
+		}
 	}
 }
 
@@ -388,7 +409,10 @@ func (s *Scanner) jobs(ctx context.Context, shards []int, limit, perJob int) []c
 	at := map[string]int{}
 	for _, i := range shards {
 		addr := s.nodeOf(ctx, i)
-		if !s.free(addr, now) {
+		// A shard whose claim is still on its way (on a cluster, to a
+		// primary it may since have left) is in no other claim: both could
+		// carry the token of a lost claim and return the same batch.
+		if !s.free(addr, now) || (limit > 0 && s.inClaim[i]) {
 			continue
 		}
 		n, ok := at[addr]
@@ -598,12 +622,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 	for n, i := range d.job.shards {
 		vals, err := d.vals[n], d.errs[n]
 		if d.job.limit > 0 {
-			if err != nil && !isReply(err) {
-				s.unanswered[i] = d.job.tokens[n]
-				s.known[i] = 0
-			} else {
-				delete(s.unanswered, i)
-			}
+			s.settleToken(i, d.job.tokens[n], vals, err)
 		}
 		switch {
 		case err == nil:
@@ -679,6 +698,27 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		}
 	}
 	return out, full, trouble
+}
+
+// settleToken decides, from a claim's answer, what token shard i's next
+// claim carries. No answer (a timeout, a lost connection): Redis may have
+// run the claim, so the next one carries its token and returns its batch.
+// Only an answer that shows the script compared the token ends that: an
+// error answer (LOADING, NOPERM, MOVED, a wrong-type key, ...) or "paused"
+// means it did not run that far, and a lost claim's token is kept for the
+// claim after it; else its batch would wait out its lease.
+func (s *Scanner) settleToken(i int, token string, vals []any, err error) {
+	if err != nil && !isReply(err) {
+		s.unanswered[i] = token
+		s.known[i] = 0
+		return
+	}
+	if err != nil {
+		return
+	}
+	if c, perr := parseClaimed(vals); perr == nil && !c.paused {
+		delete(s.unanswered, i)
+	}
 }
 
 // claim claims up to BatchSize tasks of each target shard, the way the

@@ -120,6 +120,7 @@ type Scanner struct {
 	known       map[int]int64     // shard -> server ms at which it next needs a claim
 	notedAt     map[int]time.Time // shard -> when a wake-up last told of it
 	unanswered  map[int]string    // shard -> token of a claim whose answer never came
+	inClaim     map[int]bool      // shards whose claim is on its way
 	badUntil    map[int]time.Time
 	nodes       map[string]*nodeState
 	localNext   int       // next shard of the local walk when the balancer is unreachable
@@ -158,7 +159,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
 	_, cluster := rdb.(*redis.ClusterClient)
 	return &Scanner{
-		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{}, unanswered: map[int]string{},
+		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{}, unanswered: map[int]string{}, inClaim: map[int]bool{},
 		offsets: make([]atomic.Int64, opt.Shards), clocked: make([]atomic.Bool, opt.Shards),
 		clockRTT: make([]time.Duration, opt.Shards), clockAt: make([]time.Time, opt.Shards),
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
@@ -443,7 +444,7 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 	ctx := context.Background()
 	for i, at := range s.known {
 		n := s.node(s.nodeOf(ctx, i))
-		if n.claiming || n.until.After(now) {
+		if n.claiming || n.until.After(now) || s.inClaim[i] {
 			continue
 		}
 		if s.rateLimited(now) {
@@ -475,7 +476,7 @@ func (s *Scanner) dueShards(n int) []int {
 	var due []int
 	for i, at := range s.known {
 		addr := s.nodeOf(ctx, i)
-		if at <= s.serverNow(i) && !now.Before(s.badUntil[i]) && s.free(addr, now) && !s.sweepFirst(s.node(addr), now) {
+		if at <= s.serverNow(i) && !s.inClaim[i] && !now.Before(s.badUntil[i]) && s.free(addr, now) && !s.sweepFirst(s.node(addr), now) {
 			due = append(due, i)
 		}
 	}

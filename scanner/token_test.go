@@ -1,0 +1,160 @@
+package scanner
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+)
+
+// The audit's finding 1 (issue 20): a claim that ran in Redis but whose
+// answer was lost keeps its token, so the next claim returns that batch at
+// once rather than after the lease. An error answer to the re-run (or a
+// "paused" answer, given before the script compares tokens) means the
+// re-run did not run: the token must survive it. Each case failed before
+// the fix: the next claim took a fresh token and the 5 tasks waited out
+// their 30 s lease.
+func TestLostClaimTokenSurvivesErrorAnswers(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name          string
+		break_, mend_ func(t *testing.T, s *Scanner)
+	}{
+		{"paused", func(t *testing.T, s *Scanner) {
+			rdb.Set(ctx, s.keys.Paused(0), "1", 0)
+		}, func(t *testing.T, s *Scanner) {
+			rdb.Del(ctx, s.keys.Paused(0))
+		}},
+		{"wrongtype", func(t *testing.T, s *Scanner) {
+			rdb.Set(ctx, s.keys.Attempts(0), "not a hash", 0)
+		}, func(t *testing.T, s *Scanner) {
+			rdb.Del(ctx, s.keys.Attempts(0))
+		}},
+		{"noperm", nil, nil}, // an ACL user briefly without EVALSHA: set up below
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client := rdb
+			if c.name == "noperm" {
+				user := testenv.Name(t)
+				acl := func(rules ...any) {
+					args := append([]any{"ACL", "SETUSER", user}, rules...)
+					if err := rdb.Do(ctx, args...).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				acl("reset", "on", ">pw", "~*", "&*", "+@all")
+				t.Cleanup(func() { rdb.Do(ctx, "ACL", "DELUSER", user) })
+				opt := *rdb.Options()
+				opt.Username, opt.Password = user, "pw"
+				client = redis.NewClient(&opt)
+				t.Cleanup(func() { client.Close() })
+				c.break_ = func(*testing.T, *Scanner) { acl("-evalsha") }
+				c.mend_ = func(*testing.T, *Scanner) { acl("+evalsha") }
+			}
+			s := tokenScanner(t, client)
+			s.unanswered = map[int]string{}
+			due := scheduleDue(t, rdb, s, 5)
+
+			// The claim runs in Redis; its answer is lost on the way back.
+			j := s.jobs(ctx, []int{0}, 10, 1)[0]
+			if d := s.runClaims(ctx, j); d.errs[0] != nil || len(d.vals[0]) != 5+5 {
+				t.Fatalf("first claim: %v %v", d.errs[0], d.vals[0])
+			}
+			s.absorb(claimDone{job: j, vals: make([][]any, 1), errs: []error{errors.New("i/o timeout")},
+				before: make([]time.Time, 1), after: make([]time.Time, 1)})
+
+			// Its re-run meets an error answer, or "paused".
+			c.break_(t, s)
+			if b, _, _ := s.claim(ctx, []int{0}); len(b) != 0 {
+				t.Fatalf("re-run claimed %d batches through the %s answer", len(b), c.name)
+			}
+			c.mend_(t, s)
+
+			got, _, err := s.claim(ctx, []int{0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var entries []string
+			for _, b := range got {
+				for _, task := range b.tasks {
+					entries = append(entries, task.Entry)
+				}
+			}
+			slices.Sort(entries)
+			if !slices.Equal(entries, due) {
+				t.Fatalf("after the %s answer, the next claim returned %v, want the lost claim's batch %v (left to its lease)", c.name, entries, due)
+			}
+		})
+	}
+}
+
+// The audit's finding 2 (issue 20): on Redis Cluster a re-run job can
+// still be on its way to a shard's old primary when the slot map changes;
+// the shard's new primary is free, and a second job built then carried the
+// same token: both returned the same batch, published twice with no lease
+// expired. A shard with a claim on its way is in no other job until that
+// claim answers. The slot move is forced: the job's primary is marked free
+// as the shard's new primary would be.
+func TestClaimTokenNeverInTwoJobs(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	s := tokenScanner(t, rdb)
+	scheduleDue(t, rdb, s, 5)
+	s.unanswered[0] = "lost-token"
+	s.known[0] = 0
+
+	first := s.jobs(ctx, []int{0}, 10, 1)
+	if len(first) != 1 || first[0].tokens[0] != "lost-token" {
+		t.Fatalf("first job %+v, want the lost claim's token", first)
+	}
+	s.started(&first[0])
+	s.node(first[0].node).claiming = false // the slot moved to a free primary
+
+	if due := s.dueShards(4); slices.Contains(due, 0) {
+		t.Errorf("shard 0 is due again while its claim is on its way: %v", due)
+	}
+	for _, j := range s.jobs(ctx, []int{0}, 10, 1) {
+		t.Fatalf("a second job with shard 0 while its claim is on its way: %+v", j)
+	}
+	s.answered(first[0])
+	if again := s.jobs(ctx, []int{0}, 10, 1); len(again) != 1 {
+		t.Fatalf("after the answer, shard 0 is in %d jobs, want 1", len(again))
+	}
+}
+
+func tokenScanner(t *testing.T, rdb *redis.Client) *Scanner {
+	t.Helper()
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, testenv.Redis(t), prefix)
+	return New(rdb, nil, Options{Queue: "q", Shards: 1, KeyPrefix: prefix, BatchSize: 10, Pipeline: 4,
+		PollInterval: 50 * time.Millisecond, Lease: 30 * time.Second, MaxAttempts: 3,
+		RetryMin: time.Second, RetryMax: time.Second})
+}
+
+// scheduleDue adds n tasks to shard 0, due a second ago, and returns the
+// in-flight entries a claim makes of them, sorted.
+func scheduleDue(t *testing.T, rdb *redis.Client, s *Scanner, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := now.UnixMilli() - 1000
+	var entries []string
+	for k := 0; k < n; k++ {
+		m := "task-" + string(rune('a'+k))
+		if err := rdb.ZAdd(ctx, s.keys.Pending(0), redis.Z{Score: float64(due), Member: m}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, EntryOf([]byte(m), due))
+	}
+	slices.Sort(entries)
+	return entries
+}
