@@ -20,7 +20,7 @@ type measurement struct {
 	r      *runner
 	p      Point
 	res    *Result
-	keys   shard.Keys // of the bench queue, the one tasks go to
+	keys   shard.Keys // of the bench queue, the one backlog tasks go to
 	queues []string   // every queue the instances serve, the bench queue first
 	rec    *recorder
 	sink   *sink
@@ -38,12 +38,24 @@ func (r *runner) newMeasurement(p Point, expected int) (*measurement, error) {
 	if p.Mode == modeRate {
 		m.rec.keepDue() // for the start of traffic
 	}
-	sk, err := openSink(r.opt, name, m.rec)
+	// Each queue publishes with its name as routing key: the consumer's
+	// queue is bound with all of them.
+	sk, err := openSink(r.opt, name, m.queues, m.rec)
 	if err != nil {
 		return nil, err
 	}
 	m.sink = sk
 	return m, nil
+}
+
+// queueKeys are the keys of every queue the instances serve, in the
+// order of m.queues (the bench queue's first).
+func (m *measurement) queueKeys() []shard.Keys {
+	out := make([]shard.Keys, len(m.queues))
+	for i, q := range m.queues {
+		out[i] = shard.Keys{Prefix: m.keys.Prefix, Queue: q}
+	}
+	return out
 }
 
 func (m *measurement) spec() instanceSpec {
@@ -127,7 +139,8 @@ func (m *measurement) wait(ctx context.Context, extra func() string) error {
 
 // finish settles the counts, reads Redis's and the instances' figures and
 // stops the instances; before is Redis's counts at the start, ownZadds
-// the ZADDs the bench sent to each shard meanwhile (nil: none), cpu0 the
+// the ZADDs the bench sent to each shard meanwhile (nil: none; indexed
+// as produce returns them, queue by queue), cpu0 the
 // instances' CPU at the start (nil: their whole life).
 func (m *measurement) finish(ctx context.Context, before redisSnap, ownZadds []int64, cpu0 []float64, began time.Time) error {
 	res, rec := m.res, m.rec
@@ -190,14 +203,19 @@ func (m *measurement) finish(ctx context.Context, before redisSnap, ownZadds []i
 
 // redisUse reads Redis's counts now and returns what the point cost Redis
 // since before (taken at began), in all and per primary; ownZadds is what
-// the bench sent to each shard itself (nil: nothing).
+// the bench sent to each shard itself (nil: nothing), indexed q*M+i for
+// shard i of queue q (m.queues' order).
 func (m *measurement) redisUse(ctx context.Context, before redisSnap, ownZadds []int64, began time.Time) (RedisUse, error) {
 	after, err := readCmdStats(ctx, m.r.rdb)
 	if err != nil {
 		return RedisUse{}, err
 	}
 	since := time.Since(began)
-	where := m.r.shardPrimaries(ctx, m.keys, m.p.Shards, after)
+	// Where every shard of every queue is, alike indexed.
+	var where []string
+	for _, keys := range m.queueKeys() {
+		where = append(where, m.r.shardPrimaries(ctx, keys, m.p.Shards, after)...)
+	}
 	own := map[string]map[string]int64{}
 	for s, n := range ownZadds {
 		if n > 0 {

@@ -68,7 +68,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
 	}
-	for _, want := range []string{"| pending N |", "| rate/s |", "| instances | queues | shards | pending |", "Command: `dispatcher bench -redis",
+	for _, want := range []string{"| pending N |", "| rate/s | queues | instances |", "| 500 | 3 | 1 | 4 |", "| instances | queues | shards | pending |", "Command: `dispatcher bench -redis",
 		"Consumer: manual ack of each delivery right after it is recorded, prefetch 200", "| dispatch p50 / p99 / p99.9 / max ms | consumer p50 / p99 / p99.9 / max ms |",
 		"| first 1 s |", "Redis CPU s/10k tasks", "Redis CPU %", "Note: Redis CPU is everything"} {
 		if !strings.Contains(stdout, want) {
@@ -99,7 +99,10 @@ func TestBenchEndToEnd(t *testing.T) {
 	}
 	backlog, rate := rep.Results[0], rep.Results[1]
 	checkResult(t, backlog, 2000)
-	checkResult(t, rate, 1000)
+	checkResult(t, rate, 1000) // over -queues 3: every queue's tasks arrive
+	if backlog.Queues != 0 || rate.Queues != 3 {
+		t.Errorf("queues: backlog %d, rate %d; want 0 (one) and 3", backlog.Queues, rate.Queues)
+	}
 	if backlog.Ratio <= 0 || backlog.Ceiling <= 0 || backlog.StartupMs <= 0 {
 		t.Errorf("backlog: ratio %v, ceiling %v, startup %v ms", backlog.Ratio, backlog.Ceiling, backlog.StartupMs)
 	}
@@ -263,9 +266,11 @@ func TestBenchFailsWhenTasksGoMissing(t *testing.T) {
 	assertCleanedUp(t, rep.RunID)
 }
 
-// A backlog and a rate point against a private Redis Cluster (3 primaries
-// with a replica each): everything arrives, the Redis figures cover every
-// primary, each holding some of the 16 shards, and no key is left on any.
+// A backlog and two rate points (one queue, three) against a private
+// Redis Cluster (3 primaries with a replica each): everything arrives, the
+// Redis figures cover every primary, each holding some of the 16 shards of
+// every queue, the bench's own ZADDs are taken out where they went, and
+// no key is left on any.
 func TestBenchRedisCluster(t *testing.T) {
 	cluster := testenv.StartRedisCluster(t, testenv.ClusterOptions{})
 	dir := t.TempDir()
@@ -273,7 +278,7 @@ func TestBenchRedisCluster(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := Main([]string{"-redis", cluster.URL(), "-amqp", testenv.AMQPURL(t),
 		"-mode", "backlog,rate", "-backlog", "2000", "-window", "1500", "-rate", "500", "-duration", "2s",
-		"-shards", "16", "-batch", "200", "-size", "100", "-queue-type", "transient", "-autoack",
+		"-queues", "1,3", "-shards", "16", "-batch", "200", "-size", "100", "-queue-type", "transient", "-autoack",
 		"-ceiling-count", "1000", "-ceiling-window", "300", "-stall", "20s",
 		"-json", jsonPath, "-dispatcher", binary}, &out, &errOut)
 	t.Logf("stdout:\n%s", out.String())
@@ -284,7 +289,7 @@ func TestBenchRedisCluster(t *testing.T) {
 		t.Errorf("no per-primary table, or not the auto-ack consumer")
 	}
 	rep := readReport(t, jsonPath)
-	if len(rep.Failures) != 0 || len(rep.Results) != 2 {
+	if len(rep.Failures) != 0 || len(rep.Results) != 3 {
 		t.Fatalf("failures %q, %d results", rep.Failures, len(rep.Results))
 	}
 	if rep.Machine.RedisMode != "cluster of 3 primaries" {
@@ -292,6 +297,10 @@ func TestBenchRedisCluster(t *testing.T) {
 	}
 	checkResult(t, rep.Results[0], 1500)
 	checkResult(t, rep.Results[1], 1000)
+	checkResult(t, rep.Results[2], 1000)
+	if rep.Results[2].Queues != 3 {
+		t.Errorf("%s: %d queues", rep.Results[2].Point, rep.Results[2].Queues)
+	}
 	if !rep.Options.AutoAck || rep.Options.Prefetch != 0 {
 		t.Errorf("options: autoack %v, prefetch %d", rep.Options.AutoAck, rep.Options.Prefetch)
 	}
@@ -317,13 +326,15 @@ func TestBenchRedisCluster(t *testing.T) {
 		if u.CPUSeconds == nil || math.Abs(*u.CPUSeconds-cpu) > 1e-9 {
 			t.Errorf("%s: primaries' CPU sums to %v s; total %v", r.Point, cpu, u.CPUSeconds)
 		}
-		if cmds != u.Commands || shards != 16 || zadds != u.Subtracted["zadd"] {
+		if cmds != u.Commands || shards != 16*max(r.Queues, 1) || zadds != u.Subtracted["zadd"] {
 			t.Errorf("%s: primaries sum to %d commands, %d shards, %d ZADDs subtracted; totals %d, %d",
 				r.Point, cmds, shards, zadds, u.Commands, u.Subtracted["zadd"])
 		}
 	}
-	if rep.Results[1].Redis.Subtracted["zadd"] == 0 {
-		t.Errorf("rate: no ZADD subtracted")
+	for _, r := range rep.Results[1:] {
+		if r.Redis.Subtracted["zadd"] == 0 {
+			t.Errorf("%s: no ZADD subtracted", r.Point)
+		}
 	}
 	// No key of the run is left on any primary.
 	ctx := context.Background()

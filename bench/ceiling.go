@@ -67,7 +67,7 @@ func (r *runner) rawPublish(ctx context.Context, size, window int) (*CeilingRun,
 	count := r.opt.CeilingCount
 	name := r.name("ceiling")
 	rec := newRecorder(count, 1, r.earlyUs)
-	sk, err := openSink(r.opt, name, rec)
+	sk, err := openSink(r.opt, name, nil, rec)
 	if err != nil {
 		return nil, err
 	}

@@ -148,10 +148,12 @@ func (l *loader) flushAll(ctx context.Context) error {
 
 // produce schedules rate tasks a second for d, from task 0 on, each with
 // a plain ZADD (no notification) about a second before its due time:
-// task j is due at start + 1s + j/rate. It returns how many ZADD commands
-// it sent to each shard, to be taken out of Redis's counts (on a cluster,
+// task j is due at start + 1s + j/rate, on queue j mod len(queues) (the
+// rate spread evenly over the queues), in its shard of that queue. It
+// returns how many ZADD commands it sent to each shard, indexed q*m+i for
+// shard i of queue q, to be taken out of Redis's counts (on a cluster,
 // out of those of the shard's primary).
-func produce(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, m, size, rate int,
+func produce(ctx context.Context, rdb redis.UniversalClient, queues []shard.Keys, m, size, rate int,
 	d time.Duration, start time.Time, scheduled *atomic.Int64) (zadds []int64, err error) {
 	const ahead = 1000 // ms
 	total := int(int64(rate) * d.Milliseconds() / 1000)
@@ -159,21 +161,22 @@ func produce(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, m,
 	due := func(j int) int64 { return startMs + ahead + int64(j)*1000/int64(rate) }
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	zadds = make([]int64, m)
+	nq := len(queues)
+	zadds = make([]int64, nq*m)
 	var mem []byte
-	byShard := map[int][]any{}
+	byShard := map[int][]any{} // by q*m+i
 	for j := 0; j < total; {
 		horizon := time.Now().UnixMilli() + ahead
 		for ; j < total && due(j) <= horizon; j++ {
 			mem = member(mem, j, size)
-			s := shard.Index(mem, m)
+			s := (j%nq)*m + shard.Index(mem, m)
 			byShard[s] = append(byShard[s], due(j), string(mem))
 		}
 		if len(byShard) > 0 {
 			// A cluster client splits the pipeline by node.
 			pipe := rdb.Pipeline()
 			for s, pairs := range byShard {
-				pipe.Do(ctx, append([]any{"zadd", keys.Pending(s)}, pairs...)...)
+				pipe.Do(ctx, append([]any{"zadd", queues[s/m].Pending(s % m)}, pairs...)...)
 				zadds[s]++
 				delete(byShard, s)
 			}

@@ -35,8 +35,9 @@ type Options struct {
 	Sizes     []int    `json:"sizes"`
 	QueueType string   `json:"queue_type"`
 	Cross     bool     `json:"cross"`
-	// Queues is how many queues the instances of an idle point serve
-	// (list); backlog and rate points serve one.
+	// Queues is how many queues the instances of an idle or rate point
+	// serve (list); backlog points serve one. A rate point spreads its
+	// rate evenly over them.
 	Queues []int `json:"queues"`
 
 	// AutoAck consumes with auto-ack; otherwise (the default) each
@@ -110,7 +111,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.DurationVar(&duration, "duration", 20*time.Second, "rate mode: how long tasks are scheduled")
 	fs.DurationVar(&idle, "idle-duration", 10*time.Second, "idle mode: how long Redis commands are counted")
 	fs.IntVar(&o.IdleTasks, "idle-pending", 0, "idle mode: tasks pending meanwhile, all due in 1 hour")
-	fs.StringVar(&queues, "queues", "1", "idle mode: queues each instance serves, each with the point's shard count, all idle (list)")
+	fs.StringVar(&queues, "queues", "1", "idle and rate modes: queues each instance serves (bench, bench-2, ...), each with the point's shard count, all publishing to the point's one exchange with the queue name as routing key, all bound to the consumer's one queue; idle: all idle; rate: the -rate spread evenly over them, task j on queue j mod Q (list)")
 	fs.StringVar(&instances, "instances", "1", "dispatcher processes (list)")
 	fs.StringVar(&shards, "shards", "16", "shard count M (list)")
 	fs.StringVar(&batches, "batch", "500", "DISPATCHER_BATCH_SIZE (list)")
@@ -244,6 +245,10 @@ Modes:
   rate     -rate tasks/s for -duration, each ZADDed 1s before it is due.
            Besides the whole run, a row for the start of traffic: the
            tasks due in the first second from the earliest task's due time.
+           With -queues Q, the instances serve Q queues (as in idle mode)
+           and the rate is spread evenly over them (-rate 2000 -queues 100:
+           20 tasks/s each; task j goes to queue j mod Q); one consumer
+           queue gets them all, and every figure covers all Q queues.
   idle     K ready instances serving -queues queues (bench, bench-2, ...,
            each with the point's shards), nothing due, for -idle-duration.
 Each list flag is swept on its own around the first values (-cross: every
@@ -256,7 +261,8 @@ Figures:
                    ms; "-" when the dispatcher does not stamp it (an older
                    binary given with -dispatcher)
   consumer         lateness a consumer sees: receipt minus due time
-                   (x-due-ms), ms; also per shard (message_id hash mod M)
+                   (x-due-ms), ms; also per shard (message_id hash mod M;
+                   with -queues, shard i of every queue together)
   Redis cmds/task  INFO commandstats calls over the run (server-wide!) per
                    task, commands run inside Lua scripts included (Redis
                    counts them: it is the server's work); the bench's own

@@ -121,6 +121,51 @@ func TestPlanIdleQueues(t *testing.T) {
 	}
 }
 
+// -queues applies to rate points too (not to backlog ones): swept like
+// any list, and named in the point only when above 1.
+func TestPlanRateQueues(t *testing.T) {
+	o, err := parseOptions([]string{"-mode", "backlog,rate", "-backlog", "1000", "-rate", "2000,1", "-queues", "1,1e2", "-instances", "1,2"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.Queues, []int{1, 100}) {
+		t.Fatalf("queues %v", o.Queues)
+	}
+	var got []string
+	for _, p := range plan(o) {
+		got = append(got, p.String())
+		if p.Mode == modeRate && p.Queues < 1 || p.Mode == modeBacklog && p.Queues != 0 {
+			t.Errorf("%s: %d queues", p, p.Queues)
+		}
+	}
+	want := []string{
+		"backlog N=1,000 due=1,000 instances=1 shards=16 batch=500 size=200",
+		"backlog N=1,000 due=1,000 instances=2 shards=16 batch=500 size=200",
+		"rate 2,000/s instances=1 shards=16 batch=500 size=200",
+		"rate 1/s instances=1 shards=16 batch=500 size=200",
+		"rate 2,000/s instances=2 shards=16 batch=500 size=200",
+		"rate 2,000/s queues=100 instances=1 shards=16 batch=500 size=200",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	o.Cross = true
+	n := 0
+	for _, p := range plan(o) {
+		if p.Mode == modeRate {
+			n++
+		}
+	}
+	if n != 8 {
+		t.Errorf("cross product: %d rate points, want 8", n)
+	}
+	// The JSON of a rate point says how many queues, 1 included.
+	b, err := json.Marshal(Point{Mode: modeRate, Rate: 2000, Instances: 1, Queues: 1, Shards: 16})
+	if err != nil || !strings.Contains(string(b), `"queues":1`) {
+		t.Errorf("rate point JSON %s, %v", b, err)
+	}
+}
+
 func TestPlanSweepsOneListAtATime(t *testing.T) {
 	o, err := parseOptions([]string{"-mode", "backlog,idle", "-backlog", "1e5,1e3,1e7", "-instances", "1,2,4", "-window", "200000"}, io.Discard)
 	if err != nil {

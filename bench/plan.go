@@ -12,7 +12,7 @@ type Point struct {
 	Window    int    `json:"window,omitempty"`  // of which due now (backlog)
 	Rate      int    `json:"rate,omitempty"`    // tasks/s (rate)
 	Instances int    `json:"instances"`
-	Queues    int    `json:"queues,omitempty"` // queues the instances serve (idle); 0 means 1
+	Queues    int    `json:"queues,omitempty"` // queues the instances serve (idle, rate); 0 means 1
 	Shards    int    `json:"shards"`
 	Batch     int    `json:"batch,omitempty"`
 	Size      int    `json:"size"`
@@ -24,18 +24,22 @@ func (p Point) String() string {
 		return fmt.Sprintf("backlog N=%s due=%s instances=%d shards=%d batch=%d size=%d",
 			thousands(p.Backlog), thousands(p.Window), p.Instances, p.Shards, p.Batch, p.Size)
 	case modeRate:
-		return fmt.Sprintf("rate %s/s instances=%d shards=%d batch=%d size=%d",
-			thousands(p.Rate), p.Instances, p.Shards, p.Batch, p.Size)
+		return fmt.Sprintf("rate %s/s%s instances=%d shards=%d batch=%d size=%d",
+			thousands(p.Rate), p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size)
 	default:
 		if p.Instances == 0 {
 			return fmt.Sprintf("idle background (no instance) pending=%s", thousands(p.Backlog))
 		}
-		queues := ""
-		if p.Queues > 1 {
-			queues = fmt.Sprintf(" queues=%d", p.Queues)
-		}
-		return fmt.Sprintf("idle instances=%d%s shards=%d pending=%s", p.Instances, queues, p.Shards, thousands(p.Backlog))
+		return fmt.Sprintf("idle instances=%d%s shards=%d pending=%s", p.Instances, p.queuesText(), p.Shards, thousands(p.Backlog))
 	}
+}
+
+// queuesText is " queues=Q" for more than one queue, else empty.
+func (p Point) queuesText() string {
+	if p.Queues > 1 {
+		return fmt.Sprintf(" queues=%d", p.Queues)
+	}
+	return ""
 }
 
 // plan lists the points to measure, mode by mode. Without cross, the
@@ -50,7 +54,7 @@ func plan(o *Options) []Point {
 		case modeBacklog:
 			dims = [][]int{o.Backlogs, o.Instances, o.Shards, o.Batches, o.Sizes}
 		case modeRate:
-			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes}
+			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes, queuesOr1(o.Queues)}
 		case modeIdle:
 			dims = [][]int{o.Instances, o.Shards, queuesOr1(o.Queues)}
 		}
@@ -69,7 +73,7 @@ func plan(o *Options) []Point {
 					p.Window = min(p.Backlog, o.Window)
 				}
 			case modeRate:
-				p.Rate, p.Instances, p.Shards, p.Batch, p.Size = c[0], c[1], c[2], c[3], c[4]
+				p.Rate, p.Instances, p.Shards, p.Batch, p.Size, p.Queues = c[0], c[1], c[2], c[3], c[4], c[5]
 			case modeIdle:
 				p.Instances, p.Shards, p.Queues = c[0], c[1], c[2]
 				p.Backlog, p.Batch, p.Size = o.IdleTasks, o.Batches[0], o.Sizes[0]

@@ -14,7 +14,8 @@ import (
 const warmUp = 500 * time.Millisecond
 
 // runRate: K ready dispatchers, a producer that only ZADDs rate tasks a
-// second, each a second ahead of its due time; lateness is the headline.
+// second, each a second ahead of its due time, spread evenly over the
+// point's queues; lateness is the headline.
 func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 	d := time.Duration(r.opt.Duration)
 	total := int(int64(p.Rate) * d.Milliseconds() / 1000)
@@ -50,7 +51,7 @@ func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 	waitCtx, stopWaiting := context.WithCancel(ctx)
 	defer stopWaiting()
 	go func() {
-		z, err := produce(ctx, r.rdb, m.keys, p.Shards, p.Size, p.Rate, d, began, &scheduled)
+		z, err := produce(ctx, r.rdb, m.queueKeys(), p.Shards, p.Size, p.Rate, d, began, &scheduled)
 		if err != nil {
 			stopWaiting() // what was not scheduled will not come
 		}

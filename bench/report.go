@@ -57,17 +57,17 @@ func writeTables(w io.Writer, rep *Report) {
 	}
 	if rs := results(rep, modeRate); len(rs) > 0 {
 		fmt.Fprintf(w, "\nSteady rate: each task ZADDed 1 s before its due time, no notification; \"first 1 s\": the tasks due in the first second from the earliest due time (the start of traffic)%s\n\n", consumer)
-		table(w, []string{"rate/s", "instances", "shards", "batch", "size B", "tasks due", "tasks", "dispatch p50 / p99 / p99.9 / max ms",
+		table(w, []string{"rate/s", "queues", "instances", "shards", "batch", "size B", "tasks due", "tasks", "dispatch p50 / p99 / p99.9 / max ms",
 			"consumer p50 / p99 / p99.9 / max ms", "median shard p99 ms (consumer)", "worst shard p99 ms (consumer)", "Redis cmds/task",
 			"CPU s/10k tasks", "Redis CPU s/10k tasks", "peak RSS MB", "dups", "missing"}, func(add func(...string)) {
 			for _, r := range rs {
-				add(thousands(r.Rate), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), "whole run", thousands(r.Delivered),
+				add(thousands(r.Rate), itoa(max(r.Queues, 1)), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), "whole run", thousands(r.Delivered),
 					latCell(r.DispatchLateness), latCell(&r.Lateness),
 					fmtMs(r.ShardP99Median), fmtMs(r.ShardP99Worst), fmt.Sprintf("%.2f", r.CmdsPerTask),
 					fmt.Sprintf("%.2f", r.CPUPer10k), fmtOpt(r.RedisCPUPer10k, "%.2f"), fmt.Sprintf("%.0f", r.PeakRSSMB),
 					thousands(int(r.Duplicates)), thousands(r.Missing))
 				if f := r.FirstSecond; f != nil {
-					add(thousands(r.Rate), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), "first 1 s", thousands(f.Tasks),
+					add(thousands(r.Rate), itoa(max(r.Queues, 1)), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), "first 1 s", thousands(f.Tasks),
 						latCell(f.DispatchLateness), latCell(&f.Lateness), "", "", "", "", "", "", "", "")
 				}
 			}
@@ -193,7 +193,8 @@ func perPrimary(rep *Report) bool {
 }
 
 // results returns the mode's results ordered for reading: by instances,
-// shards, batch, size, then backlog or rate (the JSON keeps run order).
+// shards, batch, size, then backlog or rate, then queues (the JSON keeps
+// run order).
 func results(rep *Report, mode string) []*Result {
 	var out []*Result
 	for _, r := range rep.Results {
@@ -203,7 +204,7 @@ func results(rep *Report, mode string) []*Result {
 	}
 	slices.SortStableFunc(out, func(a, b *Result) int {
 		return cmp.Or(cmp.Compare(a.Instances, b.Instances), cmp.Compare(a.Shards, b.Shards), cmp.Compare(a.Batch, b.Batch),
-			cmp.Compare(a.Size, b.Size), cmp.Compare(a.Backlog, b.Backlog), cmp.Compare(a.Rate, b.Rate))
+			cmp.Compare(a.Size, b.Size), cmp.Compare(a.Backlog, b.Backlog), cmp.Compare(a.Rate, b.Rate), cmp.Compare(max(a.Queues, 1), max(b.Queues, 1)))
 	})
 	return out
 }

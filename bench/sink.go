@@ -12,7 +12,7 @@ import (
 )
 
 // routingKey is the bench queue's routing key: the dispatcher's default,
-// the queue name.
+// the queue name (each queue's own name for the others).
 const routingKey = benchQueue
 
 // sink is the measuring consumer: an exchange of its own with one queue of
@@ -37,9 +37,10 @@ type sink struct {
 const consumerTag = "dispatcher-bench"
 
 // openSink declares exchange name (durable direct, as the dispatcher
-// would) and a queue name of the options' queue type bound to it, and
-// starts consuming as the options say.
-func openSink(opt *Options, name string, rec *recorder) (*sink, error) {
+// would) and a queue name of the options' queue type bound to it with
+// each of keys (none: routingKey), and starts consuming as the options
+// say.
+func openSink(opt *Options, name string, keys []string, rec *recorder) (*sink, error) {
 	conn, err := amqp.DialConfig(opt.firstAMQP(), amqp.Config{
 		Properties: amqp.Table{"connection_name": "dispatcher bench consumer"},
 		Dial:       amqp.DefaultDial(10 * time.Second),
@@ -48,14 +49,17 @@ func openSink(opt *Options, name string, rec *recorder) (*sink, error) {
 		return nil, fmt.Errorf("consumer: dial broker: %w", redact.Error(err))
 	}
 	s := &sink{conn: conn, exchange: name, queue: name, autoAck: opt.AutoAck, prefetch: opt.Prefetch, done: make(chan struct{})}
-	if err := s.declare(opt.QueueType, rec); err != nil {
+	if len(keys) == 0 {
+		keys = []string{routingKey}
+	}
+	if err := s.declare(opt.QueueType, keys, rec); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *sink) declare(queueType string, rec *recorder) error {
+func (s *sink) declare(queueType string, keys []string, rec *recorder) error {
 	ch, err := s.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("consumer: open channel: %w", err)
@@ -75,8 +79,10 @@ func (s *sink) declare(queueType string, rec *recorder) error {
 	if _, err := ch.QueueDeclare(s.queue, durable, autoDelete, exclusive, false, args); err != nil {
 		return fmt.Errorf("consumer: declare %s queue %s: %w", queueType, s.queue, err)
 	}
-	if err := ch.QueueBind(s.queue, routingKey, s.exchange, false, nil); err != nil {
-		return fmt.Errorf("consumer: bind queue %s: %w", s.queue, err)
+	for _, key := range keys {
+		if err := ch.QueueBind(s.queue, key, s.exchange, false, nil); err != nil {
+			return fmt.Errorf("consumer: bind queue %s with %s: %w", s.queue, key, err)
+		}
 	}
 	if !s.autoAck {
 		// Per consumer (global false): RabbitMQ's usual meaning.
