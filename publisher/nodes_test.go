@@ -287,3 +287,95 @@ func TestNackingChannelReplaced(t *testing.T) {
 	}
 	waitNode(t, p, testenv.HostPort(live), 5*time.Second)
 }
+
+// An idle period is not "confirmed nothing": a channel that had nothing to
+// confirm for longer than the confirm timeout, and then gets one nack
+// (a reject-publish queue that is full) among many publishes that are
+// fine, keeps its connection and node, and those publishes are confirmed.
+// (Counting from the ack before the idle period, that one nack closed the
+// connection and every publish in flight on it failed as lost.)
+func TestNackAfterIdleKeepsChannel(t *testing.T) {
+	conn := testenv.AMQP(t)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, ok := testenv.Name(t)+"-full", testenv.Name(t)+"-ok"
+	for _, ex := range []string{full, ok} {
+		if err := ch.ExchangeDeclare(ex, "direct", false, true, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for ex, args := range map[string]amqp.Table{
+		full: {"x-max-length": int32(1), "x-overflow": "reject-publish"},
+		ok:   nil,
+	} {
+		q, err := ch.QueueDeclare("", false, true, true, false, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.QueueBind(q.Name, "k", ex, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, first, live := twoNodes(t)
+	const timeout = time.Second
+	reg := prometheus.NewRegistry()
+	p := runPublisherWith(t, Options{URLs: []string{first, live}, Exchanges: []string{full, ok}, ConfirmTimeout: timeout, Metrics: NewMetrics(reg)})
+	s, _ := p.session()
+	one := func(id string) error {
+		return p.Publish(context.Background(), []Message{{Exchange: full, RoutingKey: "k", Body: []byte(id), MessageID: id, DueMs: 1}})[0]
+	}
+	// The queue takes one message (acked), and is full from then on.
+	if err := one("fill"); err != nil {
+		t.Fatalf("publish filling the queue: %v", err)
+	}
+	time.Sleep(timeout + 300*time.Millisecond) // idle: nothing to confirm
+
+	const healthy, workers = 3000, 30
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var nackErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-start
+		nackErr = one("nacked")
+	}()
+	results := make([][]error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msgs := make([]Message, healthy/workers)
+			for i := range msgs {
+				id := strconv.Itoa(w) + "-" + strconv.Itoa(i)
+				msgs[i] = Message{Exchange: ok, RoutingKey: "k", Body: []byte(id), MessageID: id, DueMs: 1}
+			}
+			<-start
+			time.Sleep(time.Millisecond) // after the nacked one, mostly
+			results[w] = p.Publish(context.Background(), msgs)
+		}()
+	}
+	close(start)
+	wg.Wait()
+
+	if Kind(nackErr) != "nack" {
+		t.Errorf("publish to the full queue: %v, want a nack", nackErr)
+	}
+	kinds := map[string]int{}
+	for _, errs := range results {
+		for _, err := range errs {
+			kinds[Kind(err)]++
+		}
+	}
+	if kinds["confirmed"] != healthy {
+		t.Errorf("healthy publishes: %v, want all %d confirmed", kinds, healthy)
+	}
+	if now, _ := p.session(); now != s {
+		t.Errorf("the connection was replaced (now on %q): %v", p.State().Node, s.gaveUp.Load())
+	}
+	if n := testutil.ToFloat64(p.opt.Metrics.switches); n != 0 {
+		t.Errorf("node switches = %v, want 0", n)
+	}
+}

@@ -416,16 +416,17 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 			s.forget(w)
 		}
 	}
-	// A channel that confirmed nothing for a whole confirm timeout, its
-	// publishes timing out or nacked, is given up unless the broker said
-	// it blocks us (an alarm): a connection can look alive (heartbeats
-	// flow) while its channel never confirms again. The cluster tests
+	// A channel that confirmed nothing for a whole confirm timeout while
+	// it had publishes to confirm (an idle spell does not count: see
+	// unconfirmedFor), its publishes timing out or nacked, is given up
+	// unless the broker said it blocks us (an alarm): a connection can
+	// look alive (heartbeats flow) while its channel never confirms again. The cluster tests
 	// found one: a channel opened on a surviving node while a quorum
 	// queue elected a new leader kept talking to the old, dead one; its
 	// publishes were nacked, or never answered, for minutes. A new
 	// connection finds the new leader. (A slot not freed within the
 	// timeout is no such sign: answers may still be coming, only slowly.)
-	if failed && !s.blocked.Load() && s.sinceAck() >= p.opt.ConfirmTimeout {
+	if failed && !s.blocked.Load() && s.unconfirmedFor() >= p.opt.ConfirmTimeout {
 		s.giveUp(&LostError{Reason: fmt.Sprintf("the channel confirmed nothing for %s (publishes nacked or unanswered): replacing the connection", p.opt.ConfirmTimeout)})
 	}
 	return errs

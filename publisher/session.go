@@ -69,14 +69,19 @@ type session struct {
 	slots    chan struct{}             // one per publish sent and not yet answered
 	answered atomic.Int64              // when the latest answer came, as time since started
 	acked    atomic.Int64              // when the latest ack came (0: none yet), likewise
+	// waiting is when the channel began to wait for a confirm after its
+	// latest ack: when the first publish since that ack was written while
+	// none was unanswered (likewise as time since started).
+	waiting atomic.Int64
 
 	pubMu sync.Mutex // serializes publishes so delivery tags match waiters
 
-	mu       sync.Mutex
-	pending  map[uint64]*waiter
-	returned map[uint64]*ReturnedError // delivery tag -> return not yet matched to its confirm
-	dead     error                     // set once the session is closed
-	closing  chan struct{}             // closed when dead is set
+	mu         sync.Mutex
+	pending    map[uint64]*waiter
+	unanswered int                       // publishes written and not yet acked or nacked
+	returned   map[uint64]*ReturnedError // delivery tag -> return not yet matched to its confirm
+	dead       error                     // set once the session is closed
+	closing    chan struct{}             // closed when dead is set
 
 	done    chan struct{}  // closed when the confirm loop has finished
 	helpers sync.WaitGroup // goroutines that close waits for
@@ -152,12 +157,19 @@ func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Pu
 	}
 	w.tag = s.ch.GetNextPublishSeqNo()
 	s.pending[w.tag] = w
+	if s.unanswered == 0 && s.waiting.Load() <= s.acked.Load() {
+		s.waiting.Store(int64(time.Since(s.started)))
+	}
+	s.unanswered++
 	s.mu.Unlock()
 	msg.Headers[seqHeader] = int64(w.tag)
 	err := s.ch.PublishWithContext(ctx, exchange, key, true, false, msg)
 	w.sent = time.Now()
 	if err != nil {
 		// The library took no delivery tag for it: no answer will come.
+		s.mu.Lock()
+		s.unanswered--
+		s.mu.Unlock()
 		s.forget(w)
 		s.release()
 		w.resolve(&LostError{Reason: err.Error()})
@@ -422,6 +434,9 @@ func (s *session) confirm(c amqp.Confirmation) {
 	}
 	s.release()
 	s.mu.Lock()
+	if s.unanswered > 0 {
+		s.unanswered--
+	}
 	w := s.pending[c.DeliveryTag]
 	delete(s.pending, c.DeliveryTag)
 	ret := s.returned[c.DeliveryTag]
@@ -448,10 +463,17 @@ func (s *session) giveUp(err *LostError) {
 	s.spawn(func() { _ = s.conn.CloseDeadline(time.Now().Add(time.Second)) })
 }
 
-// sinceAck is how long the channel has confirmed nothing: since its latest
-// ack, or since it started.
-func (s *session) sinceAck() time.Duration {
-	return time.Since(s.started.Add(time.Duration(s.acked.Load())))
+// unconfirmedFor is how long the channel has confirmed nothing while it
+// had something to confirm: since its latest ack, or since it began to
+// wait for a confirm after that ack if that is later. Counting from the
+// ack alone counted an idle spell too, so the first nack after a quiet
+// while (a full reject-publish queue) gave up a healthy channel and failed
+// every other publish in flight on it. A channel that only nacks, or never
+// answers, still reaches the timeout: nacks do not restart the count, nor
+// do the pauses between its publishes.
+func (s *session) unconfirmedFor() time.Duration {
+	from := max(s.acked.Load(), s.waiting.Load())
+	return time.Since(s.started.Add(time.Duration(from)))
 }
 
 // end is err, unless giveUp ended the session: then its reason.
