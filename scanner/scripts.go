@@ -62,11 +62,19 @@ const luaNow = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 `
 
-// claimScript re-leases expired in-flight entries in place and moves due
-// tasks from pending to in-flight, up to a batch in all, every one with
-// the same new lease deadline: now + lease, or one more than the shard's
-// last deadline if that is not later, so that no two claims of a shard
-// share a deadline (the fence) even in the same ms or with other leases.
+// claimScript re-leases expired in-flight entries in place and moves
+// tasks due within the look-ahead from pending to in-flight, up to a batch
+// in all, every one with the same new lease deadline: now + lease, or one
+// more than the shard's last deadline if that is not later, so that no two
+// claims of a shard share a deadline (the fence) even in the same ms or
+// with other leases. A task claimed ahead of its due time is held by the
+// instance and published at its due time (see holder.go), never before.
+//
+// It runs on every claim, so it is written for few commands (Redis counts
+// each call inside a script as its work): every key's type is proven by a
+// read before the first write (a read of a wrong-type key fails, and
+// nothing has changed yet), the claimed tasks go in with one ZADD, and the
+// next due times come from what the reads already returned.
 //
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
@@ -86,6 +94,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 //	of the shard's last claim (go-redis retrying after a lost reply)
 //	returns that claim's batch instead of claiming another
 //
+// ARGV[4] look-ahead in ms (absent: 0): pending tasks due up to now + this
+//
+//	are claimed
+//
 // Returns {now_ms, next_pending_score|"", next_lease_deadline|"", reaped,
 // deadline, entry...}; reaped counts only re-leased entries that had no
 // failed attempt and were not released, i.e. whose instance died or
@@ -97,54 +109,107 @@ if limit > 0 and redis.call('GET', KEYS[5]) then
   out[4] = -1
   limit = 0
 end
-if limit > 0 then
-  local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'string'})
-  if bad then return redis.error_reply(bad) end
-  local lastToken, lastDeadline = string.match(redis.call('GET', KEYS[4]) or '', '^(.*) (%d+)$')
-  if lastToken == ARGV[3] then
-    out[5] = lastDeadline
-    for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)) do
-      out[#out + 1] = e
-    end
-  else
-    -- Deadlines only grow, so no two claims of the shard share one.
-    local deadline = string.format('%d', math.max(now + tonumber(ARGV[2]), (tonumber(lastDeadline) or 0) + 1))
-    out[5] = deadline
-    -- Leases that ran out (score 0: released) are re-leased in place.
-    local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-    for i = 1, #expired, 2 do
-      local e = expired[i]
-      if tonumber(expired[i + 1]) > 0 and redis.call('HEXISTS', KEYS[3], e) == 0 then
-        out[4] = out[4] + 1
-      end
-      redis.call('ZADD', KEYS[2], deadline, e)
-      out[#out + 1] = e
-    end
-    local room = limit - (#out - 5)
-    if room > 0 then
-      local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
-      if #items > 0 then
-        for i = 1, #items, 2 do
-          local e = string.format('%d', math.floor(tonumber(items[i + 1]))) .. ':' .. items[i]
-          -- NX: the same member and due time already in flight is the same
-          -- scheduling (one message_id), which its holder delivers.
-          if redis.call('ZADD', KEYS[2], 'NX', deadline, e) == 1 then
-            out[#out + 1] = e
-          end
-        end
-        -- The claimed tasks are exactly the lowest ranks.
-        redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #items / 2 - 1)
-      end
-    end
-    if #out > 5 then
-      redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. deadline)
+if limit == 0 then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if first[2] then out[2] = first[2] end
+  local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if lease[2] then out[3] = lease[2] end
+  return out
+end
+local bad = wrongType({KEYS[3], 'hash'})
+if bad then return redis.error_reply(bad) end
+local lastToken, lastDeadline = string.match(redis.call('GET', KEYS[4]) or '', '^(.*) (%d+)$')
+if lastToken == ARGV[3] then
+  out[5] = lastDeadline
+  for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)) do
+    out[#out + 1] = e
+  end
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if first[2] then out[2] = first[2] end
+  local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if lease[2] then out[3] = lease[2] end
+  return out
+end
+-- Reads first: they prove the types before anything is written.
+-- Deadlines only grow, so no two claims of the shard share one.
+local deadline = math.max(now + tonumber(ARGV[2]), (tonumber(lastDeadline) or 0) + 1)
+out[5] = string.format('%d', deadline)
+local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local expired = {}
+if lease[2] and tonumber(lease[2]) <= now then
+  -- Leases that ran out (score 0: released) are re-leased in place.
+  expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+  for i = 1, #expired, 2 do
+    if tonumber(expired[i + 1]) > 0 and redis.call('HEXISTS', KEYS[3], expired[i]) == 0 then
+      out[4] = out[4] + 1
     end
   end
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if first[2] then out[2] = first[2] end
-local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if lease[2] then out[3] = lease[2] end
+local room = limit - #expired / 2
+-- One item past the room: the next pending task, whether claimed or not.
+local items = redis.call('ZRANGE', KEYS[1], 0, room, 'WITHSCORES')
+local upto = now + tonumber(ARGV[4] or '0')
+local new, taken = {}, 0
+for i = 1, #items, 2 do
+  local score = tonumber(items[i + 1])
+  if taken >= room or score > upto then
+    out[2] = items[i + 1]
+    break
+  end
+  taken = taken + 1
+  new[taken] = string.format('%d', math.floor(score)) .. ':' .. items[i]
+end
+local d = out[5]
+local fresh = {}
+if taken > 0 then
+  -- Before the expired are re-leased: an entry both pending and expired in
+  -- flight must not be counted as this claim's twice.
+  local added = 0
+  for i = 1, taken, 500 do
+    local args = {'NX'}
+    for j = i, math.min(i + 499, taken) do
+      args[#args + 1] = d
+      args[#args + 1] = new[j]
+    end
+    added = added + redis.call('ZADD', KEYS[2], unpack(args))
+  end
+  if added == taken then
+    fresh = new
+  else
+    -- NX: the same member and due time already in flight is the same
+    -- scheduling (one message_id), which its holder delivers. Only this
+    -- claim's entries have its deadline.
+    for i = 1, taken do
+      if tonumber(redis.call('ZSCORE', KEYS[2], new[i])) == deadline then
+        fresh[#fresh + 1] = new[i]
+      end
+    end
+  end
+  -- The claimed tasks are exactly the lowest ranks.
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, taken - 1)
+end
+for i = 1, #expired, 1000 do
+  local args = {}
+  for j = i, math.min(i + 999, #expired), 2 do
+    args[#args + 1] = d
+    args[#args + 1] = expired[j]
+    out[#out + 1] = expired[j]
+  end
+  redis.call('ZADD', KEYS[2], unpack(args))
+end
+for i = 1, #fresh do out[#out + 1] = fresh[i] end
+if #out > 5 then
+  redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. d)
+end
+if #expired > 0 then
+  lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if lease[2] then out[3] = lease[2] end
+elseif lease[2] then
+  out[3] = lease[2]
+  if #out > 5 and deadline < tonumber(lease[2]) then out[3] = d end
+elseif #out > 5 then
+  out[3] = d
+end
 return out
 `)
 
@@ -237,15 +302,13 @@ return n
 // ARGV[1..] entries
 // Returns how many entries were still in flight.
 var ackScript = redis.NewScript(luaPrelude + `
-local bad = wrongType({KEYS[1], 'zset'})
-if bad then return redis.error_reply(bad) end
--- A wrong-type attempts key must not keep delivered tasks in flight.
-local counts = redis.call('TYPE', KEYS[2])['ok'] == 'hash'
 local n = 0
 for i = 1, #ARGV, 1000 do
   local j = math.min(i + 999, #ARGV)
+  -- A wrong-type in-flight key fails here, before anything changed.
   n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
-  if counts then redis.call('HDEL', KEYS[2], unpack(ARGV, i, j)) end
+  -- A wrong-type attempts key must not keep delivered tasks in flight.
+  redis.pcall('HDEL', KEYS[2], unpack(ARGV, i, j))
 end
 return n
 `)
