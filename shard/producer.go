@@ -26,12 +26,28 @@ type Producer struct {
 	keys       Keys
 	shards     int
 	wakeWithin time.Duration
+	// ordered: rdb sends a pipeline on one connection to one server, which
+	// runs it in order, so a wake-up can follow its ZADD in one pipeline.
+	ordered bool
 }
 
 // DefaultWakeWithin: a task due sooner than this after it is scheduled also
-// wakes the dispatchers, in the same round trip; later ones are found by
-// their regular poll in good time.
+// wakes the dispatchers; later ones are found by their regular poll in good
+// time.
 const DefaultWakeWithin = time.Second
+
+// pipelineInOrder reports whether rdb runs a pipeline in order: a
+// *redis.Client (one server, or the primary a Sentinel names) writes it on
+// one connection. A *redis.ClusterClient does not: it sends each node's
+// commands concurrently, and a PUBLISH, which has no key, goes to any
+// primary, so it can be broadcast before a ZADD in the same pipeline has
+// run on the shard's primary; a dispatcher woken by it would claim the
+// shard too early, find nothing, and the task would wait for the next poll.
+// Any other client (a Ring, a wrapper) is taken to be unordered too.
+func pipelineInOrder(rdb redis.UniversalClient) bool {
+	_, ok := rdb.(*redis.Client)
+	return ok
+}
 
 // NewProducer returns a producer for queue with m shards under prefix.
 // m must equal the dispatcher's DISPATCHER_QUEUE_<NAME>_SHARDS.
@@ -45,7 +61,8 @@ func NewProducer(rdb redis.UniversalClient, prefix, queue string, m int) (*Produ
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	return &Producer{rdb: rdb, keys: Keys{Prefix: prefix, Queue: queue}, shards: m, wakeWithin: DefaultWakeWithin}, nil
+	return &Producer{rdb: rdb, keys: Keys{Prefix: prefix, Queue: queue}, shards: m,
+		wakeWithin: DefaultWakeWithin, ordered: pipelineInOrder(rdb)}, nil
 }
 
 // SetWakeWithin sets how soon a task must be due for scheduling it to wake
@@ -66,30 +83,42 @@ func (p *Producer) wakeSoon(dueMs int64) bool {
 
 // Schedule adds a task due at due. Scheduling a member that is already
 // pending moves it to the new due time (see Reschedule). A task due soon
-// also wakes the dispatchers, in the same round trip.
+// also wakes the dispatchers, only once its ZADD has run: in the same
+// pipeline on a single server (or Sentinel), which runs it in order; after
+// the ZADD's reply, a second round trip, on Redis Cluster.
 func (p *Producer) Schedule(ctx context.Context, member []byte, due time.Time) error {
 	i := Index(member, p.shards)
 	key := p.keys.Pending(i)
-	z := redis.Z{Score: float64(DueMs(due)), Member: member}
-	if !p.wakeSoon(DueMs(due)) {
-		if err := p.rdb.ZAdd(ctx, key, z).Err(); err != nil {
+	dueMs := DueMs(due)
+	z := redis.Z{Score: float64(dueMs), Member: member}
+	wake := p.wakeSoon(dueMs)
+	if wake && p.ordered {
+		pipe := p.rdb.Pipeline()
+		zadd := pipe.ZAdd(ctx, key, z)
+		// The wake-up's own error is ignored: a lost one costs a poll
+		// interval, and a producer whose ACL forbids PUBLISH must still
+		// schedule.
+		pipe.Publish(ctx, p.keys.Wake(), WakeDue(i, dueMs))
+		_, _ = pipe.Exec(ctx)
+		if err := zadd.Err(); err != nil {
 			return fmt.Errorf("schedule on %s: %w", key, err)
 		}
 		return nil
 	}
-	pipe := p.rdb.Pipeline()
-	zadd := pipe.ZAdd(ctx, key, z)
-	// The wake-up's own error is ignored: a lost one costs a poll interval,
-	// and a producer whose ACL forbids PUBLISH must still schedule.
-	pipe.Publish(ctx, p.keys.Wake(), WakeDue(i, DueMs(due)))
-	_, _ = pipe.Exec(ctx)
-	if err := zadd.Err(); err != nil {
+	if err := p.rdb.ZAdd(ctx, key, z).Err(); err != nil {
 		return fmt.Errorf("schedule on %s: %w", key, err)
+	}
+	if wake {
+		_ = p.rdb.Publish(ctx, p.keys.Wake(), WakeDue(i, dueMs)).Err() // ignored, as above
 	}
 	return nil
 }
 
-// ScheduleMany adds many tasks in one pipelined round trip per call.
+// ScheduleMany adds many tasks in one pipelined round trip per call; on
+// Redis Cluster, when some are due soon, a second one sends the wake-ups
+// after the ZADDs were answered (see Schedule). If a shard's ZADD fails,
+// the other shards' tasks are still scheduled (and woken), and the error
+// names the shard's key.
 func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	if len(tasks) == 0 {
 		return nil
@@ -104,21 +133,42 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 			earliest[i] = due
 		}
 	}
+	type shardAdd struct {
+		i    int
+		wake bool
+		zadd *redis.IntCmd
+	}
+	adds := make([]shardAdd, 0, len(byShard))
 	pipe := p.rdb.Pipeline()
-	var zadds []*redis.IntCmd
 	for i, zs := range byShard {
-		zadds = append(zadds, pipe.ZAdd(ctx, p.keys.Pending(i), zs...))
-		if p.wakeSoon(earliest[i]) {
+		a := shardAdd{i: i, wake: p.wakeSoon(earliest[i]), zadd: pipe.ZAdd(ctx, p.keys.Pending(i), zs...)}
+		if a.wake && p.ordered {
 			pipe.Publish(ctx, p.keys.Wake(), WakeDue(i, earliest[i]))
 		}
+		adds = append(adds, a)
 	}
 	_, _ = pipe.Exec(ctx) // wake-up errors are ignored, as in Schedule
-	for _, z := range zadds {
-		if err := z.Err(); err != nil {
-			return fmt.Errorf("schedule %d tasks on queue %s: %w", len(tasks), p.keys.Queue, err)
+	var firstErr error
+	var wakes redis.Pipeliner
+	for _, a := range adds {
+		if err := a.zadd.Err(); err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("schedule %d tasks on queue %s: %d on %s: %w",
+					len(tasks), p.keys.Queue, len(byShard[a.i]), p.keys.Pending(a.i), err)
+			}
+			continue
+		}
+		if a.wake && !p.ordered {
+			if wakes == nil {
+				wakes = p.rdb.Pipeline()
+			}
+			wakes.Publish(ctx, p.keys.Wake(), WakeDue(a.i, earliest[a.i]))
 		}
 	}
-	return nil
+	if wakes != nil {
+		_, _ = wakes.Exec(ctx)
+	}
+	return firstErr
 }
 
 // rescheduleScript moves a pending member to a new due time, and only if

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -322,5 +323,99 @@ func TestEnsureShardCount(t *testing.T) {
 	}
 	if err := shard.EnsureShardCount(ctx, rdb, junk, 8); err == nil {
 		t.Error("non-numeric record accepted")
+	}
+}
+
+// recorder records the ZADDs and PUBLISHes a client sends: one line per
+// command or pipeline, the names of its commands.
+type recorder struct {
+	mu    sync.Mutex
+	sends []string
+}
+
+func (r *recorder) add(cmds []redis.Cmder) {
+	var names []string
+	for _, c := range cmds {
+		if n := c.Name(); n == "zadd" || n == "publish" {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.sends = append(r.sends, strings.Join(names, " "))
+	r.mu.Unlock()
+}
+
+func (r *recorder) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.sends
+	r.sends = nil
+	return s
+}
+
+func (r *recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.add([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.add(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// TestWakeRidesTheZAddPipeline: on a single server a pipeline runs in
+// order on one connection, so the wake-up of a task due soon follows its
+// ZADD in the same round trip (on Redis Cluster it waits for the ZADD's
+// reply: TestWakeAfterZAddOnCluster). A task due later sends no wake-up.
+func TestWakeRidesTheZAddPipeline(t *testing.T) {
+	ctx := context.Background()
+	const m = 16
+	rdb, prefix, p := setup(t, m)
+	sub := rdb.Subscribe(ctx, p.Keys().Wake())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	rdb.AddHook(rec)
+
+	member := []byte("order:42")
+	due := time.Now().Add(100 * time.Millisecond)
+	if err := p.Schedule(ctx, member, due); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.take(); len(got) != 1 || got[0] != "zadd publish" {
+		t.Errorf("Schedule of a task due soon sent %q, want one pipeline \"zadd publish\"", got)
+	}
+	msg, err := sub.ReceiveMessage(ctx)
+	if err != nil || msg.Payload != shard.WakeDue(4, shard.DueMs(due)) {
+		t.Fatalf("wake-up = %v, %v; want %s", msg, err, shard.WakeDue(4, shard.DueMs(due)))
+	}
+	if err := rdb.ZScore(ctx, pendingKey(prefix, "orders", member, m), string(member)).Err(); err != nil {
+		t.Errorf("woken, but %s is not pending: %v", member, err)
+	}
+
+	if err := p.Schedule(ctx, []byte("later"), time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.take(); len(got) != 1 || got[0] != "zadd" {
+		t.Errorf("Schedule of a task due in an hour sent %q, want one \"zadd\"", got)
+	}
+
+	// Shards 11 and 9 (the contract's test vectors).
+	tasks := []shard.Task{{Member: []byte("a"), Due: due}, {Member: []byte(""), Due: due}}
+	if err := p.ScheduleMany(ctx, tasks); err != nil {
+		t.Fatal(err)
+	}
+	got := rec.take()
+	if len(got) != 1 || strings.Count(got[0], "zadd") != 2 || strings.Count(got[0], "publish") != 2 {
+		t.Errorf("ScheduleMany of 2 shards due soon sent %q, want one pipeline of 2 zadd and 2 publish", got)
 	}
 }
