@@ -80,6 +80,7 @@ func TestLoadDefaults(t *testing.T) {
 		Pipeline:         4,
 		PollInterval:     50 * time.Millisecond,
 		IdlePollInterval: 500 * time.Millisecond,
+		Lookahead:        100 * time.Millisecond,
 		ConfirmTimeout:   10 * time.Second,
 		ShutdownTimeout:  10 * time.Second,
 		MaxMessageBytes:  16 << 20,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/dispatcher/dispatcher/publisher"
@@ -17,55 +18,135 @@ type failed struct {
 	reason string
 }
 
-// dispatch publishes one claimed batch and settles every task of it in
-// Redis: confirmed ones leave the in-flight set, failed ones are retried
-// with backoff or dead-lettered, and those that never reached the broker
-// are handed back (lease 0). If the process dies anywhere in here, the tasks are
-// still in the in-flight set and their lease brings them back. published
-// is called once publishing is over: settling needs no publish slot, and a
-// primary that went away while its batch was out must not keep the slots
-// from the other primaries' shards.
-func (s *Scanner) dispatch(work context.Context, b batch, published func()) {
-	defer published()
-	var (
-		acked    []string
-		fails    []failed
-		released []string
-		sent     []Task
-		msgs     []publisher.Message
-	)
+// progress is a claimed batch on its way out: the outcome of each of its
+// tasks, gathered as they come (at once for the tasks due when it was
+// claimed, at their due time for the held ones), and settled in Redis in
+// one go once every task has one. One ack per claim, not per publish:
+// that is what makes a claim ahead cheap for Redis. A confirmed task stays
+// in flight until its batch settles, at most the look-ahead longer; if the
+// process dies meanwhile, its lease sends it again (at least once).
+type progress struct {
+	b    batch
+	done func() // once settled
+
+	mu       sync.Mutex
+	left     int
+	acked    []string
+	fails    []failed
+	released []string
+}
+
+// record notes one task's outcome and reports whether it was the last.
+func (p *progress) record(acked, released string, f *failed) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case acked != "":
+		p.acked = append(p.acked, acked)
+	case released != "":
+		p.released = append(p.released, released)
+	case f != nil:
+		p.fails = append(p.fails, *f)
+	}
+	p.left--
+	return p.left == 0
+}
+
+// dispatch publishes the tasks of one claimed batch that are due, hands
+// those claimed ahead of their due time to the holder, and settles the
+// batch in Redis once every task has an outcome: confirmed ones leave the
+// in-flight set, failed ones are retried with backoff or dead-lettered,
+// and those that never reached the broker are handed back (lease 0). If
+// the process dies anywhere in here, the tasks are still in the in-flight
+// set and their lease brings them back. published is called once the due
+// tasks are published: settling needs no publish slot, and a primary that
+// went away while its batch was out must not keep the slots from the other
+// primaries' shards. done is called once the batch is settled.
+func (s *Scanner) dispatch(work context.Context, b batch, published, done func()) {
+	p := &progress{b: b, done: done, left: len(b.tasks)}
+	var now, later []heldTask
+	nowUs := s.serverNowUs(b.shard)
+	complete := len(b.tasks) == 0
 	for _, t := range b.tasks {
 		if len(t.Member) > s.opt.MaxMessageBytes {
 			s.met.error("too_large", 1)
-			fails = append(fails, failed{t.Entry, "dead", fmt.Sprintf(
+			complete = p.record("", "", &failed{t.Entry, "dead", fmt.Sprintf(
 				"member is %d bytes, over DISPATCHER_MAX_MESSAGE_BYTES=%d", len(t.Member), s.opt.MaxMessageBytes)})
 			continue
 		}
-		if shard.LooksLikeSeconds(t.DueMs) {
+		if t.DueMs*1000 > nowUs {
+			later = append(later, heldTask{task: t, batch: p})
+		} else {
+			now = append(now, heldTask{task: t, batch: p})
+		}
+	}
+	if len(later) > 0 {
+		if back := s.hold.add(later); back != nil {
+			s.settleAll(s.handBack(back)) // stopping: given back at once
+		}
+	}
+	var settled []*progress
+	if len(now) > 0 {
+		settled = s.publishTasks(work, now)
+	}
+	published()
+	if complete {
+		settled = append(settled, p)
+	}
+	s.settleAll(settled)
+}
+
+// fire publishes held tasks that fell due and settles the batches they
+// completed.
+func (s *Scanner) fire(tasks []heldTask) { s.settleAll(s.publishTasks(s.work, tasks)) }
+
+// handBack records held tasks that will not be published by this instance
+// (it is stopping) as released: any instance claims them again at once,
+// and holds them until their due time in turn.
+func (s *Scanner) handBack(tasks []heldTask) []*progress {
+	var out []*progress
+	for _, t := range tasks {
+		if t.batch.record("", t.task.Entry, nil) {
+			out = append(out, t.batch)
+		}
+	}
+	return out
+}
+
+// publishTasks publishes tasks that are due, in one publish, and records
+// each one's outcome in its batch. It returns the batches it completed.
+func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progress {
+	msgs := make([]publisher.Message, 0, len(tasks))
+	// Publishing ends before the earliest lease of the tasks' batches
+	// does, less a margin to settle: past it another instance may take
+	// them over. What is not confirmed by then counts as timed out and is
+	// retried.
+	margin := min(time.Second, s.opt.Lease/4)
+	leaseLeft := time.Duration(1<<63 - 1)
+	var publishedUs int64
+	at := make([]int64, len(tasks)) // publish time, server µs
+	for n, t := range tasks {
+		b := t.batch.b
+		if n == 0 || b.shard != tasks[n-1].batch.b.shard {
+			publishedUs = s.serverNowUs(b.shard)
+			leaseLeft = min(leaseLeft, time.Duration(b.deadline*1000-publishedUs)*time.Microsecond-margin)
+		}
+		if shard.LooksLikeSeconds(t.task.DueMs) {
 			s.met.secondsScore(1)
 			s.lim.Warn("seconds", "score looks like seconds since the epoch, not milliseconds; dispatching it now as due",
-				"shard", b.shard, "key", s.keys.Pending(b.shard), "score", t.DueMs)
+				"shard", b.shard, "key", s.keys.Pending(b.shard), "score", t.task.DueMs)
 		}
-		sent = append(sent, t)
-		msgs = append(msgs, s.message(t))
+		at[n] = publishedUs
+		m := s.message(t.task)
+		if s.opt.StampPublished {
+			m.PublishedUs = publishedUs
+		}
+		msgs = append(msgs, m)
 	}
-
-	// Publishing ends before the batch's lease does, less a margin to
-	// settle: past it another instance may take the tasks over. What is
-	// not confirmed by then counts as timed out and is retried.
-	margin := min(time.Second, s.opt.Lease/4)
-	leased, cancel := context.WithTimeout(work, time.Duration(b.deadline-s.serverNow(b.shard))*time.Millisecond-margin)
+	leased, cancel := context.WithTimeout(work, leaseLeft)
 	defer cancel()
-	publishedUs := s.serverNowUs(b.shard)
-	publishedAt := publishedUs / 1000
-	if s.opt.StampPublished {
-		for n := range msgs {
-			msgs[n].PublishedUs = publishedUs
-		}
-	}
 	errs := s.pub.Publish(leased, msgs)
 	s.isolateRefused(leased, msgs, errs)
-	published()
 	if work.Err() == nil {
 		for n, err := range errs {
 			if errors.Is(err, publisher.ErrStopped) {
@@ -74,51 +155,68 @@ func (s *Scanner) dispatch(work context.Context, b batch, published func()) {
 		}
 	}
 
+	var out []*progress
 	for n, err := range errs {
-		t := sent[n]
+		t := tasks[n]
 		kind := publisher.Kind(err)
 		var le *publisher.LostError
+		var last bool
 		switch {
 		case err == nil:
-			acked = append(acked, t.Entry)
-			s.met.late(float64(publishedAt-t.DueMs) / 1000)
+			s.met.late(float64(at[n]/1000-t.task.DueMs) / 1000)
+			last = t.batch.record(t.task.Entry, "", nil)
 		case kind == "refused" && errors.As(err, &le):
-			fails = append(fails, failed{t.Entry, "poison", "broker refused it: " + le.Error()})
+			last = t.batch.record("", "", &failed{t.task.Entry, "poison", "broker refused it: " + le.Error()})
 		case kind == "nack" || kind == "returned" || kind == "timeout" || kind == "channel":
-			fails = append(fails, failed{t.Entry, "retry", err.Error()})
+			last = t.batch.record("", "", &failed{t.task.Entry, "retry", err.Error()})
 		default: // lost, not_connected, stopped: not the task's fault
-			released = append(released, t.Entry)
+			last = t.batch.record("", t.task.Entry, nil)
 		}
 		if err != nil {
 			s.met.error(kind, 1)
 			if kind != "stopped" {
-				s.lim.Warn("publish:"+kind, "publish failed; task kept for retry", "shard", b.shard, "kind", kind, "err", err)
+				s.lim.Warn("publish:"+kind, "publish failed; task kept for retry", "shard", t.batch.b.shard, "kind", kind, "err", err)
 			}
 		}
+		if last {
+			out = append(out, t.batch)
+		}
 	}
+	return out
+}
 
+func (s *Scanner) settleAll(ps []*progress) {
+	for _, p := range ps {
+		s.settleBatch(p)
+	}
+}
+
+// settleBatch writes a complete batch's outcomes to Redis.
+func (s *Scanner) settleBatch(p *progress) {
+	defer p.done()
+	b := p.b
 	// Settling must outlive a stopping daemon: give it its own deadline.
 	// Fail and release act only on entries still under this batch's lease,
 	// so settling late cannot disturb an instance that took them over.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.work), 15*time.Second)
 	defer cancel()
 	if err := s.settle(ctx, func(ctx context.Context) error {
-		_, err := s.st.ack(ctx, b.shard, acked)
+		_, err := s.st.ack(ctx, b.shard, p.acked)
 		return err
 	}); err != nil {
 		s.met.error("ack", 1)
-		s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", b.shard, "tasks", len(acked), "err", err)
+		s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", b.shard, "tasks", len(p.acked), "err", err)
 	} else {
-		s.met.dispatched(len(acked))
-		if len(acked) > 0 {
+		s.met.dispatched(len(p.acked))
+		if len(p.acked) > 0 {
 			s.lastAcked.Store(time.Now().UnixNano())
 		}
 	}
-	if err := s.settle(ctx, func(ctx context.Context) error { return s.fail(ctx, b, fails) }); err != nil {
+	if err := s.settle(ctx, func(ctx context.Context) error { return s.fail(ctx, b, p.fails) }); err != nil {
 		s.lim.Error("fail", "could not record failed publishes; their lease will retry them", "shard", b.shard, "err", err)
 	}
 	if err := s.settle(ctx, func(ctx context.Context) error {
-		n, err := s.st.release(ctx, b.shard, b.deadline, released)
+		n, err := s.st.release(ctx, b.shard, b.deadline, p.released)
 		s.met.returned(n)
 		return err
 	}); err != nil {

@@ -97,20 +97,14 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			held--
 			wg.Add(1)
 			s.publishing.Add(1)
-			go func(b batch) {
-				defer wg.Done()
-				var once sync.Once
-				s.dispatch(work, b, func() {
-					once.Do(func() {
-						s.publishing.Add(-1)
-						<-slots
-						select {
-						case freed <- struct{}{}:
-						default:
-						}
-					})
-				})
-			}(b)
+			go s.dispatch(work, b, func() {
+				s.publishing.Add(-1)
+				<-slots
+				select {
+				case freed <- struct{}{}:
+				default:
+				}
+			}, wg.Done)
 		}
 		for ; held > 0; held-- {
 			<-slots
@@ -283,6 +277,12 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 	var shards []int
 	for _, i := range s.sweepable() {
 		n := s.node(s.nodeOf(ctx, i))
+		// A claim that answered since the primary's last sweep told as
+		// much as a sweep would: with steady traffic, claimed ahead, the
+		// busy shards need no sweep.
+		if at, ok := s.claimedAt[i]; ok && at.After(n.sweptAt) {
+			continue
+		}
 		if !now.Before(s.sweepDue(n)) {
 			shards = append(shards, i)
 		}
@@ -645,6 +645,9 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		}
 		if c.now > 0 { // a sweep's plain reads carry no clock when its script failed
 			s.observeClock(i, c.now, d.before[n], d.after[n])
+		}
+		if d.job.limit > 0 {
+			s.claimedAt[i] = time.Now()
 		}
 		was, had := s.known[i]
 		s.noteNext(i, c.nextPending, c.nextLease)

@@ -52,7 +52,11 @@ type Options struct {
 	ShutdownTimeout  time.Duration // wait for outstanding confirms on stop
 	MaxMessageBytes  int
 	MaxAttempts      int
-	RetryMin         time.Duration
+	// Lookahead lets a claim take tasks due up to this long after the
+	// claim; the instance holds them and publishes each at its due time.
+	// 0: only tasks already due are claimed.
+	Lookahead time.Duration
+	RetryMin  time.Duration
 	RetryMax         time.Duration
 	// MaxRate limits the tasks the queue's instances claim, together, to
 	// this many a second (a token bucket in Redis); 0: no limit.
@@ -92,6 +96,8 @@ type Scanner struct {
 	met   queueMetrics
 	wake  chan struct{}
 	notes notes
+	hold  *holder
+	work  context.Context // publishes and settling: outlives Run's ctx a little
 
 	// Redis server clock minus local clock, µs: per shard, since on a
 	// cluster shards live on primaries with clocks of their own; offset is
@@ -122,6 +128,7 @@ type Scanner struct {
 	unanswered  map[int]string    // shard -> token of a claim whose answer never came
 	inClaim     map[int]bool      // shards whose claim is on its way
 	badUntil    map[int]time.Time
+	claimedAt   map[int]time.Time // shard -> when a claim of it last answered
 	nodes       map[string]*nodeState
 	localNext   int       // next shard of the local walk when the balancer is unreachable
 	primaries   []string  // the primaries holding the queue's shards (cluster)
@@ -158,13 +165,15 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	log := opt.Logger.With("queue", opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
 	_, cluster := rdb.(*redis.ClusterClient)
-	return &Scanner{
+	s := &Scanner{
 		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{}, unanswered: map[int]string{}, inClaim: map[int]bool{},
 		offsets: make([]atomic.Int64, opt.Shards), clocked: make([]atomic.Bool, opt.Shards),
 		clockRTT: make([]time.Duration, opt.Shards), clockAt: make([]time.Time, opt.Shards),
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
-		st: &store{rdb: rdb, keys: keys, lease: opt.Lease, retryMin: opt.RetryMin, retryMax: opt.RetryMax,
-			maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
+		// A task held for up to the look-ahead still has a whole lease to
+		// be published in.
+		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead, ahead: opt.Lookahead,
+			retryMin: opt.RetryMin, retryMax: opt.RetryMax, maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
 		bal:        balancer.New(rdb, keys.Counter(), opt.Shards),
 		log:        log,
 		lim:        newLogLimiter(log, 10*time.Second),
@@ -174,7 +183,10 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		notedAt:    map[int]time.Time{},
 		sweepEvery: opt.PollInterval,
 		badUntil:   map[int]time.Time{},
+		claimedAt:  map[int]time.Time{},
 	}
+	s.hold = newHolder(s.serverNowUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
+	return s
 }
 
 // Wake makes an idle scanner look at every shard now, e.g. when a producer
@@ -192,13 +204,19 @@ func (s *Scanner) Wake() {
 func (s *Scanner) Run(ctx context.Context) error {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
+	s.work = work
 	var wg sync.WaitGroup
+	// The holder stops with ctx and gives back what it still holds at
+	// once; the batches of those tasks settle (wg) before Run returns.
+	held := make(chan []heldTask, 1)
+	go func() { held <- s.hold.run(ctx) }()
 	slots := make(chan struct{}, s.opt.Pipeline)
 	listenCtx, stopListen := context.WithCancel(ctx)
 	var listening sync.WaitGroup
 	listening.Add(1)
 	go func() { defer listening.Done(); s.listen(listenCtx) }()
 	s.loop(ctx, work, &wg, slots)
+	s.settleAll(s.handBack(<-held))
 	stopListen()
 	listening.Wait()
 	if s.leader {
@@ -260,6 +278,7 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	now := time.Now()
 	for i, at := range soon {
 		s.notedAt[i] = now
+		at -= s.claimEarly()
 		if cur, ok := s.known[i]; !ok || at < cur {
 			s.known[i] = at
 		}
@@ -501,6 +520,7 @@ func (s *Scanner) forgetKnown() {
 func (s *Scanner) noteNext(i int, pending, lease any) {
 	p, okP := parseScore(pending)
 	l, okL := parseScore(lease)
+	p -= s.claimEarly()
 	switch {
 	case okP && okL:
 		s.known[i] = min(p, l)
@@ -512,6 +532,13 @@ func (s *Scanner) noteNext(i int, pending, lease any) {
 		delete(s.known, i)
 	}
 }
+
+// claimEarly is how long before its earliest pending task is due a shard
+// is claimed, in ms: a quarter of the look-ahead, so that each claim takes
+// at least three quarters of the look-ahead's worth of the shard's tasks
+// (a claim every ms at a steady rate otherwise) and has a quarter to come
+// back before the first of them is due.
+func (s *Scanner) claimEarly() int64 { return s.opt.Lookahead.Milliseconds() / 4 }
 
 // shardTrouble handles an error of one shard's script: the shard is left
 // alone for a while and the error is counted and logged (rate-limited);

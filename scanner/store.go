@@ -18,6 +18,7 @@ type store struct {
 	rdb         redis.UniversalClient
 	keys        shard.Keys
 	lease       time.Duration
+	ahead       time.Duration // look-ahead of claims
 	retryMin    time.Duration
 	retryMax    time.Duration
 	maxAttempts int
@@ -40,7 +41,7 @@ type claimed struct {
 // claimCmd queues a claim of up to limit tasks of shard i with token on
 // pipe (limit 0 only reads when the shard next needs attention).
 func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int, token string) *redis.Cmd {
-	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token)
+	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token, st.ahead.Milliseconds())
 }
 
 // sweepRead is a sweep's plain read of one shard: its earliest pending
@@ -99,7 +100,7 @@ func (st *store) claim(ctx context.Context, i, limit int) (claimed, error) {
 // claimAs is claim with a given token: running it again with the same
 // token is what a retry after a lost reply does.
 func (st *store) claimAs(ctx context.Context, i, limit int, token string) (claimed, error) {
-	vals, err := claimScript.Run(ctx, st.rdb, st.claimKeys(i), limit, st.lease.Milliseconds(), token).Slice()
+	vals, err := claimScript.Run(ctx, st.rdb, st.claimKeys(i), limit, st.lease.Milliseconds(), token, st.ahead.Milliseconds()).Slice()
 	if err != nil {
 		return claimed{}, fmt.Errorf("claim on %s: %w", st.keys.Pending(i), err)
 	}

@@ -1,0 +1,150 @@
+package scanner
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"time"
+)
+
+// A claim takes tasks due within the look-ahead (Options.Lookahead), so
+// that steady traffic is claimed in batches rather than task by task. The
+// holder keeps the tasks claimed before their due time and hands each to
+// the publisher at its due time by the Redis clock of its shard, never
+// before; what falls due in the same instant goes out in one publish.
+//
+// A binary heap, not a timing wheel: it holds at most the look-ahead's
+// worth of tasks (hundreds to a few thousand), needs µs-exact deadlines
+// (a wheel's tick would make tasks late by up to a tick, or early), and
+// one timer for its earliest task. A wheel pays off for millions of
+// coarse timers, which this is not.
+//
+// If the process dies, the held tasks are in flight under their claim's
+// lease, which brings them back as any claimed task. On a clean stop the
+// holder gives everything it still holds back at once (released: lease 0).
+type holder struct {
+	// serverUs estimates the Redis clock of a shard's primary, µs.
+	serverUs func(shard int) int64
+	// localUs is the local clock, µs (Options.Now).
+	localUs func() int64
+	// fire publishes tasks that fell due; called on a goroutine of its own.
+	fire func([]heldTask)
+
+	mu      sync.Mutex
+	items   heldHeap
+	stopped bool
+	kick    chan struct{}
+}
+
+// heldTask is one task held until its due time, and the batch it counts in.
+type heldTask struct {
+	task  Task
+	batch *progress
+	at    int64 // local µs at which it is due, by the offset known when held
+}
+
+func newHolder(serverUs func(int) int64, localUs func() int64, fire func([]heldTask)) *holder {
+	return &holder{serverUs: serverUs, localUs: localUs, fire: fire, kick: make(chan struct{}, 1)}
+}
+
+// add holds tasks until their due time. After the holder stopped it holds
+// nothing: the tasks are returned for the caller to hand back.
+func (h *holder) add(tasks []heldTask) []heldTask {
+	h.mu.Lock()
+	if h.stopped {
+		h.mu.Unlock()
+		return tasks
+	}
+	earliest := len(h.items) == 0 || tasks[0].at < h.items[0].at
+	for _, t := range tasks {
+		t.at = h.localAt(t)
+		heap.Push(&h.items, t)
+		earliest = earliest || t.at < h.items[0].at
+	}
+	h.mu.Unlock()
+	if earliest {
+		select {
+		case h.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// localAt is when, on the local clock, t's shard's Redis clock reaches its
+// due time.
+func (h *holder) localAt(t heldTask) int64 {
+	return t.task.DueMs*1000 - (h.serverUs(t.batch.b.shard) - h.localUs())
+}
+
+// len is how many tasks the holder holds.
+func (h *holder) len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.items)
+}
+
+// run hands tasks to fire as they fall due, until ctx ends; then it stops
+// and returns what it still held.
+func (h *holder) run(ctx context.Context) []heldTask {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		due, next, ok := h.take()
+		if len(due) > 0 {
+			go h.fire(due)
+		}
+		wait := time.Hour
+		if ok {
+			wait = time.Duration(next-h.localUs()) * time.Microsecond
+		}
+		t.Reset(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.stopped = true
+			left := []heldTask(h.items)
+			h.items = nil
+			return left
+		case <-h.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// take pops every task due now by its shard's Redis clock, and reports
+// when the earliest task left is due (local µs), if any.
+func (h *holder) take() (due []heldTask, next int64, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.localUs()
+	for len(h.items) > 0 && h.items[0].at <= now {
+		t := heap.Pop(&h.items).(heldTask)
+		if h.serverUs(t.batch.b.shard) < t.task.DueMs*1000 {
+			// The clock estimate moved since it was held: not due yet.
+			t.at = max(h.localAt(t), now+100)
+			heap.Push(&h.items, t)
+			continue
+		}
+		due = append(due, t)
+	}
+	if len(h.items) > 0 {
+		return due, h.items[0].at, true
+	}
+	return due, 0, false
+}
+
+// heldHeap orders held tasks by due time (container/heap).
+type heldHeap []heldTask
+
+func (q heldHeap) Len() int           { return len(q) }
+func (q heldHeap) Less(i, j int) bool { return q[i].at < q[j].at }
+func (q heldHeap) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *heldHeap) Push(x any)        { *q = append(*q, x.(heldTask)) }
+func (q *heldHeap) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return x
+}
