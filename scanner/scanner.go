@@ -57,7 +57,7 @@ type Options struct {
 	// 0: only tasks already due are claimed.
 	Lookahead time.Duration
 	RetryMin  time.Duration
-	RetryMax         time.Duration
+	RetryMax  time.Duration
 	// MaxRate limits the tasks the queue's instances claim, together, to
 	// this many a second (a token bucket in Redis); 0: no limit.
 	MaxRate float64
