@@ -34,6 +34,9 @@ type claimJob struct {
 	limit  int
 	slots  int       // publish slots held for its batches
 	sent   time.Time // when it was launched
+	// ahead: a claim of tasks not due yet (look-ahead), which may wait the
+	// Coalescer's few ms to share a round trip with other queues' claims.
+	ahead bool
 }
 
 // claimDone is what Redis said to a claimJob, per shard.
@@ -183,6 +186,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			targets, limit := s.allowClaims(ctx, targets)
 			for _, j := range s.jobs(ctx, targets, limit, s.slotsPerJob(held)) {
 				j.slots = len(j.shards)
+				j.ahead = !busy && s.allAhead(j.shards)
 				held -= j.slots
 				launch(j)
 			}
@@ -214,6 +218,22 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		t.Stop()
 	}
 }
+
+// allAhead reports whether every shard's earliest task is due later than
+// a coalesced round trip takes (a few ms): then its claim can share one.
+func (s *Scanner) allAhead(shards []int) bool {
+	for _, i := range shards {
+		at, ok := s.known[i]
+		if !ok || at+s.claimEarly() <= s.serverNow(i)+coalesceAhead.Milliseconds() {
+			return false
+		}
+	}
+	return s.opt.Lookahead > 0
+}
+
+// coalesceAhead is how long before its first task is due a claim may still
+// go through the Coalescer (which waits 2 ms for company).
+const coalesceAhead = 5 * time.Millisecond
 
 // started records that job j is sent: its primary is busy until it answers.
 func (s *Scanner) started(j *claimJob) {
@@ -310,8 +330,11 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 // Redis a few reads per shard a second whatever the poll interval, while
 // one in use is swept every PollInterval.
 func (s *Scanner) cool() {
-	s.sweepEvery = min(2*s.sweepEvery, max(s.opt.IdlePollInterval, s.opt.PollInterval))
+	s.sweepEvery = min(2*s.sweepEvery, s.idleEvery())
 }
+
+// idleEvery is the sweep interval of a quiet queue.
+func (s *Scanner) idleEvery() time.Duration { return max(s.opt.IdlePollInterval, s.opt.PollInterval) }
 
 // hot brings the sweep interval back to PollInterval: a task appeared, a
 // claim took tasks, a producer or another instance sent a wake-up. A queue
@@ -508,7 +531,7 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at])
 			}
 		}
-		before, after, err := s.roundTrip(ctx, j.node, j.limit == 0, fill)
+		before, after, err := s.roundTrip(ctx, j.node, j.limit == 0 || j.ahead, fill)
 		if err != nil { // the round trip is left unread: it may still be writing the results
 			for _, at := range todo {
 				d.errs[at] = err
@@ -659,8 +682,13 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 				s.known[i] = was
 			}
 		}
-		if at, has := s.known[i]; d.job.limit == 0 && has && (!had || at < was) {
-			s.hot() // a task appeared, or one due earlier than any known
+		if at, has := s.known[i]; d.job.limit == 0 && has && (!had || at < was) && at-s.serverNow(i) < s.idleEvery().Milliseconds() {
+			// A task appeared, or one due earlier than any known, at shorter
+			// notice than a quiet queue's sweeps: the queue's producers
+			// schedule tasks that wait for the sweeps, so sweep often.
+			// Tasks scheduled further ahead are found in time by the
+			// slower sweeps (steady traffic scheduled ahead stays cheap).
+			s.hot()
 		}
 		if _, ok := s.unanswered[i]; ok {
 			// Its last claim may have run without an answer: claim it again
@@ -694,7 +722,6 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		if len(b.tasks) > 0 {
 			s.met.batchSize(len(b.tasks))
 			out = append(out, b)
-			s.hot()
 		}
 		if len(c.entries) >= d.job.limit {
 			full = true
