@@ -32,8 +32,14 @@ package scanner
 //     entry, or some publish of it was confirmed, or it is dead-lettered;
 //     a scheduling already claimed is never replaced; a merged scheduling
 //     is the same message_id as its entry and ends with it;
-//   - nothing early: every entry a claim hands out is due by that claim's
-//     own server time;
+//   - nothing early: instances claim with a look-ahead (0, 40 or 150 ms,
+//     with a lease that long longer): a claim hands out pending tasks due
+//     within its own server time plus its look-ahead, and re-leased ones
+//     (handed back, or whose lease ran out) due within the largest
+//     look-ahead; a publish sends only entries due by the server time it
+//     reads, holding the rest, and a stopping instance hands back (releases)
+//     what it holds; a cancel finds a task only until a claim took it, ahead
+//     or not;
 //   - duplicates only from the at-least-once window: a scheduling is
 //     confirmed twice only when the batch that held it first lost its
 //     lease to expiry (its instance died or stalled, or its ack came after
@@ -109,6 +115,7 @@ const (
 )
 
 var mLeases = []time.Duration{30 * time.Millisecond, 60 * time.Millisecond, 120 * time.Millisecond, 300 * time.Millisecond}
+var mAheads = []time.Duration{0, 0, 40 * time.Millisecond, 150 * time.Millisecond}
 
 // Kinds of key of a shard.
 const (
@@ -468,11 +475,13 @@ func (r *mRun) wantWrongType(err error, what string) {
 func (r *mRun) spawn() *mInst {
 	n := len(r.insts) + 1
 	lease := mLeases[r.rng.IntN(len(mLeases))]
+	ahead := mAheads[r.rng.IntN(len(mAheads))]
 	in := &mInst{name: "i" + strconv.Itoa(n), alive: true}
-	in.st = &store{rdb: r.rdb, keys: r.keys, lease: lease, retryMin: mRetryMin, retryMax: mRetryMax,
+	// As the scanner does: a claim ahead leases for the wait too.
+	in.st = &store{rdb: r.rdb, keys: r.keys, lease: lease + ahead, ahead: ahead, retryMin: mRetryMin, retryMax: mRetryMax,
 		maxAttempts: mMaxAttempts, instance: in.name}
 	r.insts = append(r.insts, in)
-	r.note("spawn %s lease %v", in.name, lease)
+	r.note("spawn %s lease %v look-ahead %v", in.name, lease, ahead)
 	return in
 }
 
@@ -517,6 +526,7 @@ func (r *mRun) doStep() {
 		{"peek", 1, r.opPeek},
 		{"publish", 12, r.opPublish},
 		{"settle", 15, r.opSettle},
+		{"hand back what is held (stop)", 2, r.opHandBack},
 		{"settle run again late", 3, r.opRerunSettle},
 		{"sleep", 4, r.opSleep},
 		{"instance dies", 1, r.opKill},
@@ -749,8 +759,19 @@ func (r *mRun) doClaim(in *mInst, i, limit int, token string, rerun *mLostClaim)
 		if err != nil {
 			r.fatalf("claim handed out %q: %v", e, err)
 		}
+		// A pending task is claimed within the claim's look-ahead; an
+		// entry re-leased (handed back, or its lease ran out) within the
+		// look-ahead of the claim that took it first: either way the
+		// holder keeps it until due.
+		horizon := in.st.ahead
+		if _, was := r.shards[i].inflight[e]; was {
+			horizon = slices.Max(mAheads)
+		}
+		if task.DueMs > c.now+horizon.Milliseconds() {
+			r.fatalf("EARLY: claim handed out %q, due %d, beyond server time %d + look-ahead %v", e, task.DueMs, c.now, horizon)
+		}
 		if task.DueMs > c.now {
-			r.fatalf("EARLY: claim handed out %q, due %d, at server time %d", e, task.DueMs, c.now)
+			r.event("claimed ahead of its due time")
 		}
 	}
 	var b *mBatch
@@ -843,7 +864,7 @@ func (r *mRun) fenceDiag(sh *mShard, b *mBatch, entries []string) string {
 	return out.String()
 }
 
-func (r *mRun) predictClaim(sh *mShard, now int64, limit int) ([]*mOcc, []*mSched) {
+func (r *mRun) predictClaim(sh *mShard, now, ahead int64, limit int) ([]*mOcc, []*mSched) {
 	var occs []*mOcc
 	for _, o := range sh.inflight {
 		if o.expired(now) {
@@ -856,7 +877,7 @@ func (r *mRun) predictClaim(sh *mShard, now int64, limit int) ([]*mOcc, []*mSche
 	occs = occs[:min(len(occs), limit)]
 	var due []*mSched
 	for _, s := range sh.pending {
-		if s.due <= now {
+		if s.due <= now+ahead {
 			due = append(due, s)
 		}
 	}
@@ -881,7 +902,7 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 		r.fatalf("claim deadline %d, want max(now %d + lease %d, :claim record's deadline %s + 1) = %d",
 			c.deadline, c.now, lease, last, want)
 	}
-	expired, due := r.predictClaim(sh, c.now, limit)
+	expired, due := r.predictClaim(sh, c.now, in.st.ahead.Milliseconds(), limit)
 	var wantE []string
 	reaped := 0
 	for _, o := range expired {
@@ -1061,15 +1082,58 @@ func (r *mRun) knownBatches(want func(b *mBatch) bool) []*mBatch {
 	return out
 }
 
+// opHandBack is an instance stopping: what it holds, claimed ahead and
+// not due yet, is given back (released) at once rather than left to its
+// lease.
+func (r *mRun) opHandBack() bool {
+	at := r.serverNow()
+	bs := r.knownBatches(func(b *mBatch) bool {
+		for idx, o := range b.occs {
+			if b.outcome[idx] == "" && mustDue(r, o.entry) > at {
+				return true
+			}
+		}
+		return false
+	})
+	if len(bs) == 0 {
+		return false
+	}
+	b := pick(r, bs)
+	r.note("%s stops: hands back what %s holds", b.inst.name, b)
+	for idx, o := range b.occs {
+		if b.outcome[idx] == "" && mustDue(r, o.entry) > at {
+			b.outcome[idx] = "stopped"
+			r.event("held entry handed back")
+		}
+	}
+	return true
+}
+
+// mustDue is the due time of an in-flight entry.
+func mustDue(r *mRun, entry string) int64 {
+	t, err := ParseEntry(entry)
+	if err != nil {
+		r.fatalf("entry %q: %v", entry, err)
+	}
+	return t.DueMs
+}
+
 func (r *mRun) opPublish() bool {
 	bs := r.knownBatches(func(b *mBatch) bool { return slices.Contains(b.outcome, "") })
 	if len(bs) == 0 {
 		return false
 	}
 	b := pick(r, bs)
-	r.note("%s publishes %s", b.inst.name, b)
+	// As the holder does: what a claim took ahead is published at its due
+	// time by the server clock, never before; the rest stays held.
+	at := r.serverNow()
+	r.note("%s publishes %s at %d", b.inst.name, b, at)
 	for idx, o := range b.occs {
 		if b.outcome[idx] != "" {
+			continue
+		}
+		if due := mustDue(r, o.entry); due > at {
+			r.event("held: not due at publish time")
 			continue
 		}
 		out := r.outcome(o.member)
@@ -1744,7 +1808,7 @@ func (r *mRun) quiesce() {
 		in.batches, in.lostClaims, in.reruns = nil, nil, nil
 	}
 	final := r.spawn()
-	final.st.lease = 5 * time.Second
+	final.st.lease, final.st.ahead = 5*time.Second, 0 // publishes what it claims at once
 	r.check()
 	r.endStep()
 	for end := time.Now().Add(5 * time.Second); ; {
