@@ -147,15 +147,15 @@ func (l *loader) flushAll(ctx context.Context) error {
 }
 
 // produce schedules rate tasks a second for d, from task 0 on, each with
-// a plain ZADD (no notification) about a second before its due time:
-// task j is due at start + 1s + j/rate, on queue j mod len(queues) (the
+// a plain ZADD (no notification unless wake) about ahead before its due
+// time: task j is due at start + ahead + j/rate, on queue j mod len(queues) (the
 // rate spread evenly over the queues), in its shard of that queue. It
 // returns how many ZADD commands it sent to each shard, indexed q*m+i for
 // shard i of queue q, to be taken out of Redis's counts (on a cluster,
 // out of those of the shard's primary).
 func produce(ctx context.Context, rdb redis.UniversalClient, queues []shard.Keys, m, size, rate int,
-	d time.Duration, start time.Time, scheduled *atomic.Int64) (zadds []int64, err error) {
-	const ahead = 1000 // ms
+	d time.Duration, start time.Time, scheduled *atomic.Int64, aheadD time.Duration, wake bool) (zadds []int64, err error) {
+	ahead := aheadD.Milliseconds()
 	total := int(int64(rate) * d.Milliseconds() / 1000)
 	startMs := start.UnixMilli()
 	due := func(j int) int64 { return startMs + ahead + int64(j)*1000/int64(rate) }
@@ -175,13 +175,23 @@ func produce(ctx context.Context, rdb redis.UniversalClient, queues []shard.Keys
 		if len(byShard) > 0 {
 			// A cluster client splits the pipeline by node.
 			pipe := rdb.Pipeline()
+			wakes := rdb.Pipeline()
 			for s, pairs := range byShard {
 				pipe.Do(ctx, append([]any{"zadd", queues[s/m].Pending(s % m)}, pairs...)...)
+				if wake { // pairs are in due order: the first is the earliest
+					wakes.Publish(ctx, queues[s/m].Wake(), shard.WakeDue(s%m, pairs[0].(int64)))
+				}
 				zadds[s]++
 				delete(byShard, s)
 			}
 			if _, err := pipe.Exec(ctx); err != nil {
 				return zadds, fmt.Errorf("schedule tasks: %w", err)
+			}
+			// After the ZADDs' answers, as the Go producer does on a cluster.
+			if wake {
+				if _, err := wakes.Exec(ctx); err != nil {
+					return zadds, fmt.Errorf("wake the dispatchers: %w", err)
+				}
 			}
 			scheduled.Store(int64(j))
 		}

@@ -27,6 +27,10 @@ type Options struct {
 	Drain     bool     `json:"drain"`
 	Rates     []int    `json:"rates"`
 	Duration  Duration `json:"duration"`
+	// Ahead is how long before its due time a rate point's task is
+	// ZADDed; Wake sends the Go producer's wake-up after each ZADD.
+	Ahead     Duration `json:"ahead"`
+	Wake      bool     `json:"wake"`
 	Idle      Duration `json:"idle_duration"`
 	IdleTasks int      `json:"idle_pending"`
 	Instances []int    `json:"instances"`
@@ -109,6 +113,9 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.BoolVar(&o.Drain, "drain", false, "backlog mode: make every pending task due now and drain them all")
 	fs.StringVar(&rates, "rate", "2000", "rate mode: tasks per second, each scheduled 1s ahead of its due time (list)")
 	fs.DurationVar(&duration, "duration", 20*time.Second, "rate mode: how long tasks are scheduled")
+	var ahead time.Duration
+	fs.DurationVar(&ahead, "ahead", time.Second, "rate mode: how long before its due time each task is ZADDed (the producer sends every 5ms what falls within this)")
+	fs.BoolVar(&o.Wake, "wake", false, "rate mode: after each ZADD, PUBLISH the wake-up the Go producer sends (P:{Q}:wake due:<i>:<due_ms>), for tasks scheduled at short notice")
 	fs.DurationVar(&idle, "idle-duration", 10*time.Second, "idle mode: how long Redis commands are counted")
 	fs.IntVar(&o.IdleTasks, "idle-pending", 0, "idle mode: tasks pending meanwhile, all due in 1 hour")
 	fs.StringVar(&queues, "queues", "1", "idle and rate modes: queues each instance serves (bench, bench-2, ...), each with the point's shard count, all publishing to the point's one exchange with the queue name as routing key, all bound to the consumer's one queue; idle: all idle; rate: the -rate spread evenly over them, task j on queue j mod Q (list)")
@@ -146,6 +153,10 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	o.Duration, o.Idle, o.Stall = Duration(duration), Duration(idle), Duration(stall)
+	o.Ahead = Duration(ahead)
+	if ahead <= 0 || ahead > time.Minute {
+		return nil, fmt.Errorf("-ahead %s: must be more than 0 and at most 1m", ahead)
+	}
 	if o.RedisURL == "" {
 		o.RedisURL = envOr("DISPATCHER_REDIS_URL", "redis://localhost:6379/0")
 	}

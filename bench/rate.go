@@ -51,7 +51,8 @@ func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 	waitCtx, stopWaiting := context.WithCancel(ctx)
 	defer stopWaiting()
 	go func() {
-		z, err := produce(ctx, r.rdb, m.queueKeys(), p.Shards, p.Size, p.Rate, d, began, &scheduled)
+		z, err := produce(ctx, r.rdb, m.queueKeys(), p.Shards, p.Size, p.Rate, d, began, &scheduled,
+			time.Duration(r.opt.Ahead), r.opt.Wake)
 		if err != nil {
 			stopWaiting() // what was not scheduled will not come
 		}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 )
 
 // writeTables prints the results as markdown tables, ready for a README.
@@ -56,7 +57,14 @@ func writeTables(w io.Writer, rep *Report) {
 			})
 	}
 	if rs := results(rep, modeRate); len(rs) > 0 {
-		fmt.Fprintf(w, "\nSteady rate: each task ZADDed 1 s before its due time, no notification; \"first 1 s\": the tasks due in the first second from the earliest due time (the start of traffic)%s\n\n", consumer)
+		ahead, wake := "1 s", "no notification"
+		if o := rep.Options; o != nil {
+			ahead = time.Duration(o.Ahead).String()
+			if o.Wake {
+				wake = "then a wake-up PUBLISH"
+			}
+		}
+		fmt.Fprintf(w, "\nSteady rate: each task ZADDed %s before its due time, %s; \"first 1 s\": the tasks due in the first second from the earliest due time (the start of traffic)%s\n\n", ahead, wake, consumer)
 		table(w, []string{"rate/s", "queues", "instances", "shards", "batch", "size B", "tasks due", "tasks", "dispatch p50 / p99 / p99.9 / max ms",
 			"consumer p50 / p99 / p99.9 / max ms", "median shard p99 ms (consumer)", "worst shard p99 ms (consumer)", "Redis cmds/task",
 			"CPU s/10k tasks", "Redis CPU s/10k tasks", "peak RSS MB", "dups", "missing"}, func(add func(...string)) {
