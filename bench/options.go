@@ -21,12 +21,12 @@ type Options struct {
 	AMQPURL    string `json:"-"`
 	Dispatcher string `json:"-"` // executable started as the instances
 
-	Modes     []string `json:"modes"`
-	Backlogs  []int    `json:"backlogs"`
-	Window    int      `json:"window"`
-	Drain     bool     `json:"drain"`
-	Rates     []int    `json:"rates"`
-	Duration  Duration `json:"duration"`
+	Modes    []string `json:"modes"`
+	Backlogs []int    `json:"backlogs"`
+	Window   int      `json:"window"`
+	Drain    bool     `json:"drain"`
+	Rates    []int    `json:"rates"`
+	Duration Duration `json:"duration"`
 	// Ahead is how long before its due time a rate point's task is
 	// ZADDed; Wake sends the Go producer's wake-up after each ZADD.
 	Ahead     Duration `json:"ahead"`
