@@ -203,7 +203,9 @@ func (p *Producer) Reschedule(ctx context.Context, member []byte, due time.Time)
 
 // Cancel removes a pending task. It reports whether the task was pending
 // and is now removed; false means there was no such pending scheduling,
-// e.g. because a dispatcher already claimed it. A claimed scheduling
+// e.g. because a dispatcher already claimed it. Dispatchers claim a task
+// up to DISPATCHER_LOOKAHEAD (100 ms by default) before its due time, so a
+// task that close to being due can no longer be cancelled. A claimed scheduling
 // cannot be cancelled: it is delivered at least once, and may already be
 // in the broker (a confirmed publish whose removal from Redis has not
 // happened yet is sent again). Consumers that must honour a cancel after
