@@ -65,7 +65,7 @@ func (p *progress) record(acked, released string, f *failed) bool {
 func (s *Scanner) dispatch(work context.Context, b batch, published, done func()) {
 	p := &progress{b: b, done: done, left: len(b.tasks)}
 	var now, later []heldTask
-	nowUs := s.serverNowUs(b.shard)
+	nowUs := s.clock.serverNowUs(b.shard)
 	complete := len(b.tasks) == 0
 	for _, t := range b.tasks {
 		if len(t.Member) > s.opt.MaxMessageBytes {
@@ -128,7 +128,7 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 	for n, t := range tasks {
 		b := t.batch.b
 		if n == 0 || b.shard != tasks[n-1].batch.b.shard {
-			publishedUs = s.serverNowUs(b.shard)
+			publishedUs = s.clock.serverNowUs(b.shard)
 			leaseLeft = min(leaseLeft, time.Duration(b.deadline*1000-publishedUs)*time.Microsecond-margin)
 		}
 		if shard.LooksLikeSeconds(t.task.DueMs) {

@@ -224,7 +224,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 func (s *Scanner) allAhead(shards []int) bool {
 	for _, i := range shards {
 		at, ok := s.known[i]
-		if !ok || at+s.claimEarly() <= s.serverNow(i)+coalesceAhead.Milliseconds() {
+		if !ok || at+s.claimEarly() <= s.clock.serverNow(i)+coalesceAhead.Milliseconds() {
 			return false
 		}
 	}
@@ -667,7 +667,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			continue
 		}
 		if c.now > 0 { // a sweep's plain reads carry no clock when its script failed
-			s.observeClock(i, c.now, d.before[n], d.after[n])
+			s.clock.observe(i, c.now, d.before[n], d.after[n])
 		}
 		if d.job.limit > 0 {
 			s.claimedAt[i] = time.Now()
@@ -682,7 +682,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 				s.known[i] = was
 			}
 		}
-		if at, has := s.known[i]; d.job.limit == 0 && has && (!had || at < was) && at-s.serverNow(i) < s.idleEvery().Milliseconds() {
+		if at, has := s.known[i]; d.job.limit == 0 && has && (!had || at < was) && at-s.clock.serverNow(i) < s.idleEvery().Milliseconds() {
 			// A task appeared, or one due earlier than any known, at shorter
 			// notice than a quiet queue's sweeps: the queue's producers
 			// schedule tasks that wait for the sweeps, so sweep often.

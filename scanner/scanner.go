@@ -99,18 +99,9 @@ type Scanner struct {
 	hold  *holder
 	work  context.Context // publishes and settling: outlives Run's ctx a little
 
-	// Redis server clock minus local clock, µs: per shard, since on a
-	// cluster shards live on primaries with clocks of their own; offset is
-	// the last one seen on any shard, for shards not seen yet.
-	offset  atomic.Int64
-	offsets []atomic.Int64
-	clocked []atomic.Bool
-	// The round trip each shard's offset was measured over, and when:
-	// owned by Run's goroutine.
-	clockRTT []time.Duration
-	clockAt  []time.Time
-	refusal  atomic.Value // string: why Redis refuses the scripts now, "" if it does not
-	cluster  bool         // Redis Cluster: shards live on several primaries
+	clock   *clock
+	refusal atomic.Value // string: why Redis refuses the scripts now, "" if it does not
+	cluster bool         // Redis Cluster: shards live on several primaries
 
 	leadDone chan leadResult
 	busySent atomic.Bool // an announceBusy is on its way
@@ -167,9 +158,8 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Scanner{
 		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{}, unanswered: map[int]string{}, inClaim: map[int]bool{},
-		offsets: make([]atomic.Int64, opt.Shards), clocked: make([]atomic.Bool, opt.Shards),
-		clockRTT: make([]time.Duration, opt.Shards), clockAt: make([]time.Time, opt.Shards),
-		rdb: rdb, pub: pub, opt: opt, keys: keys,
+		clock: newClock(opt.Shards, opt.Now),
+		rdb:   rdb, pub: pub, opt: opt, keys: keys,
 		// A task held for up to the look-ahead still has a whole lease to
 		// be published in.
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead, ahead: opt.Lookahead,
@@ -185,7 +175,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		badUntil:   map[int]time.Time{},
 		claimedAt:  map[int]time.Time{},
 	}
-	s.hold = newHolder(s.serverNowUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
+	s.hold = newHolder(s.clock.serverNowUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
 	return s
 }
 
@@ -378,49 +368,6 @@ func (s *Scanner) RedisRefusal() string {
 	return why
 }
 
-// serverNow estimates the clock of the Redis primary of shard i, in ms.
-func (s *Scanner) serverNow(i int) int64 { return s.serverNowUs(i) / 1000 }
-
-// serverNowUs is serverNow in µs.
-func (s *Scanner) serverNowUs(i int) int64 { return s.opt.Now().UnixMicro() + s.offsetOf(i) }
-
-// offsetOf is the Redis clock of shard i's primary minus the local clock, µs.
-func (s *Scanner) offsetOf(i int) int64 {
-	if i >= 0 && i < len(s.clocked) && s.clocked[i].Load() {
-		return s.offsets[i].Load()
-	}
-	return s.offset.Load()
-}
-
-// observeClock updates shard i's clock offset from a server time read
-// between before and after. The server read it somewhere in that round
-// trip, so taking the midpoint is off by up to half of it: a sample from
-// a slower round trip than the one the offset came from is ignored, unless
-// that one is old enough for the clocks to have drifted apart (allowed
-// for generously, at 1 ms per second).
-func (s *Scanner) observeClock(i int, serverMs int64, before, after time.Time) {
-	rtt := after.Sub(before)
-	// TIME was cut to the ms in the scripts: its middle is half a ms on.
-	off := serverMs*1000 + 500 - (before.UnixMicro() + rtt.Microseconds()/2)
-	if i < 0 || i >= len(s.clocked) {
-		s.offset.Store(off)
-		return
-	}
-	if s.clocked[i].Load() && rtt > s.clockRTT[i]+after.Sub(s.clockAt[i])/1000 {
-		// A slower sample, unless it shows the offset kept is wrong (a
-		// clock was stepped): the server's reading must fall in the round
-		// trip, give or take the ms it was cut to.
-		cur, at := s.offsets[i].Load(), serverMs*1000+500
-		if at >= before.UnixMicro()+cur-1000 && at <= after.UnixMicro()+cur+1000 {
-			return
-		}
-	}
-	s.clockRTT[i], s.clockAt[i] = rtt, after
-	s.offset.Store(off)
-	s.offsets[i].Store(off)
-	s.clocked[i].Store(true)
-}
-
 // idleDelay is how long the loop may sleep: until the earliest known due
 // time on a primary it may claim from, the end of a backoff, the next
 // sweep of a primary (unless busy: then nothing is swept) or the next turn
@@ -473,8 +420,8 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 		// In µs: waking up to a ms early only to sleep a whole ms more
 		// made tasks late by up to 2 ms.
 		w := time.Hour // far off (a score of +inf is 2^62 ms): no overflow
-		if at-s.serverNow(i) < time.Hour.Milliseconds() {
-			w = time.Duration(at*1000-s.serverNowUs(i)) * time.Microsecond
+		if at-s.clock.serverNow(i) < time.Hour.Milliseconds() {
+			w = time.Duration(at*1000-s.clock.serverNowUs(i)) * time.Microsecond
 		}
 		if bad := s.badUntil[i]; bad.After(now) {
 			w = max(w, bad.Sub(now))
@@ -495,7 +442,7 @@ func (s *Scanner) dueShards(n int) []int {
 	var due []int
 	for i, at := range s.known {
 		addr := s.nodeOf(ctx, i)
-		if at <= s.serverNow(i) && !s.inClaim[i] && !now.Before(s.badUntil[i]) && s.free(addr, now) && !s.sweepFirst(s.node(addr), now) {
+		if at <= s.clock.serverNow(i) && !s.inClaim[i] && !now.Before(s.badUntil[i]) && s.free(addr, now) && !s.sweepFirst(s.node(addr), now) {
 			due = append(due, i)
 		}
 	}

@@ -3,7 +3,6 @@ package scanner
 import (
 	"context"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -71,19 +70,17 @@ func TestGridNext(t *testing.T) {
 func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 	local := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	const skewMs = 5000 // the server's clock is 5 s ahead of the local one
-	s := &Scanner{opt: Options{Now: func() time.Time { return local }},
-		offsets: make([]atomic.Int64, 1), clocked: make([]atomic.Bool, 1),
-		clockRTT: make([]time.Duration, 1), clockAt: make([]time.Time, 1)}
+	s := newClock(1, func() time.Time { return local })
 	truth := func() int64 { return local.UnixMilli() + skewMs }
 
 	// A fast round trip: 200 µs, the clock read in its middle.
 	before := local
 	after := before.Add(200 * time.Microsecond)
-	s.observeClock(0, before.Add(100*time.Microsecond).UnixMilli()+skewMs, before, after)
+	s.observe(0, before.Add(100*time.Microsecond).UnixMilli()+skewMs, before, after)
 	// A slow one a little later: 40 ms, the clock read right at its start.
 	local = local.Add(time.Second)
 	before, after = local, local.Add(40*time.Millisecond)
-	s.observeClock(0, before.UnixMilli()+skewMs, before, after)
+	s.observe(0, before.UnixMilli()+skewMs, before, after)
 	if d := s.serverNow(0) - truth(); d < -1 || d > 1 {
 		t.Errorf("server clock estimate off by %d ms after a slow round trip", d)
 	}
@@ -91,17 +88,17 @@ func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 	// is taken: the estimate follows the server's clock.
 	local = local.Add(time.Minute)
 	before, after = local, local.Add(2*time.Millisecond)
-	s.observeClock(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after) // the server's clock drifted 3 ms
+	s.observe(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after) // the server's clock drifted 3 ms
 	if d := s.serverNow(0) - truth(); d < 2 || d > 4 {
 		t.Errorf("estimate off by %d ms from the drifted server clock's 3 ms ahead", d)
 	}
 	// The local clock is stepped 5 s back; the next sample, slow as it is,
 	// shows the kept offset wrong and replaces it at once.
 	before, after = local, local.Add(2*time.Millisecond)
-	s.observeClock(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after)
+	s.observe(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after)
 	local = local.Add(-5 * time.Second)
 	before, after = local, local.Add(5*time.Millisecond)
-	s.observeClock(0, before.Add(2500*time.Microsecond).UnixMilli()+skewMs+3+5000, before, after)
+	s.observe(0, before.Add(2500*time.Microsecond).UnixMilli()+skewMs+3+5000, before, after)
 	if d := s.serverNow(0) - (local.UnixMilli() + skewMs + 3 + 5000); d < -3 || d > 3 {
 		t.Errorf("after a 5 s step of the local clock, the estimate is off by %d ms", d)
 	}

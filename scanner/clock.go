@@ -1,0 +1,76 @@
+package scanner
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Due times are the Redis server's, and on a cluster each primary has a
+// clock of its own: the estimate of how far each is from the local clock
+// is read by the loop, the publishes and the holder alike (hence the
+// atomics), so it stands apart from all of them.
+
+// clock estimates the Redis server clock of each shard's primary.
+type clock struct {
+	// now is the local clock (Options.Now).
+	now func() time.Time
+
+	// Redis server clock minus local clock, µs: per shard, since on a
+	// cluster shards live on primaries with clocks of their own; offset is
+	// the last one seen on any shard, for shards not seen yet.
+	offset  atomic.Int64
+	offsets []atomic.Int64
+	clocked []atomic.Bool
+	// The round trip each shard's offset was measured over, and when:
+	// owned by Run's goroutine.
+	rtt []time.Duration
+	at  []time.Time
+}
+
+func newClock(shards int, now func() time.Time) *clock {
+	return &clock{now: now, offsets: make([]atomic.Int64, shards), clocked: make([]atomic.Bool, shards),
+		rtt: make([]time.Duration, shards), at: make([]time.Time, shards)}
+}
+
+// serverNow estimates the clock of the Redis primary of shard i, in ms.
+func (c *clock) serverNow(i int) int64 { return c.serverNowUs(i) / 1000 }
+
+// serverNowUs is serverNow in µs.
+func (c *clock) serverNowUs(i int) int64 { return c.now().UnixMicro() + c.offsetOf(i) }
+
+// offsetOf is the Redis clock of shard i's primary minus the local clock, µs.
+func (c *clock) offsetOf(i int) int64 {
+	if i >= 0 && i < len(c.clocked) && c.clocked[i].Load() {
+		return c.offsets[i].Load()
+	}
+	return c.offset.Load()
+}
+
+// observe updates shard i's clock offset from a server time read
+// between before and after. The server read it somewhere in that round
+// trip, so taking the midpoint is off by up to half of it: a sample from
+// a slower round trip than the one the offset came from is ignored, unless
+// that one is old enough for the clocks to have drifted apart (allowed
+// for generously, at 1 ms per second).
+func (c *clock) observe(i int, serverMs int64, before, after time.Time) {
+	rtt := after.Sub(before)
+	// TIME was cut to the ms in the scripts: its middle is half a ms on.
+	off := serverMs*1000 + 500 - (before.UnixMicro() + rtt.Microseconds()/2)
+	if i < 0 || i >= len(c.clocked) {
+		c.offset.Store(off)
+		return
+	}
+	if c.clocked[i].Load() && rtt > c.rtt[i]+after.Sub(c.at[i])/1000 {
+		// A slower sample, unless it shows the offset kept is wrong (a
+		// clock was stepped): the server's reading must fall in the round
+		// trip, give or take the ms it was cut to.
+		cur, at := c.offsets[i].Load(), serverMs*1000+500
+		if at >= before.UnixMicro()+cur-1000 && at <= after.UnixMicro()+cur+1000 {
+			return
+		}
+	}
+	c.rtt[i], c.at[i] = rtt, after
+	c.offset.Store(off)
+	c.offsets[i].Store(off)
+	c.clocked[i].Store(true)
+}
