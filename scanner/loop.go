@@ -126,7 +126,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		busy = s.anyFull()
 		if full {
 			s.announceBusy(ctx)
-		} else if !busy && !s.leader {
+		} else if !busy && !s.role.leader {
 			// What a helper learnt while busy is the sweeper's business.
 			s.forgetKnown()
 		}
@@ -137,8 +137,8 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		for outstanding > 0 {
 			finish(<-done)
 		}
-		if s.leading {
-			s.applyLead(ctx, <-s.leadDone)
+		if s.role.leading {
+			s.applyLead(ctx, <-s.role.done)
 		}
 	}()
 
@@ -155,7 +155,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			case <-ready:
 			case d := <-done:
 				finish(d)
-			case r := <-s.leadDone:
+			case r := <-s.role.done:
 				s.applyLead(ctx, r)
 			}
 			stop()
@@ -197,7 +197,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		// After the claims: a primary that takes longer to answer than a
 		// poll interval is still swept and claimed from in turn (see
 		// sweepFirst), as one turn used to do both.
-		if s.leader && !busy {
+		if s.role.leader && !busy {
 			s.sweep(ctx, launch)
 		}
 
@@ -208,7 +208,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		select {
 		case d := <-done:
 			finish(d)
-		case r := <-s.leadDone:
+		case r := <-s.role.done:
 			s.applyLead(ctx, r)
 		case <-freed:
 		case <-s.wake:
@@ -413,7 +413,7 @@ func (s *Scanner) slotsPerJob(held int) int {
 // that neither starves the other when a round trip takes longer than a
 // poll interval.
 func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
-	return s.leader && n.lastClaim && !now.Before(s.sweepDue(n))
+	return s.role.leader && n.lastClaim && !now.Before(s.sweepDue(n))
 }
 
 // free reports whether the loop may send a job to a primary now.

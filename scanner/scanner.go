@@ -103,11 +103,10 @@ type Scanner struct {
 	refusal atomic.Value // string: why Redis refuses the scripts now, "" if it does not
 	cluster bool         // Redis Cluster: shards live on several primaries
 
-	leadDone chan leadResult
+	role     *role
 	busySent atomic.Bool // an announceBusy is on its way
 
 	// What the queue's watchdog asks (Waiting): read off the loop.
-	sweeping    atomic.Bool  // holds the sweeper role
 	publishing  atomic.Int64 // batches being published
 	lastClaimed atomic.Int64 // unix ns of the last claim that took tasks
 	lastAcked   atomic.Int64 // unix ns of the last batch that left Redis confirmed
@@ -124,22 +123,10 @@ type Scanner struct {
 	localNext   int       // next shard of the local walk when the balancer is unreachable
 	primaries   []string  // the primaries holding the queue's shards (cluster)
 	primariesAt time.Time // when primaries was read
-	leader      bool      // this instance holds the sweeper role
-	leading     bool      // a renewal of or bid for the role is on its way
-	lastLead    time.Time // last renewal of or bid for the role
-	lastLeadOK  time.Time // last answer to one
-	leadUntil   time.Time // no renewal or bid before (backoff after a failure)
-	leadDelay   time.Duration
 	balUntil    time.Time // the balancer counter is not asked before (backoff)
 	balDelay    time.Duration
 	lastBusy    time.Time // last time this instance told the others of a backlog
 	rateUntil   time.Time // no claim before: the rate limit's next token
-}
-
-// leadResult is the answer to a renewal of or bid for the sweeper role.
-type leadResult struct {
-	leader bool
-	err    error
 }
 
 // New returns a scanner for one queue.
@@ -157,7 +144,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
 	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Scanner{
-		cluster: cluster, leadDone: make(chan leadResult, 1), nodes: map[string]*nodeState{}, unanswered: map[int]string{}, inClaim: map[int]bool{},
+		cluster: cluster, nodes: map[string]*nodeState{}, unanswered: map[int]string{}, inClaim: map[int]bool{},
 		clock: newClock(opt.Shards, opt.Now),
 		rdb:   rdb, pub: pub, opt: opt, keys: keys,
 		// A task held for up to the look-ahead still has a whole lease to
@@ -175,6 +162,12 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		badUntil:   map[int]time.Time{},
 		claimedAt:  map[int]time.Time{},
 	}
+	s.role = &role{rdb: rdb, keys: keys, instance: opt.InstanceID, poll: opt.PollInterval, log: log, lim: s.lim, met: s.met,
+		send: func(ctx context.Context, node string, fill func(redis.Pipeliner)) error {
+			_, _, err := s.roundTrip(ctx, node, true, fill)
+			return err
+		},
+		reload: s.reloadSlots, done: make(chan leadResult, 1)}
 	s.hold = newHolder(s.clock.serverNowUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
 	return s
 }
@@ -209,11 +202,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 	s.settleAll(s.handBack(<-held))
 	stopListen()
 	listening.Wait()
-	if s.leader {
-		s.stepDown()
-		s.met.sweeper(false)
-		s.sweeping.Store(false)
-	}
+	s.role.resign()
 
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -237,9 +226,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 }
 
 // takeNotes applies the wake-ups received since the last turn and sends a
-// renewal of or bid for the sweeper role when that is due. The role's key
-// lives on one primary: its answer comes back on leadDone, so a primary
-// that is slow to answer holds up no other.
+// renewal of or bid for the sweeper role when that is due.
 func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	wasBusy, free, soon := s.notes.take()
 	if wasBusy {
@@ -249,20 +236,10 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 		s.hot()
 	}
 	if free {
-		s.lastLead = time.Time{}
+		s.role.free()
 	}
-	if !s.leading && !time.Now().Before(gridNext(s.lastLead, s.leadEvery(s.leader))) && time.Now().After(s.leadUntil) {
-		s.leading = true
-		s.lastLead = time.Now()
-		go func() {
-			// Past the role's TTL an answer is moot: the role expired.
-			lctx, cancel := context.WithTimeout(ctx, s.roleTTL())
-			defer cancel()
-			leader, err := s.lead(lctx)
-			s.leadDone <- leadResult{leader, err}
-		}()
-	}
-	if !s.leader {
+	s.role.bid(ctx)
+	if !s.role.leader {
 		return
 	}
 	now := time.Now()
@@ -275,36 +252,12 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	}
 }
 
-// applyLead takes the answer about the sweeper role in. When the role's
-// primary cannot be reached for longer than the role lives, nobody can
-// hold it: the instance sweeps anyway (two sweepers cost Redis calls, none
-// would cost tasks).
+// applyLead takes the answer about the sweeper role in. An instance that
+// lost the role forgets the due times it knew: they are the sweeper's.
 func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
-	s.leading = false
-	leader := r.leader
-	if r.err != nil {
-		if ctx.Err() != nil {
-			return
-		}
-		s.met.error("redis", 1)
-		s.lim.Warn("lead", "cannot reach the sweeper role's key", "key", s.keys.Sweeper(), "err", r.err)
-		leader = s.leader || time.Since(s.lastLeadOK) > s.roleTTL()
-		s.leadDelay = min(max(2*s.leadDelay, 100*time.Millisecond), 2*time.Second)
-		s.leadUntil = time.Now().Add(s.leadDelay)
-		s.reloadSlots()
-	} else {
-		s.lastLeadOK = time.Now()
-		s.leadDelay = 0
+	if s.role.apply(ctx, r) && !s.role.leader {
+		s.forgetKnown()
 	}
-	if leader != s.leader {
-		s.log.Debug("sweeper role", "held", leader)
-		s.met.sweeper(leader)
-		s.sweeping.Store(leader)
-		if !leader {
-			s.forgetKnown()
-		}
-	}
-	s.leader = leader
 }
 
 // announceBusy tells every instance that this one found a backlog, so they
@@ -328,7 +281,7 @@ func (s *Scanner) announceBusy(ctx context.Context) {
 
 // Sweeping reports whether this instance holds the queue's sweeper role:
 // then it alone keeps the queue's state metrics and watches for stalls.
-func (s *Scanner) Sweeping() bool { return s.sweeping.Load() }
+func (s *Scanner) Sweeping() bool { return s.role.sweeping.Load() }
 
 // Waiting says what this instance sees holding up the queue's due tasks:
 // Redis refusing its scripts, every publish slot waiting for confirms, or
@@ -376,14 +329,7 @@ func (s *Scanner) RedisRefusal() string {
 // while canClaim is false (no publish slot free: one coming free wakes
 // it). claimNow says the loop should claim again at once.
 func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
-	next := gridNext(s.lastLead, s.leadEvery(s.leader))
-	if s.leadUntil.After(next) {
-		next = s.leadUntil
-	}
-	d := time.Until(next)
-	if s.leading {
-		d = time.Hour // its answer wakes the loop
-	}
+	d := s.role.wait()
 	now := time.Now()
 	backedOff := false
 	for _, n := range s.nodes {
@@ -391,11 +337,11 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 			d = min(d, n.until.Sub(now))
 			backedOff = true
 		}
-		if s.leader && !busy && !n.claiming && !n.until.After(now) {
+		if s.role.leader && !busy && !n.claiming && !n.until.After(now) {
 			d = min(d, s.sweepDue(n).Sub(now))
 		}
 	}
-	if s.leader && !busy && len(s.nodes) == 0 {
+	if s.role.leader && !busy && len(s.nodes) == 0 {
 		d = min(d, s.sweepEvery) // nothing swept yet
 	}
 	if claimNow && !backedOff && !s.rateLimited(now) {

@@ -110,7 +110,7 @@ func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 func TestNothingToSweepDoesNotSpin(t *testing.T) {
 	s := New(nil, nil, Options{Queue: "q", Shards: 1, BatchSize: 10, PollInterval: 50 * time.Millisecond,
 		Lease: 30 * time.Second})
-	s.leader, s.leading = true, true // a renewal on its way: not what wakes the loop
+	s.role.leader, s.role.leading = true, true // a renewal on its way: not what wakes the loop
 	s.node("")
 	s.badUntil[0] = time.Now().Add(5 * time.Second)
 	launched := 0
@@ -133,7 +133,7 @@ func TestNothingToSweepDoesNotSpin(t *testing.T) {
 // TestWakeUpFromPython, where this was seen).
 func TestWakeUpSurvivesAClaimSentBeforeIt(t *testing.T) {
 	s := New(nil, nil, Options{Queue: "q", Shards: 4, BatchSize: 10, PollInterval: time.Hour})
-	s.leader, s.leading = true, true // no role renewal in this test
+	s.role.leader, s.role.leading = true, true // no role renewal in this test
 	job := claimJob{shards: []int{2}, tokens: []string{"t"}, limit: 10, sent: time.Now()}
 	time.Sleep(time.Millisecond)
 	s.notes.due(2, 1_000)
