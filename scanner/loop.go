@@ -3,7 +3,6 @@ package scanner
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -179,7 +178,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		if held > 0 && !s.rateLimited(time.Now()) && s.anyFree(ctx) {
 			var targets []int
 			if busy {
-				targets = s.balanced(ctx, held)
+				targets = s.pick.next(ctx, held)
 			} else {
 				targets = s.dueShards(held)
 			}
@@ -465,40 +464,6 @@ func (s *Scanner) sweepable() []int {
 		if !now.Before(s.badUntil[i]) {
 			out = append(out, i)
 		}
-	}
-	return out
-}
-
-// balanced returns the next n shards from the queue's balancer counter.
-// The counter is one key on one primary: while it cannot be reached, the
-// instance walks the shards on its own from a random start, so that the
-// other primaries' shards still drain.
-func (s *Scanner) balanced(ctx context.Context, n int) []int {
-	now := time.Now()
-	if now.After(s.balUntil) {
-		bctx, cancel := context.WithTimeout(ctx, counterTimeout)
-		out, err := s.bal.NextN(bctx, n)
-		cancel()
-		if err == nil {
-			s.balDelay = 0
-			return out
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		s.balDelay = min(max(2*s.balDelay, 100*time.Millisecond), 5*time.Second)
-		s.balUntil = now.Add(s.balDelay)
-		s.met.error("redis", 1)
-		s.reloadSlots()
-		s.lim.Warn("balancer", "cannot reach the balancer counter; picking shards locally", "key", s.keys.Counter(), "err", err)
-	}
-	if s.localNext == 0 {
-		s.localNext = 1 + rand.IntN(s.opt.Shards)
-	}
-	var out []int
-	for k := 0; k < n && k < s.opt.Shards; k++ {
-		out = append(out, (s.localNext-1)%s.opt.Shards)
-		s.localNext++
 	}
 	return out
 }

@@ -90,7 +90,6 @@ type Scanner struct {
 	opt   Options
 	keys  shard.Keys
 	st    *store
-	bal   *balancer.Balancer
 	log   *slog.Logger
 	lim   *logLimiter
 	met   queueMetrics
@@ -104,6 +103,7 @@ type Scanner struct {
 	cluster bool         // Redis Cluster: shards live on several primaries
 
 	role     *role
+	pick     *picker
 	busySent atomic.Bool // an announceBusy is on its way
 
 	// What the queue's watchdog asks (Waiting): read off the loop.
@@ -120,11 +120,8 @@ type Scanner struct {
 	badUntil    map[int]time.Time
 	claimedAt   map[int]time.Time // shard -> when a claim of it last answered
 	nodes       map[string]*nodeState
-	localNext   int       // next shard of the local walk when the balancer is unreachable
 	primaries   []string  // the primaries holding the queue's shards (cluster)
 	primariesAt time.Time // when primaries was read
-	balUntil    time.Time // the balancer counter is not asked before (backoff)
-	balDelay    time.Duration
 	lastBusy    time.Time // last time this instance told the others of a backlog
 	rateUntil   time.Time // no claim before: the rate limit's next token
 }
@@ -141,28 +138,31 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		opt.InstanceID = NewInstanceID()
 	}
 	log := opt.Logger.With("queue", opt.Queue)
+	lim := newLogLimiter(log, 10*time.Second)
+	met := opt.Metrics.forQueue(opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
 	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Scanner{
 		cluster: cluster, nodes: map[string]*nodeState{}, unanswered: map[int]string{}, inClaim: map[int]bool{},
-		clock: newClock(opt.Shards, opt.Now),
-		rdb:   rdb, pub: pub, opt: opt, keys: keys,
+		rdb: rdb, pub: pub, opt: opt, keys: keys,
 		// A task held for up to the look-ahead still has a whole lease to
 		// be published in.
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead, ahead: opt.Lookahead,
 			retryMin: opt.RetryMin, retryMax: opt.RetryMax, maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
-		bal:        balancer.New(rdb, keys.Counter(), opt.Shards),
 		log:        log,
-		lim:        newLogLimiter(log, 10*time.Second),
-		met:        opt.Metrics.forQueue(opt.Queue),
+		lim:        lim,
+		met:        met,
 		wake:       make(chan struct{}, 1),
 		known:      map[int]int64{},
 		notedAt:    map[int]time.Time{},
 		sweepEvery: opt.PollInterval,
 		badUntil:   map[int]time.Time{},
 		claimedAt:  map[int]time.Time{},
+		clock:      newClock(opt.Shards, opt.Now),
 	}
-	s.role = &role{rdb: rdb, keys: keys, instance: opt.InstanceID, poll: opt.PollInterval, log: log, lim: s.lim, met: s.met,
+	s.pick = &picker{bal: balancer.New(rdb, keys.Counter(), opt.Shards), shards: opt.Shards, key: keys.Counter(),
+		met: met, lim: lim, reload: s.reloadSlots}
+	s.role = &role{rdb: rdb, keys: keys, instance: opt.InstanceID, poll: opt.PollInterval, log: log, lim: lim, met: met,
 		send: func(ctx context.Context, node string, fill func(redis.Pipeliner)) error {
 			_, _, err := s.roundTrip(ctx, node, true, fill)
 			return err
