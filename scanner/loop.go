@@ -175,14 +175,16 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				break fill
 			}
 		}
-		if held > 0 && !s.rateLimited(time.Now()) && s.anyFree(ctx) {
+		if held > 0 && !s.rate.limited(time.Now()) && s.anyFree(ctx) {
 			var targets []int
 			if busy {
 				targets = s.pick.next(ctx, held)
 			} else {
 				targets = s.dueShards(held)
 			}
-			targets, limit := s.allowClaims(ctx, targets)
+			targets, limit := s.rate.allow(ctx, targets, func(i int, now time.Time) bool {
+				return s.free(s.nodeOf(ctx, i), now) && !now.Before(s.badUntil[i])
+			})
 			for _, j := range s.jobs(ctx, targets, limit, s.slotsPerJob(held)) {
 				j.slots = len(j.shards)
 				j.ahead = !busy && s.allAhead(j.shards)

@@ -48,56 +48,76 @@ return {granted, wait}
 // stays within a tenth of the limit.
 func rateBurst(rate float64) int64 { return max(1, int64(math.Ceil(rate/10))) }
 
-// rateLimited reports whether the queue waits for its rate limit's next
-// token now.
-func (s *Scanner) rateLimited(now time.Time) bool {
-	return s.opt.MaxRate > 0 && now.Before(s.rateUntil)
+// rateLimit is this instance's side of the queue's rate limit: it takes
+// tokens before each claim and knows when the next comes. Its own type, as
+// the bucket is one key on one primary with failures of its own, and the
+// loop only needs to know whether to wait.
+type rateLimit struct {
+	rdb   redis.UniversalClient
+	key   string        // the bucket's key
+	rate  float64       // Options.MaxRate: tasks a second, 0 for no limit
+	batch int           // Options.BatchSize
+	poll  time.Duration // Options.PollInterval
+	met   queueMetrics
+	lim   *logLimiter
+
+	until time.Time // no claim before: the rate limit's next token
 }
 
-// allowClaims takes tokens for up to BatchSize tasks of each target shard
+// limited reports whether the queue waits for its rate limit's next
+// token now.
+func (r *rateLimit) limited(now time.Time) bool {
+	return r.rate > 0 && now.Before(r.until)
+}
+
+// wait is how long from now until the rate limit's next token.
+func (r *rateLimit) wait(now time.Time) time.Duration { return r.until.Sub(now) }
+
+// allow takes tokens for up to BatchSize tasks of each target shard
 // and returns the shards to claim from and how many tasks each may take,
 // never more in all than the tokens granted. With no token it returns no
-// shard and notes when the next comes (rateUntil). The bucket cannot be
+// shard and notes when the next comes (until). The bucket cannot be
 // reached: nothing is claimed for a moment (fail closed: the limit exists
-// to spare the consumers).
-func (s *Scanner) allowClaims(ctx context.Context, targets []int) ([]int, int) {
-	if s.opt.MaxRate <= 0 || len(targets) == 0 {
-		return targets, s.opt.BatchSize
+// to spare the consumers). claimable says whether a job would claim shard
+// i now.
+func (r *rateLimit) allow(ctx context.Context, targets []int, claimable func(i int, now time.Time) bool) ([]int, int) {
+	if r.rate <= 0 || len(targets) == 0 {
+		return targets, r.batch
 	}
 	// Tokens for a shard no job will claim now (its primary busy or backed
 	// off, the shard set aside, e.g. paused) would be lost.
 	now := time.Now()
-	var claimable []int
+	var ok []int
 	for _, i := range targets {
-		if s.free(s.nodeOf(ctx, i), now) && !now.Before(s.badUntil[i]) {
-			claimable = append(claimable, i)
+		if claimable(i, now) {
+			ok = append(ok, i)
 		}
 	}
-	if targets = claimable; len(targets) == 0 {
+	if targets = ok; len(targets) == 0 {
 		// Look again shortly rather than at once: the loop would spin.
-		s.rateUntil = now.Add(min(s.opt.PollInterval, 100*time.Millisecond))
+		r.until = now.Add(min(r.poll, 100*time.Millisecond))
 		return nil, 0
 	}
 	rctx, cancel := context.WithTimeout(ctx, counterTimeout)
 	defer cancel()
-	want := int64(len(targets) * s.opt.BatchSize)
-	res, err := rateScript.Run(rctx, s.rdb, []string{s.keys.Rate()}, s.opt.MaxRate, rateBurst(s.opt.MaxRate), want).Int64Slice()
+	want := int64(len(targets) * r.batch)
+	res, err := rateScript.Run(rctx, r.rdb, []string{r.key}, r.rate, rateBurst(r.rate), want).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("rate script returned %d values, want 2", len(res))
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			s.met.error("redis", 1)
-			s.lim.Warn("rate", "cannot reach the rate limit's bucket; claiming nothing meanwhile", "key", s.keys.Rate(), "err", err)
-			s.rateUntil = time.Now().Add(100 * time.Millisecond)
+			r.met.error("redis", 1)
+			r.lim.Warn("rate", "cannot reach the rate limit's bucket; claiming nothing meanwhile", "key", r.key, "err", err)
+			r.until = time.Now().Add(100 * time.Millisecond)
 		}
 		return nil, 0
 	}
 	granted, wait := res[0], res[1]
 	if granted <= 0 {
-		s.rateUntil = time.Now().Add(time.Duration(max(wait, 1)) * time.Millisecond)
+		r.until = time.Now().Add(time.Duration(max(wait, 1)) * time.Millisecond)
 		return nil, 0
 	}
-	n := min(int((granted+int64(s.opt.BatchSize)-1)/int64(s.opt.BatchSize)), len(targets))
+	n := min(int((granted+int64(r.batch)-1)/int64(r.batch)), len(targets))
 	return targets[:n], int(granted) / n
 }

@@ -104,6 +104,7 @@ type Scanner struct {
 
 	role     *role
 	pick     *picker
+	rate     *rateLimit
 	busySent atomic.Bool // an announceBusy is on its way
 
 	// What the queue's watchdog asks (Waiting): read off the loop.
@@ -123,7 +124,6 @@ type Scanner struct {
 	primaries   []string  // the primaries holding the queue's shards (cluster)
 	primariesAt time.Time // when primaries was read
 	lastBusy    time.Time // last time this instance told the others of a backlog
-	rateUntil   time.Time // no claim before: the rate limit's next token
 }
 
 // New returns a scanner for one queue.
@@ -159,6 +159,8 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		badUntil:   map[int]time.Time{},
 		claimedAt:  map[int]time.Time{},
 		clock:      newClock(opt.Shards, opt.Now),
+		rate: &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
+			met: met, lim: lim},
 	}
 	s.pick = &picker{bal: balancer.New(rdb, keys.Counter(), opt.Shards), shards: opt.Shards, key: keys.Counter(),
 		met: met, lim: lim, reload: s.reloadSlots}
@@ -344,11 +346,11 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 	if s.role.leader && !busy && len(s.nodes) == 0 {
 		d = min(d, s.sweepEvery) // nothing swept yet
 	}
-	if claimNow && !backedOff && !s.rateLimited(now) {
+	if claimNow && !backedOff && !s.rate.limited(now) {
 		return 0
 	}
-	if claimNow && s.rateLimited(now) {
-		d = min(d, s.rateUntil.Sub(now))
+	if claimNow && s.rate.limited(now) {
+		d = min(d, s.rate.wait(now))
 	}
 	if !canClaim {
 		return max(d, time.Millisecond)
@@ -359,8 +361,8 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 		if n.claiming || n.until.After(now) || s.inClaim[i] {
 			continue
 		}
-		if s.rateLimited(now) {
-			d = min(d, s.rateUntil.Sub(now)) // due shards wait for the next token
+		if s.rate.limited(now) {
+			d = min(d, s.rate.wait(now)) // due shards wait for the next token
 			continue
 		}
 		// In µs: waking up to a ms early only to sleep a whole ms more
