@@ -124,7 +124,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		n.full = full
 		busy = s.anyFull()
 		if full {
-			s.announceBusy(ctx)
+			s.wake.announceBusy(ctx)
 		} else if !busy && !s.role.leader {
 			// What a helper learnt while busy is the sweeper's business.
 			s.forgetKnown()
@@ -212,7 +212,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		case r := <-s.role.done:
 			s.applyLead(ctx, r)
 		case <-freed:
-		case <-s.wake:
+		case <-s.wake.ch:
 		case <-t.C:
 		case <-ctx.Done():
 		}

@@ -85,27 +85,25 @@ type Options struct {
 
 // Scanner dispatches one queue. Run it once.
 type Scanner struct {
-	rdb   redis.UniversalClient
-	pub   Publisher
-	opt   Options
-	keys  shard.Keys
-	st    *store
-	log   *slog.Logger
-	lim   *logLimiter
-	met   queueMetrics
-	wake  chan struct{}
-	notes notes
-	hold  *holder
-	work  context.Context // publishes and settling: outlives Run's ctx a little
+	rdb  redis.UniversalClient
+	pub  Publisher
+	opt  Options
+	keys shard.Keys
+	st   *store
+	log  *slog.Logger
+	lim  *logLimiter
+	met  queueMetrics
+	hold *holder
+	work context.Context // publishes and settling: outlives Run's ctx a little
 
 	clock   *clock
 	refusal atomic.Value // string: why Redis refuses the scripts now, "" if it does not
 	cluster bool         // Redis Cluster: shards live on several primaries
 
-	role     *role
-	pick     *picker
-	rate     *rateLimit
-	busySent atomic.Bool // an announceBusy is on its way
+	role *role
+	pick *picker
+	rate *rateLimit
+	wake *wakeups
 
 	// What the queue's watchdog asks (Waiting): read off the loop.
 	publishing  atomic.Int64 // batches being published
@@ -123,7 +121,6 @@ type Scanner struct {
 	nodes       map[string]*nodeState
 	primaries   []string  // the primaries holding the queue's shards (cluster)
 	primariesAt time.Time // when primaries was read
-	lastBusy    time.Time // last time this instance told the others of a backlog
 }
 
 // New returns a scanner for one queue.
@@ -152,7 +149,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		log:        log,
 		lim:        lim,
 		met:        met,
-		wake:       make(chan struct{}, 1),
+		wake:       newWakeups(rdb, keys, opt.Shards, opt.PollInterval, cluster, log, lim),
 		known:      map[int]int64{},
 		notedAt:    map[int]time.Time{},
 		sweepEvery: opt.PollInterval,
@@ -177,10 +174,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 // Wake makes an idle scanner look at every shard now, e.g. when a producer
 // says it added a task earlier than any known.
 func (s *Scanner) Wake() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.wake.kick()
 }
 
 // Run dispatches until ctx ends. Then it claims nothing new, waits up to
@@ -199,7 +193,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 	listenCtx, stopListen := context.WithCancel(ctx)
 	var listening sync.WaitGroup
 	listening.Add(1)
-	go func() { defer listening.Done(); s.listen(listenCtx) }()
+	go func() { defer listening.Done(); s.wake.listen(listenCtx) }()
 	s.loop(ctx, work, &wg, slots)
 	s.settleAll(s.handBack(<-held))
 	stopListen()
@@ -230,7 +224,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 // takeNotes applies the wake-ups received since the last turn and sends a
 // renewal of or bid for the sweeper role when that is due.
 func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
-	wasBusy, free, soon := s.notes.take()
+	wasBusy, free, soon := s.wake.notes.take()
 	if wasBusy {
 		*busy = true
 	}
@@ -260,25 +254,6 @@ func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
 	if s.role.apply(ctx, r) && !s.role.leader {
 		s.forgetKnown()
 	}
-}
-
-// announceBusy tells every instance that this one found a backlog, so they
-// all claim (spread by the balancer) until it is gone. At most once per
-// poll interval: helpers that ran dry go back to idle in between. It is
-// sent on its own goroutine: the channel's primary may be the slow one.
-func (s *Scanner) announceBusy(ctx context.Context) {
-	if time.Since(s.lastBusy) < s.opt.PollInterval || !s.busySent.CompareAndSwap(false, true) {
-		return
-	}
-	s.lastBusy = time.Now()
-	go func() {
-		defer s.busySent.Store(false)
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		if err := s.rdb.Publish(pctx, s.keys.Wake(), shard.WakeBusy).Err(); err != nil && ctx.Err() == nil {
-			s.lim.Warn("announce", "cannot tell other instances of the backlog", "err", err)
-		}
-	}()
 }
 
 // Sweeping reports whether this instance holds the queue's sweeper role:

@@ -136,7 +136,7 @@ func TestWakeUpSurvivesAClaimSentBeforeIt(t *testing.T) {
 	s.role.leader, s.role.leading = true, true // no role renewal in this test
 	job := claimJob{shards: []int{2}, tokens: []string{"t"}, limit: 10, sent: time.Now()}
 	time.Sleep(time.Millisecond)
-	s.notes.due(2, 1_000)
+	s.wake.notes.due(2, 1_000)
 	busy := false
 	s.takeNotes(context.Background(), &busy)
 	if s.known[2] != 1_000 {

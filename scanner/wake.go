@@ -2,15 +2,72 @@ package scanner
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/shard"
 )
+
+// Instances, producers and Redis's keyspace events tell each other of
+// news on the queue's wake channel. Messages come on a goroutine of their
+// own and may be lost (they only save waiting for a poll), so they are
+// kept here as notes the loop takes in on its next turn, apart from the
+// loop's own state.
+
+// wakeups is this instance's end of the queue's wake channel: what it
+// hears, and the backlogs it tells of.
+type wakeups struct {
+	rdb     redis.UniversalClient
+	keys    shard.Keys
+	shards  int           // Options.Shards
+	poll    time.Duration // Options.PollInterval
+	cluster bool          // Redis Cluster: no keyspace events
+	log     *slog.Logger
+	lim     *logLimiter
+
+	ch    chan struct{} // wakes the loop
+	notes notes
+
+	busySent atomic.Bool // an announceBusy is on its way
+	lastBusy time.Time   // last time this instance told the others of a backlog: owned by Run's goroutine
+}
+
+func newWakeups(rdb redis.UniversalClient, keys shard.Keys, shards int, poll time.Duration, cluster bool, log *slog.Logger, lim *logLimiter) *wakeups {
+	return &wakeups{rdb: rdb, keys: keys, shards: shards, poll: poll, cluster: cluster, log: log, lim: lim, ch: make(chan struct{}, 1)}
+}
+
+// kick wakes the loop, unless a wake-up is waiting for it already.
+func (w *wakeups) kick() {
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+// announceBusy tells every instance that this one found a backlog, so they
+// all claim (spread by the balancer) until it is gone. At most once per
+// poll interval: helpers that ran dry go back to idle in between. It is
+// sent on its own goroutine: the channel's primary may be the slow one.
+func (w *wakeups) announceBusy(ctx context.Context) {
+	if time.Since(w.lastBusy) < w.poll || !w.busySent.CompareAndSwap(false, true) {
+		return
+	}
+	w.lastBusy = time.Now()
+	go func() {
+		defer w.busySent.Store(false)
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := w.rdb.Publish(pctx, w.keys.Wake(), shard.WakeBusy).Err(); err != nil && ctx.Err() == nil {
+			w.lim.Warn("announce", "cannot tell other instances of the backlog", "err", err)
+		}
+	}()
+}
 
 // notes are wake-ups received since the loop last looked.
 type notes struct {
@@ -44,26 +101,26 @@ func (n *notes) due(i int, ms int64) {
 // events for sorted sets, every ZADD to a pending shard, so a task that
 // any producer adds for now goes out without waiting for the next poll.
 // Losing messages (e.g. while reconnecting) only falls back to polling.
-func (s *Scanner) listen(ctx context.Context) {
-	ps := s.rdb.Subscribe(ctx, s.keys.Wake())
+func (w *wakeups) listen(ctx context.Context) {
+	ps := w.rdb.Subscribe(ctx, w.keys.Wake())
 	defer ps.Close()
 	// A refusal (an ACL without the channel: Redis 7 users get none by
 	// default) is said once; the subscription is then given up, rather
 	// than retried many times a second. A connection error is not a
 	// refusal: Channel reconnects by itself.
 	if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); isReply(err) {
-		s.log.Warn("cannot subscribe to the wake channel; polling only, and other instances will not help drain a backlog (grant the channel in the ACL)",
-			"channel", s.keys.Wake(), "err", err)
+		w.log.Warn("cannot subscribe to the wake channel; polling only, and other instances will not help drain a backlog (grant the channel in the ACL)",
+			"channel", w.keys.Wake(), "err", err)
 		return
 	}
-	if pattern := s.keyspacePattern(ctx); pattern != "" {
+	if pattern := w.keyspacePattern(ctx); pattern != "" {
 		if err := ps.PSubscribe(ctx, pattern); err != nil {
-			s.log.Warn("cannot subscribe to keyspace events; polling only", "err", err)
+			w.log.Warn("cannot subscribe to keyspace events; polling only", "err", err)
 		} else if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); isReply(err) {
-			s.log.Warn("cannot subscribe to keyspace events; polling only", "pattern", pattern, "err", err)
+			w.log.Warn("cannot subscribe to keyspace events; polling only", "pattern", pattern, "err", err)
 			_ = ps.PUnsubscribe(ctx, pattern)
 		} else {
-			s.log.Info("Redis publishes sorted-set keyspace events: newly scheduled tasks wake this instance at once")
+			w.log.Info("Redis publishes sorted-set keyspace events: newly scheduled tasks wake this instance at once")
 		}
 	}
 	ch := ps.Channel()
@@ -75,54 +132,54 @@ func (s *Scanner) listen(ctx context.Context) {
 			if !ok {
 				return
 			}
-			s.heard(m)
+			w.heard(m)
 		}
 	}
 }
 
-func (s *Scanner) heard(m *redis.Message) {
+func (w *wakeups) heard(m *redis.Message) {
 	if m.Pattern != "" {
 		// Keyspace event: channel __keyspace@<db>__:<pending key>, payload
 		// the command. Only additions can bring a task due earlier.
 		if m.Payload != "zadd" && m.Payload != "zincr" {
 			return
 		}
-		i, ok := s.shardOfKey(m.Channel[strings.Index(m.Channel, "__:")+3:])
+		i, ok := w.shardOfKey(m.Channel[strings.Index(m.Channel, "__:")+3:])
 		if !ok {
 			return
 		}
-		s.notes.due(i, 0) // look at the shard now
-		s.Wake()
+		w.notes.due(i, 0) // look at the shard now
+		w.kick()
 		return
 	}
 	switch m.Payload {
 	case shard.WakeBusy:
-		s.notes.mu.Lock()
-		s.notes.busy = true
-		s.notes.mu.Unlock()
+		w.notes.mu.Lock()
+		w.notes.busy = true
+		w.notes.mu.Unlock()
 	case shard.WakeLead:
-		s.notes.mu.Lock()
-		s.notes.lead = true
-		s.notes.mu.Unlock()
+		w.notes.mu.Lock()
+		w.notes.lead = true
+		w.notes.mu.Unlock()
 	default:
 		i, ms, ok := shard.ParseWakeDue(m.Payload)
-		if !ok || i >= s.opt.Shards {
+		if !ok || i >= w.shards {
 			return
 		}
-		s.notes.due(i, ms)
+		w.notes.due(i, ms)
 	}
-	s.Wake()
+	w.kick()
 }
 
 // shardOfKey returns i if key is the pending key of shard i of this queue.
-func (s *Scanner) shardOfKey(key string) (int, bool) {
-	head := s.keys.Prefix + ":{" + s.keys.Queue + ":"
+func (w *wakeups) shardOfKey(key string) (int, bool) {
+	head := w.keys.Prefix + ":{" + w.keys.Queue + ":"
 	rest, ok := strings.CutPrefix(key, head)
 	if !ok || !strings.HasSuffix(rest, "}") {
 		return 0, false
 	}
 	i, err := strconv.Atoi(strings.TrimSuffix(rest, "}"))
-	if err != nil || i < 0 || i >= s.opt.Shards {
+	if err != nil || i < 0 || i >= w.shards {
 		return 0, false
 	}
 	return i, true
@@ -137,11 +194,11 @@ func (s *Scanner) shardOfKey(key string) (int, bool) {
 // to its own subscribers, so one subscription would hear only the shards
 // of one primary. Producers' wake-ups (plain PUBLISH, which the cluster
 // passes to every node) and polling serve a cluster.
-func (s *Scanner) keyspacePattern(ctx context.Context) string {
-	if s.cluster {
+func (w *wakeups) keyspacePattern(ctx context.Context) string {
+	if w.cluster {
 		return ""
 	}
-	cfg, err := s.rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
+	cfg, err := w.rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
 	if err != nil {
 		return "" // e.g. an ACL user without CONFIG: polling only
 	}
@@ -150,10 +207,10 @@ func (s *Scanner) keyspacePattern(ctx context.Context) string {
 		return ""
 	}
 	db := 0
-	if c, ok := s.rdb.(*redis.Client); ok {
+	if c, ok := w.rdb.(*redis.Client); ok {
 		db = c.Options().DB
 	}
-	return "__keyspace@" + strconv.Itoa(db) + "__:" + globEscape(s.keys.Prefix+":{"+s.keys.Queue+":") + "*}"
+	return "__keyspace@" + strconv.Itoa(db) + "__:" + globEscape(w.keys.Prefix+":{"+w.keys.Queue+":") + "*}"
 }
 
 // globEscape escapes the characters Redis's pattern matching treats specially.
