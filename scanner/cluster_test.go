@@ -21,18 +21,18 @@ func TestClaimJobsShareSlotsOnCluster(t *testing.T) {
 	s := New(c.Client(), nil, Options{Queue: "q", Shards: 16, KeyPrefix: "p", BatchSize: 10, Pipeline: 4,
 		PollInterval: 50 * time.Millisecond, Lease: 30 * time.Second, MaxAttempts: 3,
 		RetryMin: time.Second, RetryMax: time.Second})
-	if !s.cluster || !s.anyFree(ctx) || len(s.primaries) != 3 {
-		t.Fatalf("cluster %v, primaries %v", s.cluster, s.primaries)
+	if !s.prim.cluster || !s.prim.anyFree(ctx) || len(s.prim.addrs) != 3 {
+		t.Fatalf("cluster %v, primaries %v", s.prim.cluster, s.prim.addrs)
 	}
 	all := make([]int, 16)
 	for i := range all {
 		all[i] = i
 	}
-	per := s.slotsPerJob(4)
+	per := s.prim.slotsPerJob(4)
 	if per != 2 {
 		t.Fatalf("slots per job of 4 over 3 primaries: %d, want 2", per)
 	}
-	jobs := s.jobs(ctx, all, 10, per)
+	jobs := s.prim.jobs(ctx, all, 10, per)
 	if len(jobs) != 3 {
 		t.Fatalf("%d jobs, want one per primary: %+v", len(jobs), jobs)
 	}
@@ -43,22 +43,22 @@ func TestClaimJobsShareSlotsOnCluster(t *testing.T) {
 	}
 	// A primary that failed gets one shard until it answers again.
 	bad := jobs[0].node
-	s.nodeTrouble(ctx, bad, errors.New("i/o timeout"))
-	s.node(bad).until = time.Time{} // its backoff is over: probe it
-	for _, j := range s.jobs(ctx, all, 10, per) {
+	s.prim.nodeTrouble(ctx, bad, errors.New("i/o timeout"))
+	s.prim.node(bad).until = time.Time{} // its backoff is over: probe it
+	for _, j := range s.prim.jobs(ctx, all, 10, per) {
 		if j.node == bad && len(j.shards) != 1 {
 			t.Errorf("probe of %s takes %d shards, want 1", bad, len(j.shards))
 		}
 	}
-	s.nodeFine(bad)
-	for _, j := range s.jobs(ctx, all, 10, per) {
+	s.prim.nodeFine(bad)
+	for _, j := range s.prim.jobs(ctx, all, 10, per) {
 		if j.node == bad && len(j.shards) != per {
 			t.Errorf("%s answered again but takes %d shards, want %d", bad, len(j.shards), per)
 		}
 	}
 	// Sweeps read every shard of a primary in one job.
 	n := 0
-	for _, j := range s.jobs(ctx, all, 0, len(all)) {
+	for _, j := range s.prim.jobs(ctx, all, 0, len(all)) {
 		n += len(j.shards)
 	}
 	if n != 16 {

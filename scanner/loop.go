@@ -3,16 +3,12 @@ package scanner
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/coalesce"
-	"github.com/dispatcher/dispatcher/internal/redisconn"
 )
 
 // The scan loop claims shard by shard, in one pipelined round trip per
@@ -24,37 +20,12 @@ import (
 // Sentinel) there is one primary and the loop behaves as a simple
 // claim-publish cycle.
 
-// claimJob is one pipelined claim (limit > 0) or sweep (limit 0, reads
-// only) of shards that live on one primary.
-type claimJob struct {
-	node   string // primary's address; "" with one server
-	shards []int
-	tokens []string // the claim token of each shard
-	limit  int
-	slots  int       // publish slots held for its batches
-	sent   time.Time // when it was launched
-	// ahead: a claim of tasks not due yet (look-ahead), which may wait the
-	// Coalescer's few ms to share a round trip with other queues' claims.
-	ahead bool
-}
-
 // claimDone is what Redis said to a claimJob, per shard.
 type claimDone struct {
 	job           claimJob
 	vals          [][]any // nil where errs says why
 	errs          []error
 	before, after []time.Time // local clock around the round trip that answered
-}
-
-// nodeState is the loop's view of one primary.
-type nodeState struct {
-	claiming  bool          // a job is running on it
-	until     time.Time     // backed off until
-	delay     time.Duration // last backoff
-	refusal   string        // why it refuses the scripts, "" if it does not
-	sweptAt   time.Time     // its shards' last sweep
-	full      bool          // its last claim gave a whole batch: more is due
-	lastClaim bool          // its last job was a claim (not a sweep)
 }
 
 // Time limits of the loop's Redis calls. go-redis honours them because
@@ -82,14 +53,14 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	outstanding := 0
 
 	launch := func(j claimJob) {
-		s.started(&j)
+		s.prim.started(&j)
 		outstanding++
 		go func() { done <- s.runClaims(ctx, j) }()
 	}
 	finish := func(d claimDone) {
 		outstanding--
-		s.answered(d.job)
-		n := s.node(d.job.node)
+		s.prim.answered(d.job)
+		n := s.prim.node(d.job.node)
 		batches, full, err := s.absorb(d)
 		held := d.job.slots
 		if len(batches) > 0 {
@@ -113,16 +84,16 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		}
 		if err != nil {
 			n.full = false
-			busy = s.anyFull()
-			s.nodeTrouble(ctx, d.job.node, err)
+			busy = s.prim.anyFull()
+			s.prim.nodeTrouble(ctx, d.job.node, err)
 			return
 		}
-		s.nodeFine(d.job.node)
+		s.prim.nodeFine(d.job.node)
 		if d.job.limit == 0 {
 			return
 		}
 		n.full = full
-		busy = s.anyFull()
+		busy = s.prim.anyFull()
 		if full {
 			s.wake.announceBusy(ctx)
 		} else if !busy && !s.role.leader {
@@ -175,7 +146,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				break fill
 			}
 		}
-		if held > 0 && !s.rate.limited(time.Now()) && s.anyFree(ctx) {
+		if held > 0 && !s.rate.limited(time.Now()) && s.prim.anyFree(ctx) {
 			var targets []int
 			if busy {
 				targets = s.pick.next(ctx, held)
@@ -183,9 +154,9 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				targets = s.dueShards(held)
 			}
 			targets, limit := s.rate.allow(ctx, targets, func(i int, now time.Time) bool {
-				return s.free(s.nodeOf(ctx, i), now) && !now.Before(s.badUntil[i])
+				return s.prim.free(s.prim.nodeOf(ctx, i), now) && !now.Before(s.badUntil[i])
 			})
-			for _, j := range s.jobs(ctx, targets, limit, s.slotsPerJob(held)) {
+			for _, j := range s.prim.jobs(ctx, targets, limit, s.prim.slotsPerJob(held)) {
 				j.slots = len(j.shards)
 				j.ahead = !busy && s.allAhead(j.shards)
 				held -= j.slots
@@ -236,29 +207,6 @@ func (s *Scanner) allAhead(shards []int) bool {
 // go through the Coalescer (which waits 2 ms for company).
 const coalesceAhead = 5 * time.Millisecond
 
-// started records that job j is sent: its primary is busy until it answers.
-func (s *Scanner) started(j *claimJob) {
-	j.sent = time.Now()
-	if j.limit > 0 {
-		for _, i := range j.shards {
-			s.inClaim[i] = true
-		}
-	}
-	n := s.node(j.node)
-	n.lastClaim = j.limit > 0
-	n.claiming = true
-}
-
-// answered records that job j's answer came (or its round trip failed).
-func (s *Scanner) answered(j claimJob) {
-	s.node(j.node).claiming = false
-	if j.limit > 0 {
-		for _, i := range j.shards {
-			delete(s.inClaim, i)
-		}
-	}
-}
-
 // ended is a context that has already ended: WaitReady with it answers at
 // once. Made once, as brokerReady runs on every turn of the loop.
 var ended = func() context.Context {
@@ -270,25 +218,15 @@ var ended = func() context.Context {
 // brokerReady reports, without waiting, whether the broker takes publishes.
 func (s *Scanner) brokerReady() bool { return s.pub.WaitReady(ended) == nil }
 
-// anyFull reports whether some primary's last claim gave a whole batch.
-func (s *Scanner) anyFull() bool {
-	for _, n := range s.nodes {
-		if n.full {
-			return true
-		}
-	}
-	return false
-}
-
 // sweep reads, on every primary whose last sweep is a poll interval old and
 // that is free, when each of its shards next needs a claim (a claim of 0
 // tasks: it claims and reaps nothing). Each primary is swept on its own
 // clock, so one that is busy claiming is swept as soon as it is free.
 func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 	now := time.Now()
-	if len(s.nodes) > 0 {
+	if len(s.prim.nodes) > 0 {
 		due := false
-		for _, n := range s.nodes {
+		for _, n := range s.prim.nodes {
 			due = due || (!n.claiming && !now.Before(s.sweepDue(n)))
 		}
 		if !due {
@@ -297,7 +235,7 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 	}
 	var shards []int
 	for _, i := range s.sweepable() {
-		n := s.node(s.nodeOf(ctx, i))
+		n := s.prim.node(s.prim.nodeOf(ctx, i))
 		// A claim that answered since the primary's last sweep told as
 		// much as a sweep would: with steady traffic, claimed ahead, the
 		// busy shards need no sweep.
@@ -308,15 +246,15 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 			shards = append(shards, i)
 		}
 	}
-	jobs := s.jobs(ctx, shards, 0, len(shards))
+	jobs := s.prim.jobs(ctx, shards, 0, len(shards))
 	for _, j := range jobs {
-		s.node(j.node).sweptAt = now
+		s.prim.node(j.node).sweptAt = now
 		launch(j)
 	}
 	// A due primary that got no job (all its shards set aside, or backed
 	// off) counts as swept too: otherwise it stays due and the loop wakes
 	// every ms for it.
-	for _, n := range s.nodes {
+	for _, n := range s.prim.nodes {
 		if !n.claiming && !now.Before(s.sweepDue(n)) {
 			n.sweptAt = now
 		}
@@ -343,118 +281,12 @@ func (s *Scanner) idleEvery() time.Duration { return max(s.opt.IdlePollInterval,
 // wake-up, and those wait for a sweep.
 func (s *Scanner) hot() { s.sweepEvery = s.opt.PollInterval }
 
-// node returns the loop's state of a primary.
-func (s *Scanner) node(addr string) *nodeState {
-	n := s.nodes[addr]
-	if n == nil {
-		n = &nodeState{}
-		s.nodes[addr] = n
-	}
-	return n
-}
-
-// nodeOf returns the primary that holds shard i ("" with one server).
-func (s *Scanner) nodeOf(ctx context.Context, i int) string {
-	if !s.cluster {
-		return ""
-	}
-	return redisconn.NodeOf(ctx, s.rdb, s.keys.Pending(i))
-}
-
-// anyFree reports whether some primary may take a job now, so that the
-// loop does not pick shards (and, when busy, advance the balancer) only to
-// find every primary busy. On a cluster the list of primaries holding the
-// queue's shards is read again at most once a second; the state of a
-// primary that no longer holds any (failed over, resharded away) is
-// dropped, so an old refusal of it is not reported forever.
-func (s *Scanner) anyFree(ctx context.Context) bool {
-	now := time.Now()
-	if !s.cluster {
-		return s.free("", now)
-	}
-	if now.Sub(s.primariesAt) > time.Second {
-		s.primariesAt = now
-		s.primaries = s.primaries[:0]
-		for i := 0; i < s.opt.Shards; i++ {
-			if a := s.nodeOf(ctx, i); !slices.Contains(s.primaries, a) {
-				s.primaries = append(s.primaries, a)
-			}
-		}
-		pruned := false
-		for a, n := range s.nodes {
-			if !n.claiming && !slices.Contains(s.primaries, a) {
-				delete(s.nodes, a)
-				pruned = pruned || n.refusal != ""
-			}
-		}
-		if pruned {
-			s.storeRefusals()
-		}
-	}
-	for _, a := range s.primaries {
-		if s.free(a, now) {
-			return true
-		}
-	}
-	return false
-}
-
-// slotsPerJob is how many of the held publish slots one primary's claim
-// may take: on a cluster an even share, so that a primary that stopped
-// answering holds no more than its share while its claim times out.
-func (s *Scanner) slotsPerJob(held int) int {
-	if !s.cluster || len(s.primaries) < 2 {
-		return held
-	}
-	return max(1, (held+len(s.primaries)-1)/len(s.primaries))
-}
-
 // sweepFirst reports whether a primary's sweep is overdue while its last
 // job was a claim: then it is swept before it is claimed from again, so
 // that neither starves the other when a round trip takes longer than a
 // poll interval.
 func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
 	return s.role.leader && n.lastClaim && !now.Before(s.sweepDue(n))
-}
-
-// free reports whether the loop may send a job to a primary now.
-func (s *Scanner) free(addr string, now time.Time) bool {
-	n := s.node(addr)
-	return !n.claiming && !now.Before(n.until)
-}
-
-// jobs groups shards by primary into one job each, leaving out shards
-// whose primary is busy with a job or backed off, and at most perJob
-// shards per primary (1 while a primary that failed is being probed
-// again). Shards come in priority order and keep it.
-func (s *Scanner) jobs(ctx context.Context, shards []int, limit, perJob int) []claimJob {
-	now := time.Now()
-	var out []claimJob
-	at := map[string]int{}
-	for _, i := range shards {
-		addr := s.nodeOf(ctx, i)
-		// A shard whose claim is still on its way (on a cluster, to a
-		// primary it may since have left) is in no other claim: both could
-		// carry the token of a lost claim and return the same batch.
-		if !s.free(addr, now) || (limit > 0 && s.inClaim[i]) {
-			continue
-		}
-		n, ok := at[addr]
-		if !ok {
-			n = len(out)
-			at[addr] = n
-			out = append(out, claimJob{node: addr, limit: limit})
-		}
-		most := perJob
-		if limit > 0 && s.node(addr).delay > 0 {
-			most = 1
-		}
-		if len(out[n].shards) < most {
-			out[n].shards = append(out[n].shards, i)
-			out[n].tokens = append(out[n].tokens, s.claimToken(i))
-		}
-	}
-	return out
 }
 
 // sweepable lists the shards a sweep reads: all but those left alone for
@@ -528,7 +360,7 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 			d.before[r.at], d.after[r.at] = before, after
 		}
 		if len(again) > 0 {
-			if err := claimScript.Load(ctx, s.scripter(ctx, j)).Err(); err != nil {
+			if err := claimScript.Load(ctx, s.prim.scripter(ctx, j)).Err(); err != nil {
 				err = fmt.Errorf("load claim script: %w", err)
 				for _, at := range again {
 					d.errs[at] = err
@@ -550,7 +382,7 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 func (s *Scanner) roundTrip(ctx context.Context, node string, shared bool, fill func(redis.Pipeliner)) (before, after time.Time, err error) {
 	// On a cluster, "" is a primary not known (yet): alone, so that it
 	// holds up no lane of a known one.
-	if shared && s.opt.Coalescer != nil && (node != "" || !s.cluster) {
+	if shared && s.opt.Coalescer != nil && (node != "" || !s.prim.cluster) {
 		start := s.opt.Now()
 		sent, took, err := s.opt.Coalescer.Do(ctx, node, fill)
 		before = start.Add(sent)
@@ -578,30 +410,6 @@ func gridNext(t time.Time, every time.Duration) time.Time {
 // sweepDue is when primary n's shards are next swept.
 func (s *Scanner) sweepDue(n *nodeState) time.Time { return gridNext(n.sweptAt, s.sweepEvery) }
 
-// claimToken is the token of the next claim of shard i: the token of a
-// claim whose answer never came (a timeout, a lost connection), so that
-// if Redis ran it after all (a primary that was stopped runs what it had
-// received when it resumes) the claim returns that batch instead of
-// leaving it in flight until its lease runs out; a new one otherwise.
-func (s *Scanner) claimToken(i int) string {
-	if t, ok := s.unanswered[i]; ok {
-		return t
-	}
-	return s.st.token()
-}
-
-// scripter is where to load a script for a job: its own primary. A cluster
-// client would load it on every node, replicas included, and one node that
-// is down would keep a healthy primary from getting it.
-func (s *Scanner) scripter(ctx context.Context, j claimJob) redis.Scripter {
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok && len(j.shards) > 0 {
-		if c, err := cc.MasterForKey(ctx, s.keys.Pending(j.shards[0])); err == nil {
-			return c
-		}
-	}
-	return s.rdb
-}
-
 // absorb applies a job's answers: each shard's next due time and server
 // clock, reaped leases, and the batches claimed. full reports whether any
 // shard gave a whole batch (more is due). A shard whose keys are unusable
@@ -611,8 +419,8 @@ func (s *Scanner) scripter(ctx context.Context, j claimJob) redis.Scripter {
 func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 	for n, i := range d.job.shards {
 		vals, err := d.vals[n], d.errs[n]
-		if d.job.limit > 0 {
-			s.settleToken(i, d.job.tokens[n], vals, err)
+		if d.job.limit > 0 && s.prim.settleToken(i, d.job.tokens[n], vals, err) {
+			s.known[i] = 0
 		}
 		switch {
 		case err == nil:
@@ -657,7 +465,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			// slower sweeps (steady traffic scheduled ahead stays cheap).
 			s.hot()
 		}
-		if _, ok := s.unanswered[i]; ok {
+		if s.prim.lost(i) {
 			// Its last claim may have run without an answer: claim it again
 			// (with that claim's token) now, not when its lease runs out.
 			s.known[i] = 0
@@ -697,34 +505,13 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 	return out, full, trouble
 }
 
-// settleToken decides, from a claim's answer, what token shard i's next
-// claim carries. No answer (a timeout, a lost connection): Redis may have
-// run the claim, so the next one carries its token and returns its batch.
-// Only an answer that shows the script compared the token ends that: an
-// error answer (LOADING, NOPERM, MOVED, a wrong-type key, ...) or "paused"
-// means it did not run that far, and a lost claim's token is kept for the
-// claim after it; else its batch would wait out its lease.
-func (s *Scanner) settleToken(i int, token string, vals []any, err error) {
-	if err != nil && !isReply(err) {
-		s.unanswered[i] = token
-		s.known[i] = 0
-		return
-	}
-	if err != nil {
-		return
-	}
-	if c, perr := parseClaimed(vals); perr == nil && !c.paused {
-		delete(s.unanswered, i)
-	}
-}
-
 // claim claims up to BatchSize tasks of each target shard, the way the
 // loop does, and returns the batches (the caller publishes them).
 func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, error) {
 	var out []batch
 	full := false
 	var errs []error
-	for _, j := range s.jobs(ctx, targets, s.opt.BatchSize, len(targets)) {
+	for _, j := range s.prim.jobs(ctx, targets, s.opt.BatchSize, len(targets)) {
 		j.sent = time.Now()
 		b, f, err := s.absorb(s.runClaims(ctx, j))
 		out, full = append(out, b...), full || f
@@ -754,73 +541,7 @@ func clusterTransient(err error) bool {
 func (s *Scanner) shardWait(i int, err error) {
 	s.met.error("cluster", 1)
 	s.badUntil[i] = time.Now().Add(100 * time.Millisecond)
-	s.reloadSlots()
+	s.prim.reloadSlots()
 	s.lim.Warn("shard:"+fmt.Sprint(i)+":cluster", "shard's slot is moving or its primary changing; retrying shortly",
 		"shard", i, "key", s.keys.Pending(i), "err", err)
-}
-
-// nodeTrouble logs a primary's failure (rate-limited) and backs that
-// primary off: only its shards wait.
-func (s *Scanner) nodeTrouble(ctx context.Context, addr string, err error) {
-	if ctx.Err() != nil {
-		return
-	}
-	n := s.node(addr)
-	n.delay = min(max(2*n.delay, 50*time.Millisecond), 2*time.Second)
-	n.until = time.Now().Add(n.delay)
-	s.met.error("redis", 1)
-	s.reloadSlots()
-	// One log key per kind of trouble, so that a LOADING after a lost
-	// connection is not held back as a repeat of it.
-	class := redisErrorClass(err)
-	args := []any{"err", err}
-	if addr != "" {
-		args = append(args, "primary", addr)
-	}
-	if hint, ok := redisHints[class]; ok {
-		args = append(args, "hint", hint)
-	}
-	s.lim.Warn("redis:"+addr+":"+class, "redis unavailable; retrying", args...)
-	if class != "conn" {
-		why := class
-		if hint, ok := redisHints[class]; ok {
-			why += ": " + hint
-		}
-		if addr != "" {
-			why = addr + ": " + why
-		}
-		n.refusal = why
-		s.storeRefusals()
-	}
-}
-
-// reloadSlots has a cluster client read the slot map again (in the
-// background): go-redis reads it every minute and on MOVED, but a
-// pipeline to a primary that died only fails to dial, and its replica's
-// promotion would otherwise go unnoticed for up to a minute.
-func (s *Scanner) reloadSlots() {
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		cc.ReloadState(context.Background())
-	}
-}
-
-// nodeFine clears a primary's backoff and refusal after a good answer.
-func (s *Scanner) nodeFine(addr string) {
-	n := s.node(addr)
-	n.delay, n.until = 0, time.Time{}
-	if n.refusal != "" {
-		n.refusal = ""
-		s.storeRefusals()
-	}
-}
-
-func (s *Scanner) storeRefusals() {
-	var whys []string
-	for _, n := range s.nodes {
-		if n.refusal != "" {
-			whys = append(whys, n.refusal)
-		}
-	}
-	sort.Strings(whys)
-	s.refusal.Store(strings.Join(whys, "; "))
 }

@@ -96,9 +96,8 @@ type Scanner struct {
 	hold *holder
 	work context.Context // publishes and settling: outlives Run's ctx a little
 
-	clock   *clock
-	refusal atomic.Value // string: why Redis refuses the scripts now, "" if it does not
-	cluster bool         // Redis Cluster: shards live on several primaries
+	clock *clock
+	prim  *primaries
 
 	role *role
 	pick *picker
@@ -111,16 +110,11 @@ type Scanner struct {
 	lastAcked   atomic.Int64 // unix ns of the last batch that left Redis confirmed
 
 	// Owned by Run's goroutine.
-	sweepEvery  time.Duration     // current sweep interval, PollInterval..IdlePollInterval
-	known       map[int]int64     // shard -> server ms at which it next needs a claim
-	notedAt     map[int]time.Time // shard -> when a wake-up last told of it
-	unanswered  map[int]string    // shard -> token of a claim whose answer never came
-	inClaim     map[int]bool      // shards whose claim is on its way
-	badUntil    map[int]time.Time
-	claimedAt   map[int]time.Time // shard -> when a claim of it last answered
-	nodes       map[string]*nodeState
-	primaries   []string  // the primaries holding the queue's shards (cluster)
-	primariesAt time.Time // when primaries was read
+	sweepEvery time.Duration     // current sweep interval, PollInterval..IdlePollInterval
+	known      map[int]int64     // shard -> server ms at which it next needs a claim
+	notedAt    map[int]time.Time // shard -> when a wake-up last told of it
+	badUntil   map[int]time.Time
+	claimedAt  map[int]time.Time // shard -> when a claim of it last answered
 }
 
 // New returns a scanner for one queue.
@@ -138,9 +132,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	lim := newLogLimiter(log, 10*time.Second)
 	met := opt.Metrics.forQueue(opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
-	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Scanner{
-		cluster: cluster, nodes: map[string]*nodeState{}, unanswered: map[int]string{}, inClaim: map[int]bool{},
 		rdb: rdb, pub: pub, opt: opt, keys: keys,
 		// A task held for up to the look-ahead still has a whole lease to
 		// be published in.
@@ -149,7 +141,6 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		log:        log,
 		lim:        lim,
 		met:        met,
-		wake:       newWakeups(rdb, keys, opt.Shards, opt.PollInterval, cluster, log, lim),
 		known:      map[int]int64{},
 		notedAt:    map[int]time.Time{},
 		sweepEvery: opt.PollInterval,
@@ -159,14 +150,16 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		rate: &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
 			met: met, lim: lim},
 	}
+	s.prim = newPrimaries(rdb, keys, opt.Shards, s.st.token, met, lim)
+	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
 	s.pick = &picker{bal: balancer.New(rdb, keys.Counter(), opt.Shards), shards: opt.Shards, key: keys.Counter(),
-		met: met, lim: lim, reload: s.reloadSlots}
+		met: met, lim: lim, reload: s.prim.reloadSlots}
 	s.role = &role{rdb: rdb, keys: keys, instance: opt.InstanceID, poll: opt.PollInterval, log: log, lim: lim, met: met,
 		send: func(ctx context.Context, node string, fill func(redis.Pipeliner)) error {
 			_, _, err := s.roundTrip(ctx, node, true, fill)
 			return err
 		},
-		reload: s.reloadSlots, done: make(chan leadResult, 1)}
+		reload: s.prim.reloadSlots, done: make(chan leadResult, 1)}
 	s.hold = newHolder(s.clock.serverNowUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
 	return s
 }
@@ -294,8 +287,7 @@ func since(format string, at int64) string {
 // a replica, LOADING, OOM, NOPERM, ...), or "" while they run: a PING
 // answers even where every script is refused.
 func (s *Scanner) RedisRefusal() string {
-	why, _ := s.refusal.Load().(string)
-	return why
+	return s.prim.refused()
 }
 
 // idleDelay is how long the loop may sleep: until the earliest known due
@@ -309,7 +301,7 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 	d := s.role.wait()
 	now := time.Now()
 	backedOff := false
-	for _, n := range s.nodes {
+	for _, n := range s.prim.nodes {
 		if n.until.After(now) {
 			d = min(d, n.until.Sub(now))
 			backedOff = true
@@ -318,7 +310,7 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 			d = min(d, s.sweepDue(n).Sub(now))
 		}
 	}
-	if s.role.leader && !busy && len(s.nodes) == 0 {
+	if s.role.leader && !busy && len(s.prim.nodes) == 0 {
 		d = min(d, s.sweepEvery) // nothing swept yet
 	}
 	if claimNow && !backedOff && !s.rate.limited(now) {
@@ -332,8 +324,8 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 	}
 	ctx := context.Background()
 	for i, at := range s.known {
-		n := s.node(s.nodeOf(ctx, i))
-		if n.claiming || n.until.After(now) || s.inClaim[i] {
+		n := s.prim.node(s.prim.nodeOf(ctx, i))
+		if n.claiming || n.until.After(now) || s.prim.inClaim[i] {
 			continue
 		}
 		if s.rate.limited(now) {
@@ -364,8 +356,8 @@ func (s *Scanner) dueShards(n int) []int {
 	ctx := context.Background()
 	var due []int
 	for i, at := range s.known {
-		addr := s.nodeOf(ctx, i)
-		if at <= s.clock.serverNow(i) && !s.inClaim[i] && !now.Before(s.badUntil[i]) && s.free(addr, now) && !s.sweepFirst(s.node(addr), now) {
+		addr := s.prim.nodeOf(ctx, i)
+		if at <= s.clock.serverNow(i) && !s.prim.inClaim[i] && !now.Before(s.badUntil[i]) && s.prim.free(addr, now) && !s.sweepFirst(s.prim.node(addr), now) {
 			due = append(due, i)
 		}
 	}
@@ -381,7 +373,7 @@ func (s *Scanner) dueShards(n int) []int {
 // once whatever else the instance does.
 func (s *Scanner) forgetKnown() {
 	clear(s.known)
-	for i := range s.unanswered {
+	for i := range s.prim.unanswered {
 		s.known[i] = 0
 	}
 }

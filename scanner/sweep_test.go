@@ -111,7 +111,7 @@ func TestNothingToSweepDoesNotSpin(t *testing.T) {
 	s := New(nil, nil, Options{Queue: "q", Shards: 1, BatchSize: 10, PollInterval: 50 * time.Millisecond,
 		Lease: 30 * time.Second})
 	s.role.leader, s.role.leading = true, true // a renewal on its way: not what wakes the loop
-	s.node("")
+	s.prim.node("")
 	s.badUntil[0] = time.Now().Add(5 * time.Second)
 	launched := 0
 	s.sweep(context.Background(), func(claimJob) { launched++ })
@@ -120,7 +120,7 @@ func TestNothingToSweepDoesNotSpin(t *testing.T) {
 	}
 	// Its next sweep is a grid point ahead (not long past, which makes
 	// idleDelay answer its 1 ms minimum on every turn).
-	if due := s.sweepDue(s.node("")); !due.After(time.Now()) {
+	if due := s.sweepDue(s.prim.node("")); !due.After(time.Now()) {
 		t.Errorf("primary with nothing to sweep is due again at once (%v)", due)
 	}
 }

@@ -58,11 +58,11 @@ func TestLostClaimTokenSurvivesErrorAnswers(t *testing.T) {
 				c.mend_ = func(*testing.T, *Scanner) { acl("+evalsha") }
 			}
 			s := tokenScanner(t, client)
-			s.unanswered = map[int]string{}
+			s.prim.unanswered = map[int]string{}
 			due := scheduleDue(t, rdb, s, 5)
 
 			// The claim runs in Redis; its answer is lost on the way back.
-			j := s.jobs(ctx, []int{0}, 10, 1)[0]
+			j := s.prim.jobs(ctx, []int{0}, 10, 1)[0]
 			if d := s.runClaims(ctx, j); d.errs[0] != nil || len(d.vals[0]) != 5+5 {
 				t.Fatalf("first claim: %v %v", d.errs[0], d.vals[0])
 			}
@@ -106,24 +106,24 @@ func TestClaimTokenNeverInTwoJobs(t *testing.T) {
 	ctx := context.Background()
 	s := tokenScanner(t, rdb)
 	scheduleDue(t, rdb, s, 5)
-	s.unanswered[0] = "lost-token"
+	s.prim.unanswered[0] = "lost-token"
 	s.known[0] = 0
 
-	first := s.jobs(ctx, []int{0}, 10, 1)
+	first := s.prim.jobs(ctx, []int{0}, 10, 1)
 	if len(first) != 1 || first[0].tokens[0] != "lost-token" {
 		t.Fatalf("first job %+v, want the lost claim's token", first)
 	}
-	s.started(&first[0])
-	s.node(first[0].node).claiming = false // the slot moved to a free primary
+	s.prim.started(&first[0])
+	s.prim.node(first[0].node).claiming = false // the slot moved to a free primary
 
 	if due := s.dueShards(4); slices.Contains(due, 0) {
 		t.Errorf("shard 0 is due again while its claim is on its way: %v", due)
 	}
-	for _, j := range s.jobs(ctx, []int{0}, 10, 1) {
+	for _, j := range s.prim.jobs(ctx, []int{0}, 10, 1) {
 		t.Fatalf("a second job with shard 0 while its claim is on its way: %+v", j)
 	}
-	s.answered(first[0])
-	if again := s.jobs(ctx, []int{0}, 10, 1); len(again) != 1 {
+	s.prim.answered(first[0])
+	if again := s.prim.jobs(ctx, []int{0}, 10, 1); len(again) != 1 {
 		t.Fatalf("after the answer, shard 0 is in %d jobs, want 1", len(again))
 	}
 }
