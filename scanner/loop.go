@@ -98,7 +98,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			s.wake.announceBusy(ctx)
 		} else if !busy && !s.role.leader {
 			// What a helper learnt while busy is the sweeper's business.
-			s.forgetKnown()
+			s.due.forget(s.prim.unanswered)
 		}
 	}
 	defer func() {
@@ -154,11 +154,11 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 				targets = s.dueShards(held)
 			}
 			targets, limit := s.rate.allow(ctx, targets, func(i int, now time.Time) bool {
-				return s.prim.free(s.prim.nodeOf(ctx, i), now) && !now.Before(s.badUntil[i])
+				return s.prim.free(s.prim.nodeOf(ctx, i), now) && !s.due.aside(i, now)
 			})
 			for _, j := range s.prim.jobs(ctx, targets, limit, s.prim.slotsPerJob(held)) {
 				j.slots = len(j.shards)
-				j.ahead = !busy && s.allAhead(j.shards)
+				j.ahead = !busy && s.due.ahead(j.shards)
 				held -= j.slots
 				launch(j)
 			}
@@ -191,22 +191,6 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	}
 }
 
-// allAhead reports whether every shard's earliest task is due later than
-// a coalesced round trip takes (a few ms): then its claim can share one.
-func (s *Scanner) allAhead(shards []int) bool {
-	for _, i := range shards {
-		at, ok := s.known[i]
-		if !ok || at+s.claimEarly() <= s.clock.serverNow(i)+coalesceAhead.Milliseconds() {
-			return false
-		}
-	}
-	return s.opt.Lookahead > 0
-}
-
-// coalesceAhead is how long before its first task is due a claim may still
-// go through the Coalescer (which waits 2 ms for company).
-const coalesceAhead = 5 * time.Millisecond
-
 // ended is a context that has already ended: WaitReady with it answers at
 // once. Made once, as brokerReady runs on every turn of the loop.
 var ended = func() context.Context {
@@ -234,12 +218,12 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 		}
 	}
 	var shards []int
-	for _, i := range s.sweepable() {
+	for _, i := range s.due.sweepable() {
 		n := s.prim.node(s.prim.nodeOf(ctx, i))
 		// A claim that answered since the primary's last sweep told as
 		// much as a sweep would: with steady traffic, claimed ahead, the
 		// busy shards need no sweep.
-		if at, ok := s.claimedAt[i]; ok && at.After(n.sweptAt) {
+		if s.due.claimedSince(i, n.sweptAt) {
 			continue
 		}
 		if !now.Before(s.sweepDue(n)) {
@@ -260,26 +244,9 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 		}
 	}
 	if len(jobs) > 0 {
-		s.cool()
+		s.due.cool()
 	}
 }
-
-// cool stretches the sweep interval after a sweep: each sweep that brings
-// no news (hot) doubles it, up to IdlePollInterval. So a quiet queue costs
-// Redis a few reads per shard a second whatever the poll interval, while
-// one in use is swept every PollInterval.
-func (s *Scanner) cool() {
-	s.sweepEvery = min(2*s.sweepEvery, s.idleEvery())
-}
-
-// idleEvery is the sweep interval of a quiet queue.
-func (s *Scanner) idleEvery() time.Duration { return max(s.opt.IdlePollInterval, s.opt.PollInterval) }
-
-// hot brings the sweep interval back to PollInterval: a task appeared, a
-// claim took tasks, a producer or another instance sent a wake-up. A queue
-// in use is likely to get tasks due at once from producers that send no
-// wake-up, and those wait for a sweep.
-func (s *Scanner) hot() { s.sweepEvery = s.opt.PollInterval }
 
 // sweepFirst reports whether a primary's sweep is overdue while its last
 // job was a claim: then it is swept before it is claimed from again, so
@@ -287,19 +254,6 @@ func (s *Scanner) hot() { s.sweepEvery = s.opt.PollInterval }
 // poll interval.
 func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
 	return s.role.leader && n.lastClaim && !now.Before(s.sweepDue(n))
-}
-
-// sweepable lists the shards a sweep reads: all but those left alone for
-// trouble of their own.
-func (s *Scanner) sweepable() []int {
-	now := time.Now()
-	var out []int
-	for i := 0; i < s.opt.Shards; i++ {
-		if !now.Before(s.badUntil[i]) {
-			out = append(out, i)
-		}
-	}
-	return out
 }
 
 // runClaims runs a job's scripts in one pipeline, loading the claim script
@@ -395,20 +349,8 @@ func (s *Scanner) roundTrip(ctx context.Context, node string, shared bool, fill 
 	return before, s.opt.Now(), nil
 }
 
-// gridNext is the first multiple of every (counted from Go's zero time, the
-// same in every process) after t. Sweeps and role renewals fall due on this
-// grid, so those of many queues fall due together and share a round trip.
-func gridNext(t time.Time, every time.Duration) time.Time {
-	if every <= 0 || t.IsZero() {
-		return t
-	}
-	// Add, not Truncate: t keeps its monotonic reading, so a step of the
-	// wall clock does not stop sweeps or renewals for the length of the step.
-	return t.Add(every - time.Duration(t.UnixNano()%int64(every)))
-}
-
 // sweepDue is when primary n's shards are next swept.
-func (s *Scanner) sweepDue(n *nodeState) time.Time { return gridNext(n.sweptAt, s.sweepEvery) }
+func (s *Scanner) sweepDue(n *nodeState) time.Time { return s.due.nextSweep(n.sweptAt) }
 
 // absorb applies a job's answers: each shard's next due time and server
 // clock, reaped leases, and the batches claimed. full reports whether any
@@ -420,7 +362,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 	for n, i := range d.job.shards {
 		vals, err := d.vals[n], d.errs[n]
 		if d.job.limit > 0 && s.prim.settleToken(i, d.job.tokens[n], vals, err) {
-			s.known[i] = 0
+			s.due.dueNow(i)
 		}
 		switch {
 		case err == nil:
@@ -444,31 +386,11 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		if c.now > 0 { // a sweep's plain reads carry no clock when its script failed
 			s.clock.observe(i, c.now, d.before[n], d.after[n])
 		}
-		if d.job.limit > 0 {
-			s.claimedAt[i] = time.Now()
-		}
-		was, had := s.known[i]
-		s.noteNext(i, c.nextPending, c.nextLease)
-		if had && s.notedAt[i].After(d.job.sent) {
-			// A wake-up came after this job was sent: Redis may have run it
-			// before the producer's ZADD, so its answer does not overrule
-			// the due time the wake-up gave.
-			if at, ok := s.known[i]; !ok || was < at {
-				s.known[i] = was
-			}
-		}
-		if at, has := s.known[i]; d.job.limit == 0 && has && (!had || at < was) && at-s.clock.serverNow(i) < s.idleEvery().Milliseconds() {
-			// A task appeared, or one due earlier than any known, at shorter
-			// notice than a quiet queue's sweeps: the queue's producers
-			// schedule tasks that wait for the sweeps, so sweep often.
-			// Tasks scheduled further ahead are found in time by the
-			// slower sweeps (steady traffic scheduled ahead stays cheap).
-			s.hot()
-		}
+		s.due.noteAnswer(i, c.nextPending, c.nextLease, d.job.sent, d.job.limit > 0)
 		if s.prim.lost(i) {
 			// Its last claim may have run without an answer: claim it again
 			// (with that claim's token) now, not when its lease runs out.
-			s.known[i] = 0
+			s.due.dueNow(i)
 		}
 		if d.job.limit == 0 {
 			continue
@@ -477,7 +399,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			// Held by `dispatcher pause`: looked at again in a second, so a
 			// paused queue with due tasks costs Redis little and a resume
 			// takes effect within a second.
-			s.badUntil[i] = time.Now().Add(pausedRetry)
+			s.due.setAside(i, time.Now().Add(pausedRetry))
 			s.lim.Info("paused", "queue paused: claiming nothing until `dispatcher resume`", "shard", i)
 			continue
 		}
@@ -540,7 +462,7 @@ func clusterTransient(err error) bool {
 // shardWait leaves shard i alone briefly after a transient cluster answer.
 func (s *Scanner) shardWait(i int, err error) {
 	s.met.error("cluster", 1)
-	s.badUntil[i] = time.Now().Add(100 * time.Millisecond)
+	s.due.setAside(i, time.Now().Add(100*time.Millisecond))
 	s.prim.reloadSlots()
 	s.lim.Warn("shard:"+fmt.Sprint(i)+":cluster", "shard's slot is moving or its primary changing; retrying shortly",
 		"shard", i, "key", s.keys.Pending(i), "err", err)

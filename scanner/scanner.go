@@ -96,25 +96,19 @@ type Scanner struct {
 	hold *holder
 	work context.Context // publishes and settling: outlives Run's ctx a little
 
-	clock *clock
-	prim  *primaries
-
-	role *role
-	pick *picker
-	rate *rateLimit
-	wake *wakeups
+	// The loop's concerns, each in a file of its own.
+	clock *clock     // the Redis clock of each shard's primary
+	role  *role      // the sweeper role
+	pick  *picker    // the shards a busy queue's claims take
+	rate  *rateLimit // the queue's rate limit
+	due   *dueTimes  // when each shard next needs a claim; the sweep interval
+	prim  *primaries // the primaries, and the claims on their way to them
+	wake  *wakeups   // the queue's wake channel
 
 	// What the queue's watchdog asks (Waiting): read off the loop.
 	publishing  atomic.Int64 // batches being published
 	lastClaimed atomic.Int64 // unix ns of the last claim that took tasks
 	lastAcked   atomic.Int64 // unix ns of the last batch that left Redis confirmed
-
-	// Owned by Run's goroutine.
-	sweepEvery time.Duration     // current sweep interval, PollInterval..IdlePollInterval
-	known      map[int]int64     // shard -> server ms at which it next needs a claim
-	notedAt    map[int]time.Time // shard -> when a wake-up last told of it
-	badUntil   map[int]time.Time
-	claimedAt  map[int]time.Time // shard -> when a claim of it last answered
 }
 
 // New returns a scanner for one queue.
@@ -138,18 +132,14 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		// be published in.
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead, ahead: opt.Lookahead,
 			retryMin: opt.RetryMin, retryMax: opt.RetryMax, maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
-		log:        log,
-		lim:        lim,
-		met:        met,
-		known:      map[int]int64{},
-		notedAt:    map[int]time.Time{},
-		sweepEvery: opt.PollInterval,
-		badUntil:   map[int]time.Time{},
-		claimedAt:  map[int]time.Time{},
-		clock:      newClock(opt.Shards, opt.Now),
+		log:   log,
+		lim:   lim,
+		met:   met,
+		clock: newClock(opt.Shards, opt.Now),
 		rate: &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
 			met: met, lim: lim},
 	}
+	s.due = newDueTimes(opt.Shards, opt.PollInterval, opt.IdlePollInterval, opt.Lookahead, s.clock)
 	s.prim = newPrimaries(rdb, keys, opt.Shards, s.st.token, met, lim)
 	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
 	s.pick = &picker{bal: balancer.New(rdb, keys.Counter(), opt.Shards), shards: opt.Shards, key: keys.Counter(),
@@ -222,7 +212,7 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 		*busy = true
 	}
 	if wasBusy || len(soon) > 0 {
-		s.hot()
+		s.due.hot()
 	}
 	if free {
 		s.role.free()
@@ -231,21 +221,14 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	if !s.role.leader {
 		return
 	}
-	now := time.Now()
-	for i, at := range soon {
-		s.notedAt[i] = now
-		at -= s.claimEarly()
-		if cur, ok := s.known[i]; !ok || at < cur {
-			s.known[i] = at
-		}
-	}
+	s.due.heard(soon)
 }
 
 // applyLead takes the answer about the sweeper role in. An instance that
 // lost the role forgets the due times it knew: they are the sweeper's.
 func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
 	if s.role.apply(ctx, r) && !s.role.leader {
-		s.forgetKnown()
+		s.due.forget(s.prim.unanswered)
 	}
 }
 
@@ -311,7 +294,7 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 		}
 	}
 	if s.role.leader && !busy && len(s.prim.nodes) == 0 {
-		d = min(d, s.sweepEvery) // nothing swept yet
+		d = min(d, s.due.every) // nothing swept yet
 	}
 	if claimNow && !backedOff && !s.rate.limited(now) {
 		return 0
@@ -323,7 +306,7 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 		return max(d, time.Millisecond)
 	}
 	ctx := context.Background()
-	for i, at := range s.known {
+	for i := range s.due.known {
 		n := s.prim.node(s.prim.nodeOf(ctx, i))
 		if n.claiming || n.until.After(now) || s.prim.inClaim[i] {
 			continue
@@ -332,16 +315,7 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 			d = min(d, s.rate.wait(now)) // due shards wait for the next token
 			continue
 		}
-		// In µs: waking up to a ms early only to sleep a whole ms more
-		// made tasks late by up to 2 ms.
-		w := time.Hour // far off (a score of +inf is 2^62 ms): no overflow
-		if at-s.clock.serverNow(i) < time.Hour.Milliseconds() {
-			w = time.Duration(at*1000-s.clock.serverNowUs(i)) * time.Microsecond
-		}
-		if bad := s.badUntil[i]; bad.After(now) {
-			w = max(w, bad.Sub(now))
-		}
-		d = min(d, w)
+		d = min(d, s.due.wait(i, now))
 	}
 	if d <= 0 {
 		return time.Millisecond // due now but nothing claimable: no spinning
@@ -355,52 +329,18 @@ func (s *Scanner) dueShards(n int) []int {
 	now := time.Now()
 	ctx := context.Background()
 	var due []int
-	for i, at := range s.known {
+	for i, at := range s.due.known {
 		addr := s.prim.nodeOf(ctx, i)
-		if at <= s.clock.serverNow(i) && !s.prim.inClaim[i] && !now.Before(s.badUntil[i]) && s.prim.free(addr, now) && !s.sweepFirst(s.prim.node(addr), now) {
+		if at <= s.clock.serverNow(i) && !s.prim.inClaim[i] && !s.due.aside(i, now) && s.prim.free(addr, now) && !s.sweepFirst(s.prim.node(addr), now) {
 			due = append(due, i)
 		}
 	}
-	sort.Slice(due, func(a, b int) bool { return s.known[due[a]] < s.known[due[b]] })
+	sort.Slice(due, func(a, b int) bool { return s.due.known[due[a]] < s.due.known[due[b]] })
 	if len(due) > n {
 		due = due[:n]
 	}
 	return due
 }
-
-// forgetKnown drops what the loop knows of the shards' due times, but for
-// the shards whose last claim went unanswered: those are claimed again at
-// once whatever else the instance does.
-func (s *Scanner) forgetKnown() {
-	clear(s.known)
-	for i := range s.prim.unanswered {
-		s.known[i] = 0
-	}
-}
-
-// noteNext records when shard i next needs a claim.
-func (s *Scanner) noteNext(i int, pending, lease any) {
-	p, okP := parseScore(pending)
-	l, okL := parseScore(lease)
-	p -= s.claimEarly()
-	switch {
-	case okP && okL:
-		s.known[i] = min(p, l)
-	case okP:
-		s.known[i] = p
-	case okL:
-		s.known[i] = l
-	default:
-		delete(s.known, i)
-	}
-}
-
-// claimEarly is how long before its earliest pending task is due a shard
-// is claimed, in ms: a quarter of the look-ahead, so that each claim takes
-// at least three quarters of the look-ahead's worth of the shard's tasks
-// (a claim every ms at a steady rate otherwise) and has a quarter to come
-// back before the first of them is due.
-func (s *Scanner) claimEarly() int64 { return s.opt.Lookahead.Milliseconds() / 4 }
 
 // shardTrouble handles an error of one shard's script: the shard is left
 // alone for a while and the error is counted and logged (rate-limited);
@@ -411,8 +351,8 @@ func (s *Scanner) shardTrouble(i int, err error) {
 		kind = "wrongtype"
 	}
 	s.met.error(kind, 1)
-	s.badUntil[i] = time.Now().Add(5 * time.Second)
-	delete(s.known, i)
+	s.due.setAside(i, time.Now().Add(5*time.Second))
+	s.due.drop(i)
 	s.lim.Error("shard:"+strconv.Itoa(i)+":"+kind, "shard unusable; skipping it for 5s",
 		"shard", i, "key", s.keys.Pending(i), "err", err)
 }

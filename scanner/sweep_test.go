@@ -10,12 +10,12 @@ import (
 // A quiet queue's sweeps stretch out, doubling per sweep without news up to
 // IdlePollInterval; news brings them back to PollInterval at once.
 func TestSweepIntervalStretchesAndSnapsBack(t *testing.T) {
-	s := &Scanner{opt: Options{PollInterval: 50 * time.Millisecond, IdlePollInterval: 500 * time.Millisecond}}
-	s.hot()
+	d := newDueTimes(0, 50*time.Millisecond, 500*time.Millisecond, 0, nil)
+	d.hot()
 	var got []time.Duration
 	for i := 0; i < 6; i++ {
-		got = append(got, s.sweepEvery)
-		s.cool()
+		got = append(got, d.every)
+		d.cool()
 	}
 	want := []time.Duration{50, 100, 200, 400, 500, 500}
 	for i := range want {
@@ -23,16 +23,16 @@ func TestSweepIntervalStretchesAndSnapsBack(t *testing.T) {
 			t.Fatalf("sweep intervals %v, want %v ms", got, want)
 		}
 	}
-	s.hot()
-	if s.sweepEvery != 50*time.Millisecond {
-		t.Errorf("after news: %v, want the poll interval", s.sweepEvery)
+	d.hot()
+	if d.every != 50*time.Millisecond {
+		t.Errorf("after news: %v, want the poll interval", d.every)
 	}
 	// An idle interval under the poll interval (or 0) means no stretching.
-	s = &Scanner{opt: Options{PollInterval: time.Second, IdlePollInterval: 500 * time.Millisecond}}
-	s.hot()
-	s.cool()
-	if s.sweepEvery != time.Second {
-		t.Errorf("idle interval below the poll interval: %v, want 1s", s.sweepEvery)
+	d = newDueTimes(0, time.Second, 500*time.Millisecond, 0, nil)
+	d.hot()
+	d.cool()
+	if d.every != time.Second {
+		t.Errorf("idle interval below the poll interval: %v, want 1s", d.every)
 	}
 }
 
@@ -112,7 +112,7 @@ func TestNothingToSweepDoesNotSpin(t *testing.T) {
 		Lease: 30 * time.Second})
 	s.role.leader, s.role.leading = true, true // a renewal on its way: not what wakes the loop
 	s.prim.node("")
-	s.badUntil[0] = time.Now().Add(5 * time.Second)
+	s.due.setAside(0, time.Now().Add(5*time.Second))
 	launched := 0
 	s.sweep(context.Background(), func(claimJob) { launched++ })
 	if launched != 0 {
@@ -139,20 +139,20 @@ func TestWakeUpSurvivesAClaimSentBeforeIt(t *testing.T) {
 	s.wake.notes.due(2, 1_000)
 	busy := false
 	s.takeNotes(context.Background(), &busy)
-	if s.known[2] != 1_000 {
-		t.Fatalf("the wake-up was not taken in: known %v", s.known)
+	if s.due.known[2] != 1_000 {
+		t.Fatalf("the wake-up was not taken in: known %v", s.due.known)
 	}
 	now := time.Now()
 	s.absorb(claimDone{job: job, vals: [][]any{{int64(900), "", "", int64(0), "5000"}}, errs: []error{nil},
 		before: []time.Time{now}, after: []time.Time{now}})
-	if at, ok := s.known[2]; !ok || at != 1_000 {
+	if at, ok := s.due.known[2]; !ok || at != 1_000 {
 		t.Errorf("after the answer of a claim sent before the wake-up: known[2] = %v (%v), want 1000", at, ok)
 	}
 	// An answer to a claim sent after the wake-up is the truth.
 	job.sent = time.Now()
 	s.absorb(claimDone{job: job, vals: [][]any{{int64(1100), "", "", int64(0), "6000"}}, errs: []error{nil},
 		before: []time.Time{now}, after: []time.Time{now}})
-	if at, ok := s.known[2]; ok {
+	if at, ok := s.due.known[2]; ok {
 		t.Errorf("a later claim found nothing pending, yet known[2] = %v", at)
 	}
 }

@@ -107,7 +107,7 @@ func TestClaimTokenNeverInTwoJobs(t *testing.T) {
 	s := tokenScanner(t, rdb)
 	scheduleDue(t, rdb, s, 5)
 	s.prim.unanswered[0] = "lost-token"
-	s.known[0] = 0
+	s.due.known[0] = 0
 
 	first := s.prim.jobs(ctx, []int{0}, 10, 1)
 	if len(first) != 1 || first[0].tokens[0] != "lost-token" {
