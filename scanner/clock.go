@@ -10,8 +10,8 @@ import (
 // is read by the loop, the publishes and the holder alike (hence the
 // atomics), so it stands apart from all of them.
 
-// clock estimates the Redis server clock of each shard's primary.
-type clock struct {
+// serverClock estimates the Redis server clock of each shard's primary.
+type serverClock struct {
 	// now is the local clock (Options.Now).
 	now func() time.Time
 
@@ -27,19 +27,19 @@ type clock struct {
 	at  []time.Time
 }
 
-func newClock(shards int, now func() time.Time) *clock {
-	return &clock{now: now, offsets: make([]atomic.Int64, shards), clocked: make([]atomic.Bool, shards),
+func newServerClock(shards int, now func() time.Time) *serverClock {
+	return &serverClock{now: now, offsets: make([]atomic.Int64, shards), clocked: make([]atomic.Bool, shards),
 		rtt: make([]time.Duration, shards), at: make([]time.Time, shards)}
 }
 
 // serverNow estimates the clock of the Redis primary of shard i, in ms.
-func (c *clock) serverNow(i int) int64 { return c.serverNowUs(i) / 1000 }
+func (c *serverClock) serverNow(i int) int64 { return c.serverNowUs(i) / 1000 }
 
 // serverNowUs is serverNow in µs.
-func (c *clock) serverNowUs(i int) int64 { return c.now().UnixMicro() + c.offsetOf(i) }
+func (c *serverClock) serverNowUs(i int) int64 { return c.now().UnixMicro() + c.offsetOf(i) }
 
 // offsetOf is the Redis clock of shard i's primary minus the local clock, µs.
-func (c *clock) offsetOf(i int) int64 {
+func (c *serverClock) offsetOf(i int) int64 {
 	if i >= 0 && i < len(c.clocked) && c.clocked[i].Load() {
 		return c.offsets[i].Load()
 	}
@@ -52,7 +52,7 @@ func (c *clock) offsetOf(i int) int64 {
 // a slower round trip than the one the offset came from is ignored, unless
 // that one is old enough for the clocks to have drifted apart (allowed
 // for generously, at 1 ms per second).
-func (c *clock) observe(i int, serverMs int64, before, after time.Time) {
+func (c *serverClock) observe(i int, serverMs int64, before, after time.Time) {
 	rtt := after.Sub(before)
 	// TIME was cut to the ms in the scripts: its middle is half a ms on.
 	off := serverMs*1000 + 500 - (before.UnixMicro() + rtt.Microseconds()/2)

@@ -11,13 +11,6 @@ import (
 	"github.com/dispatcher/dispatcher/shard"
 )
 
-// failed is one in-flight entry to hand to the fail script.
-type failed struct {
-	entry  string
-	mode   string // retry, poison or dead
-	reason string
-}
-
 // progress is a claimed batch on its way out: the outcome of each of its
 // tasks, gathered as they come (at once for the tasks due when it was
 // claimed, at their due time for the held ones), and settled in Redis in

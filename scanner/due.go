@@ -18,7 +18,7 @@ type dueTimes struct {
 	poll      time.Duration // Options.PollInterval
 	idle      time.Duration // Options.IdlePollInterval
 	lookahead time.Duration // Options.Lookahead
-	clock     *clock
+	clock     *serverClock
 
 	every     time.Duration     // current sweep interval, PollInterval..IdlePollInterval
 	known     map[int]int64     // shard -> server ms at which it next needs a claim
@@ -27,7 +27,7 @@ type dueTimes struct {
 	claimedAt map[int]time.Time // shard -> when a claim of it last answered
 }
 
-func newDueTimes(shards int, poll, idle, lookahead time.Duration, clock *clock) *dueTimes {
+func newDueTimes(shards int, poll, idle, lookahead time.Duration, clock *serverClock) *dueTimes {
 	return &dueTimes{shards: shards, poll: poll, idle: idle, lookahead: lookahead, clock: clock, every: poll,
 		known: map[int]int64{}, notedAt: map[int]time.Time{}, badUntil: map[int]time.Time{}, claimedAt: map[int]time.Time{}}
 }

@@ -14,6 +14,13 @@ type Task struct {
 	DueMs  int64
 }
 
+// batch is what one claim took from one shard.
+type batch struct {
+	shard    int
+	deadline int64 // the lease all its tasks are claimed under (server ms)
+	tasks    []Task
+}
+
 // ParseEntry splits an in-flight entry into due time and member.
 func ParseEntry(e string) (Task, error) {
 	b := []byte(e)

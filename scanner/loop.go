@@ -2,13 +2,9 @@ package scanner
 
 import (
 	"context"
-	"fmt"
+	"sort"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"github.com/dispatcher/dispatcher/internal/coalesce"
 )
 
 // The scan loop claims shard by shard, in one pipelined round trip per
@@ -19,32 +15,6 @@ import (
 // A primary that fails is backed off on its own. With one server (or
 // Sentinel) there is one primary and the loop behaves as a simple
 // claim-publish cycle.
-
-// claimDone is what Redis said to a claimJob, per shard.
-type claimDone struct {
-	job           claimJob
-	vals          [][]any // nil where errs says why
-	errs          []error
-	before, after []time.Time // local clock around the round trip that answered
-}
-
-// Time limits of the loop's Redis calls. go-redis honours them because
-// redisconn turns ContextTimeoutEnabled on; without them a primary that
-// stopped answering would hold a claim for the read timeout times go-redis's
-// retries and redirects (about 20 s on a cluster).
-const (
-	pausedRetry    = time.Second     // a paused shard is claimed from again after
-	claimTimeout   = 3 * time.Second // one job's pipeline
-	counterTimeout = time.Second     // the balancer's INCRBY
-)
-
-// NewCoalescer returns the Coalescer that the scanners of one instance
-// share (Options.Coalescer) to send their sweeps and role renewals of the
-// same moment in one round trip per primary. The 2 ms it waits for the
-// others is nothing to a sweep, which is a poll.
-func NewCoalescer(rdb redis.UniversalClient) *coalesce.Coalescer {
-	return coalesce.New(rdb, 2*time.Millisecond, claimTimeout)
-}
 
 func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan struct{}) {
 	busy := false // a primary gave a whole batch, or another instance told of a backlog
@@ -191,6 +161,34 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	}
 }
 
+// takeNotes applies the wake-ups received since the last turn and sends a
+// renewal of or bid for the sweeper role when that is due.
+func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
+	wasBusy, free, soon := s.wake.notes.take()
+	if wasBusy {
+		*busy = true
+	}
+	if wasBusy || len(soon) > 0 {
+		s.due.hot()
+	}
+	if free {
+		s.role.free()
+	}
+	s.role.bid(ctx)
+	if !s.role.leader {
+		return
+	}
+	s.due.heard(soon)
+}
+
+// applyLead takes the answer about the sweeper role in. An instance that
+// lost the role forgets the due times it knew: they are the sweeper's.
+func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
+	if s.role.apply(ctx, r) && !s.role.leader {
+		s.due.forget(s.prim.unanswered)
+	}
+}
+
 // ended is a context that has already ended: WaitReady with it answers at
 // once. Made once, as brokerReady runs on every turn of the loop.
 var ended = func() context.Context {
@@ -201,6 +199,75 @@ var ended = func() context.Context {
 
 // brokerReady reports, without waiting, whether the broker takes publishes.
 func (s *Scanner) brokerReady() bool { return s.pub.WaitReady(ended) == nil }
+
+// idleDelay is how long the loop may sleep: until the earliest known due
+// time on a primary it may claim from, the end of a backoff, the next
+// sweep of a primary (unless busy: then nothing is swept) or the next turn
+// at the sweeper role, whichever is first. Shards whose primary is busy
+// with a job are left out: its answer wakes the loop; so are all shards
+// while canClaim is false (no publish slot free: one coming free wakes
+// it). claimNow says the loop should claim again at once.
+func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
+	d := s.role.wait()
+	now := time.Now()
+	backedOff := false
+	for _, n := range s.prim.nodes {
+		if n.until.After(now) {
+			d = min(d, n.until.Sub(now))
+			backedOff = true
+		}
+		if s.role.leader && !busy && !n.claiming && !n.until.After(now) {
+			d = min(d, s.sweepDue(n).Sub(now))
+		}
+	}
+	if s.role.leader && !busy && len(s.prim.nodes) == 0 {
+		d = min(d, s.due.every) // nothing swept yet
+	}
+	if claimNow && !backedOff && !s.rate.limited(now) {
+		return 0
+	}
+	if claimNow && s.rate.limited(now) {
+		d = min(d, s.rate.wait(now))
+	}
+	if !canClaim {
+		return max(d, time.Millisecond)
+	}
+	ctx := context.Background()
+	for i := range s.due.known {
+		n := s.prim.node(s.prim.nodeOf(ctx, i))
+		if n.claiming || n.until.After(now) || s.prim.inClaim[i] {
+			continue
+		}
+		if s.rate.limited(now) {
+			d = min(d, s.rate.wait(now)) // due shards wait for the next token
+			continue
+		}
+		d = min(d, s.due.wait(i, now))
+	}
+	if d <= 0 {
+		return time.Millisecond // due now but nothing claimable: no spinning
+	}
+	return d
+}
+
+// dueShards returns up to n shards known to need a claim now on primaries
+// the loop may claim from, the longest waiting first.
+func (s *Scanner) dueShards(n int) []int {
+	now := time.Now()
+	ctx := context.Background()
+	var out []int
+	for i, at := range s.due.known {
+		addr := s.prim.nodeOf(ctx, i)
+		if at <= s.clock.serverNow(i) && !s.prim.inClaim[i] && !s.due.aside(i, now) && s.prim.free(addr, now) && !s.sweepFirst(s.prim.node(addr), now) {
+			out = append(out, i)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return s.due.known[out[a]] < s.due.known[out[b]] })
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
 
 // sweep reads, on every primary whose last sweep is a poll interval old and
 // that is free, when each of its shards next needs a claim (a claim of 0
@@ -256,214 +323,5 @@ func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
 	return s.role.leader && n.lastClaim && !now.Before(s.sweepDue(n))
 }
 
-// runClaims runs a job's scripts in one pipeline, loading the claim script
-// first where the primary does not know it (new, restarted or promoted).
-// A sweep runs the script (claiming nothing) on its first shard only, for
-// the primary's clock and for its refusals (a replica refuses scripts, not
-// reads), and plain reads on the others: a script call costs Redis several
-// times two ZRANGEs, and with many queues sweeps are most of its work.
-// It touches only Redis: the loop applies the answers (absorb).
-func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
-	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
-	defer cancel()
-	d := claimDone{job: j, vals: make([][]any, len(j.shards)), errs: make([]error, len(j.shards)),
-		before: make([]time.Time, len(j.shards)), after: make([]time.Time, len(j.shards))}
-	todo := make([]int, len(j.shards)) // indexes into j.shards
-	for n := range todo {
-		todo[n] = n
-	}
-	for attempt := 0; len(todo) > 0; attempt++ {
-		cmds := make([]*redis.Cmd, len(todo))
-		var reads []sweepRead
-		fill := func(pipe redis.Pipeliner) {
-			for n, at := range todo {
-				if j.limit == 0 && at > 0 {
-					reads = append(reads, s.st.sweepRead(ctx, pipe, j.shards[at], at))
-					continue
-				}
-				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at])
-			}
-		}
-		before, after, err := s.roundTrip(ctx, j.node, j.limit == 0 || j.ahead, fill)
-		if err != nil { // the round trip is left unread: it may still be writing the results
-			for _, at := range todo {
-				d.errs[at] = err
-			}
-			return d
-		}
-		var again []int
-		var now any // the server clock, from the script of a sweep
-		for n, cmd := range cmds {
-			if cmd == nil {
-				continue
-			}
-			at := todo[n]
-			vals, err := cmd.Slice()
-			if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				again = append(again, at)
-				continue
-			}
-			if err == nil && len(vals) > 0 {
-				now = vals[0]
-			}
-			d.vals[at], d.errs[at] = vals, err
-			d.before[at], d.after[at] = before, after
-		}
-		for _, r := range reads {
-			d.vals[r.at], d.errs[r.at] = r.result(now)
-			d.before[r.at], d.after[r.at] = before, after
-		}
-		if len(again) > 0 {
-			if err := claimScript.Load(ctx, s.prim.scripter(ctx, j)).Err(); err != nil {
-				err = fmt.Errorf("load claim script: %w", err)
-				for _, at := range again {
-					d.errs[at] = err
-				}
-				return d
-			}
-		}
-		todo = again
-	}
-	return d
-}
-
-// roundTrip sends the commands fill queues in one pipeline to the primary
-// node and returns the local clock just before and after Redis ran them.
-// Sweeps (shared) go through the instance's Coalescer, if any, with the
-// other queues' sweeps of the moment; claims go on their own, at once.
-// An error means ctx ended first (coalesced only): the commands must not be
-// read.
-func (s *Scanner) roundTrip(ctx context.Context, node string, shared bool, fill func(redis.Pipeliner)) (before, after time.Time, err error) {
-	// On a cluster, "" is a primary not known (yet): alone, so that it
-	// holds up no lane of a known one.
-	if shared && s.opt.Coalescer != nil && (node != "" || !s.prim.cluster) {
-		start := s.opt.Now()
-		sent, took, err := s.opt.Coalescer.Do(ctx, node, fill)
-		before = start.Add(sent)
-		return before, before.Add(took), err
-	}
-	pipe := s.rdb.Pipeline()
-	fill(pipe)
-	before = s.opt.Now()
-	_, _ = pipe.Exec(ctx) // each command's own error is read by the caller
-	return before, s.opt.Now(), nil
-}
-
 // sweepDue is when primary n's shards are next swept.
 func (s *Scanner) sweepDue(n *nodeState) time.Time { return s.due.nextSweep(n.sweptAt) }
-
-// absorb applies a job's answers: each shard's next due time and server
-// clock, reaped leases, and the batches claimed. full reports whether any
-// shard gave a whole batch (more is due). A shard whose keys are unusable
-// is left alone for a while (shardTrouble); a failure that is not the
-// shard's own (connection lost, a server-wide refusal) is returned as
-// err, alongside the batches of the shards that were claimed.
-func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
-	for n, i := range d.job.shards {
-		vals, err := d.vals[n], d.errs[n]
-		if d.job.limit > 0 && s.prim.settleToken(i, d.job.tokens[n], vals, err) {
-			s.due.dueNow(i)
-		}
-		switch {
-		case err == nil:
-		case !isReply(err) || serverRefuses(err):
-			if trouble == nil {
-				trouble = err
-			}
-			continue
-		case clusterTransient(err):
-			s.shardWait(i, err)
-			continue
-		default:
-			s.shardTrouble(i, err)
-			continue
-		}
-		c, err := parseClaimed(vals)
-		if err != nil {
-			s.shardTrouble(i, err)
-			continue
-		}
-		if c.now > 0 { // a sweep's plain reads carry no clock when its script failed
-			s.clock.observe(i, c.now, d.before[n], d.after[n])
-		}
-		s.due.noteAnswer(i, c.nextPending, c.nextLease, d.job.sent, d.job.limit > 0)
-		if s.prim.lost(i) {
-			// Its last claim may have run without an answer: claim it again
-			// (with that claim's token) now, not when its lease runs out.
-			s.due.dueNow(i)
-		}
-		if d.job.limit == 0 {
-			continue
-		}
-		if c.paused {
-			// Held by `dispatcher pause`: looked at again in a second, so a
-			// paused queue with due tasks costs Redis little and a resume
-			// takes effect within a second.
-			s.due.setAside(i, time.Now().Add(pausedRetry))
-			s.lim.Info("paused", "queue paused: claiming nothing until `dispatcher resume`", "shard", i)
-			continue
-		}
-		if c.reaped > 0 {
-			s.met.reaped(c.reaped)
-			s.lim.Warn("reaped", "took over tasks whose lease ran out", "shard", i, "tasks", c.reaped)
-		}
-		b := batch{shard: i, deadline: c.deadline}
-		for _, e := range c.entries {
-			t, err := ParseEntry(e)
-			if err != nil {
-				s.lim.Error("entry", "skipping malformed in-flight entry", "shard", i, "err", err)
-				continue
-			}
-			b.tasks = append(b.tasks, t)
-		}
-		if len(b.tasks) > 0 {
-			s.met.batchSize(len(b.tasks))
-			out = append(out, b)
-		}
-		if len(c.entries) >= d.job.limit {
-			full = true
-		}
-	}
-	return out, full, trouble
-}
-
-// claim claims up to BatchSize tasks of each target shard, the way the
-// loop does, and returns the batches (the caller publishes them).
-func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, error) {
-	var out []batch
-	full := false
-	var errs []error
-	for _, j := range s.prim.jobs(ctx, targets, s.opt.BatchSize, len(targets)) {
-		j.sent = time.Now()
-		b, f, err := s.absorb(s.runClaims(ctx, j))
-		out, full = append(out, b...), full || f
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return out, full, errs[0]
-	}
-	return out, full, nil
-}
-
-// clusterTransient reports whether err is Redis Cluster moving a slot or
-// electing a primary (after go-redis's own redirects and retries): the
-// shard is looked at again shortly, not set aside like a broken one.
-func clusterTransient(err error) bool {
-	for _, p := range []string{"TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK", "MASTERDOWN"} {
-		if redis.HasErrorPrefix(err, p) {
-			return true
-		}
-	}
-	return false
-}
-
-// shardWait leaves shard i alone briefly after a transient cluster answer.
-func (s *Scanner) shardWait(i int, err error) {
-	s.met.error("cluster", 1)
-	s.due.setAside(i, time.Now().Add(100*time.Millisecond))
-	s.prim.reloadSlots()
-	s.lim.Warn("shard:"+fmt.Sprint(i)+":cluster", "shard's slot is moving or its primary changing; retrying shortly",
-		"shard", i, "key", s.keys.Pending(i), "err", err)
-}

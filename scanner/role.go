@@ -62,9 +62,9 @@ end
 return 0
 `)
 
-// role is this instance's part in the sweeper role. Its state is owned by
-// Run's goroutine but for sweeping.
-type role struct {
+// sweeperRole is this instance's part in the sweeper role. Its state is
+// owned by Run's goroutine but for sweeping.
+type sweeperRole struct {
 	rdb      redis.UniversalClient
 	keys     shard.Keys
 	instance string        // Options.InstanceID
@@ -96,14 +96,14 @@ type leadResult struct {
 }
 
 // ttl is how long the sweeper role outlives its holder's last renewal.
-func (r *role) ttl() time.Duration { return max(10*r.poll, 1500*time.Millisecond) }
+func (r *sweeperRole) ttl() time.Duration { return max(10*r.poll, 1500*time.Millisecond) }
 
 // every is how often an instance renews (sweeper) or bids for (other
 // instances) the sweeper role. Three renewals per TTL, not one per sweep:
 // with many queues the renewals were a third of an idle instance's Redis
 // calls. At the default settings that is every 500 ms, on the grid of a
 // quiet queue's sweeps, so both take one wake-up and one round trip.
-func (r *role) every() time.Duration {
+func (r *sweeperRole) every() time.Duration {
 	if r.leader {
 		return max(r.poll, r.ttl()/3)
 	}
@@ -111,12 +111,12 @@ func (r *role) every() time.Duration {
 }
 
 // free notes that the role was given up: a bid is due at once.
-func (r *role) free() { r.lastLead = time.Time{} }
+func (r *sweeperRole) free() { r.lastLead = time.Time{} }
 
 // bid sends a renewal of or bid for the role when one is due. The role's
 // key lives on one primary: its answer comes back on done, so a primary
 // that is slow to answer holds up no other.
-func (r *role) bid(ctx context.Context) {
+func (r *sweeperRole) bid(ctx context.Context) {
 	if !r.leading && !time.Now().Before(gridNext(r.lastLead, r.every())) && time.Now().After(r.until) {
 		r.leading = true
 		r.lastLead = time.Now()
@@ -132,7 +132,7 @@ func (r *role) bid(ctx context.Context) {
 
 // wait is how long until the next renewal or bid is due (or its backoff
 // ends).
-func (r *role) wait() time.Duration {
+func (r *sweeperRole) wait() time.Duration {
 	next := gridNext(r.lastLead, r.every())
 	if r.until.After(next) {
 		next = r.until
@@ -149,7 +149,7 @@ func (r *role) wait() time.Duration {
 // be reached for longer than the role lives, nobody can hold it: the
 // instance sweeps anyway (two sweepers cost Redis calls, none would cost
 // tasks).
-func (r *role) apply(ctx context.Context, res leadResult) (changed bool) {
+func (r *sweeperRole) apply(ctx context.Context, res leadResult) (changed bool) {
 	r.leading = false
 	leader := res.leader
 	if res.err != nil {
@@ -179,7 +179,7 @@ func (r *role) apply(ctx context.Context, res leadResult) (changed bool) {
 // lead renews or bids for the sweeper role. An error from the script
 // itself (say an OOM refusal of its write) makes the instance sweep
 // anyway: two sweepers cost Redis calls, none would cost tasks.
-func (r *role) lead(ctx context.Context) (bool, error) {
+func (r *sweeperRole) lead(ctx context.Context) (bool, error) {
 	keys, args := []string{r.keys.Sweeper()}, []any{r.instance, r.ttl().Milliseconds()}
 	// Shared: with the other queues' renewals of the moment, in one round trip.
 	var cmd *redis.Cmd
@@ -204,7 +204,7 @@ func (r *role) lead(ctx context.Context) (bool, error) {
 }
 
 // resign gives up the sweeper role at shutdown, if this instance holds it.
-func (r *role) resign() {
+func (r *sweeperRole) resign() {
 	if r.leader {
 		r.stepDown()
 		r.met.sweeper(false)
@@ -213,7 +213,7 @@ func (r *role) resign() {
 }
 
 // stepDown gives up the sweeper role at shutdown.
-func (r *role) stepDown() {
+func (r *sweeperRole) stepDown() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	err := stepDownScript.Run(ctx, r.rdb, []string{r.keys.Sweeper()},

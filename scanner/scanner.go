@@ -6,12 +6,8 @@ package scanner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,13 +93,13 @@ type Scanner struct {
 	work context.Context // publishes and settling: outlives Run's ctx a little
 
 	// The loop's concerns, each in a file of its own.
-	clock *clock     // the Redis clock of each shard's primary
-	role  *role      // the sweeper role
-	pick  *picker    // the shards a busy queue's claims take
-	rate  *rateLimit // the queue's rate limit
-	due   *dueTimes  // when each shard next needs a claim; the sweep interval
-	prim  *primaries // the primaries, and the claims on their way to them
-	wake  *wakeups   // the queue's wake channel
+	clock *serverClock // the Redis clock of each shard's primary
+	role  *sweeperRole // the sweeper role
+	pick  *picker      // the shards a busy queue's claims take
+	rate  *rateLimit   // the queue's rate limit
+	due   *dueTimes    // when each shard next needs a claim; the sweep interval
+	prim  *primaries   // the primaries, and the claims on their way to them
+	wake  *wakeups     // the queue's wake channel
 
 	// What the queue's watchdog asks (Waiting): read off the loop.
 	publishing  atomic.Int64 // batches being published
@@ -126,39 +122,33 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	lim := newLogLimiter(log, 10*time.Second)
 	met := opt.Metrics.forQueue(opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
-	s := &Scanner{
-		rdb: rdb, pub: pub, opt: opt, keys: keys,
+	s := &Scanner{rdb: rdb, pub: pub, opt: opt, keys: keys, log: log, lim: lim, met: met,
 		// A task held for up to the look-ahead still has a whole lease to
 		// be published in.
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead, ahead: opt.Lookahead,
 			retryMin: opt.RetryMin, retryMax: opt.RetryMax, maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
-		log:   log,
-		lim:   lim,
-		met:   met,
-		clock: newClock(opt.Shards, opt.Now),
-		rate: &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
-			met: met, lim: lim},
 	}
-	s.due = newDueTimes(opt.Shards, opt.PollInterval, opt.IdlePollInterval, opt.Lookahead, s.clock)
+	s.clock = newServerClock(opt.Shards, opt.Now)
 	s.prim = newPrimaries(rdb, keys, opt.Shards, s.st.token, met, lim)
-	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
-	s.pick = &picker{bal: balancer.New(rdb, keys.Counter(), opt.Shards), shards: opt.Shards, key: keys.Counter(),
-		met: met, lim: lim, reload: s.prim.reloadSlots}
-	s.role = &role{rdb: rdb, keys: keys, instance: opt.InstanceID, poll: opt.PollInterval, log: log, lim: lim, met: met,
+	s.due = newDueTimes(opt.Shards, opt.PollInterval, opt.IdlePollInterval, opt.Lookahead, s.clock)
+	s.role = &sweeperRole{rdb: rdb, keys: keys, instance: opt.InstanceID, poll: opt.PollInterval, log: log, lim: lim, met: met,
 		send: func(ctx context.Context, node string, fill func(redis.Pipeliner)) error {
 			_, _, err := s.roundTrip(ctx, node, true, fill)
 			return err
 		},
 		reload: s.prim.reloadSlots, done: make(chan leadResult, 1)}
+	s.pick = &picker{bal: balancer.New(rdb, keys.Counter(), opt.Shards), shards: opt.Shards, key: keys.Counter(),
+		met: met, lim: lim, reload: s.prim.reloadSlots}
+	s.rate = &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
+		met: met, lim: lim}
+	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
 	s.hold = newHolder(s.clock.serverNowUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
 	return s
 }
 
 // Wake makes an idle scanner look at every shard now, e.g. when a producer
 // says it added a task earlier than any known.
-func (s *Scanner) Wake() {
-	s.wake.kick()
-}
+func (s *Scanner) Wake() { s.wake.kick() }
 
 // Run dispatches until ctx ends. Then it claims nothing new, waits up to
 // ShutdownTimeout for outstanding confirms, and hands what is still
@@ -204,34 +194,6 @@ func (s *Scanner) Run(ctx context.Context) error {
 	return nil
 }
 
-// takeNotes applies the wake-ups received since the last turn and sends a
-// renewal of or bid for the sweeper role when that is due.
-func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
-	wasBusy, free, soon := s.wake.notes.take()
-	if wasBusy {
-		*busy = true
-	}
-	if wasBusy || len(soon) > 0 {
-		s.due.hot()
-	}
-	if free {
-		s.role.free()
-	}
-	s.role.bid(ctx)
-	if !s.role.leader {
-		return
-	}
-	s.due.heard(soon)
-}
-
-// applyLead takes the answer about the sweeper role in. An instance that
-// lost the role forgets the due times it knew: they are the sweeper's.
-func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
-	if s.role.apply(ctx, r) && !s.role.leader {
-		s.due.forget(s.prim.unanswered)
-	}
-}
-
 // Sweeping reports whether this instance holds the queue's sweeper role:
 // then it alone keeps the queue's state metrics and watches for stalls.
 func (s *Scanner) Sweeping() bool { return s.role.sweeping.Load() }
@@ -271,133 +233,4 @@ func since(format string, at int64) string {
 // answers even where every script is refused.
 func (s *Scanner) RedisRefusal() string {
 	return s.prim.refused()
-}
-
-// idleDelay is how long the loop may sleep: until the earliest known due
-// time on a primary it may claim from, the end of a backoff, the next
-// sweep of a primary (unless busy: then nothing is swept) or the next turn
-// at the sweeper role, whichever is first. Shards whose primary is busy
-// with a job are left out: its answer wakes the loop; so are all shards
-// while canClaim is false (no publish slot free: one coming free wakes
-// it). claimNow says the loop should claim again at once.
-func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
-	d := s.role.wait()
-	now := time.Now()
-	backedOff := false
-	for _, n := range s.prim.nodes {
-		if n.until.After(now) {
-			d = min(d, n.until.Sub(now))
-			backedOff = true
-		}
-		if s.role.leader && !busy && !n.claiming && !n.until.After(now) {
-			d = min(d, s.sweepDue(n).Sub(now))
-		}
-	}
-	if s.role.leader && !busy && len(s.prim.nodes) == 0 {
-		d = min(d, s.due.every) // nothing swept yet
-	}
-	if claimNow && !backedOff && !s.rate.limited(now) {
-		return 0
-	}
-	if claimNow && s.rate.limited(now) {
-		d = min(d, s.rate.wait(now))
-	}
-	if !canClaim {
-		return max(d, time.Millisecond)
-	}
-	ctx := context.Background()
-	for i := range s.due.known {
-		n := s.prim.node(s.prim.nodeOf(ctx, i))
-		if n.claiming || n.until.After(now) || s.prim.inClaim[i] {
-			continue
-		}
-		if s.rate.limited(now) {
-			d = min(d, s.rate.wait(now)) // due shards wait for the next token
-			continue
-		}
-		d = min(d, s.due.wait(i, now))
-	}
-	if d <= 0 {
-		return time.Millisecond // due now but nothing claimable: no spinning
-	}
-	return d
-}
-
-// dueShards returns up to n shards known to need a claim now on primaries
-// the loop may claim from, the longest waiting first.
-func (s *Scanner) dueShards(n int) []int {
-	now := time.Now()
-	ctx := context.Background()
-	var due []int
-	for i, at := range s.due.known {
-		addr := s.prim.nodeOf(ctx, i)
-		if at <= s.clock.serverNow(i) && !s.prim.inClaim[i] && !s.due.aside(i, now) && s.prim.free(addr, now) && !s.sweepFirst(s.prim.node(addr), now) {
-			due = append(due, i)
-		}
-	}
-	sort.Slice(due, func(a, b int) bool { return s.due.known[due[a]] < s.due.known[due[b]] })
-	if len(due) > n {
-		due = due[:n]
-	}
-	return due
-}
-
-// shardTrouble handles an error of one shard's script: the shard is left
-// alone for a while and the error is counted and logged (rate-limited);
-// the other shards carry on.
-func (s *Scanner) shardTrouble(i int, err error) {
-	kind := "redis"
-	if redis.HasErrorPrefix(err, "WRONGTYPE") {
-		kind = "wrongtype"
-	}
-	s.met.error(kind, 1)
-	s.due.setAside(i, time.Now().Add(5*time.Second))
-	s.due.drop(i)
-	s.lim.Error("shard:"+strconv.Itoa(i)+":"+kind, "shard unusable; skipping it for 5s",
-		"shard", i, "key", s.keys.Pending(i), "err", err)
-}
-
-type batch struct {
-	shard    int
-	deadline int64 // the lease all its tasks are claimed under (server ms)
-	tasks    []Task
-}
-
-// serverRefuses reports whether err is Redis refusing every command for
-// now (loading its data, a read-only replica, a busy script, an ACL or
-// authentication problem) rather than trouble with one shard's keys: the
-// loop backs off and logs it once, instead of blaming every shard.
-func serverRefuses(err error) bool {
-	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "BUSY ", "NOPERM", "NOAUTH", "WRONGPASS", "OOM"} {
-		if redis.HasErrorPrefix(err, p) {
-			return true
-		}
-	}
-	return false
-}
-
-// redisHints explain the Redis refusals an operator can act on.
-var redisHints = map[string]string{
-	"LOADING":  "Redis is loading its data set after a restart; dispatching resumes when it is done",
-	"READONLY": "DISPATCHER_REDIS_URL reaches a read-only replica; the dispatcher needs the primary",
-	"OOM":      "Redis is at maxmemory: producers cannot schedule; the dispatcher keeps draining, which frees memory",
-	"NOPERM":   "the Redis ACL user lacks a key, channel or command the dispatcher needs",
-}
-
-// redisErrorClass is the error code of a Redis reply error (LOADING,
-// READONLY, OOM, ...) or "conn" for anything else (network, timeout).
-func redisErrorClass(err error) string {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return "conn"
-	}
-	code, _, _ := strings.Cut(re.Error(), " ")
-	return code
-}
-
-// isReply reports whether err is an error reply of the server (as opposed
-// to a connection or timeout error).
-func isReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re)
 }

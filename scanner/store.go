@@ -38,6 +38,13 @@ type claimed struct {
 	entries     []string
 }
 
+// failed is one in-flight entry to hand to the fail script.
+type failed struct {
+	entry  string
+	mode   string // retry, poison or dead
+	reason string
+}
+
 // claimCmd queues a claim of up to limit tasks of shard i with token on
 // pipe (limit 0 only reads when the shard next needs attention).
 func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int, token string) *redis.Cmd {

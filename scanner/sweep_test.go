@@ -70,7 +70,7 @@ func TestGridNext(t *testing.T) {
 func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 	local := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	const skewMs = 5000 // the server's clock is 5 s ahead of the local one
-	s := newClock(1, func() time.Time { return local })
+	s := newServerClock(1, func() time.Time { return local })
 	truth := func() int64 { return local.UnixMilli() + skewMs }
 
 	// A fast round trip: 200 µs, the clock read in its middle.
