@@ -158,7 +158,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			continue
 		}
 		if c.now > 0 { // a sweep's plain reads carry no clock when its script failed
-			s.clock.observe(i, c.now, d.before[n], d.after[n])
+			s.clock.observe(i, c.nowUs, d.before[n], d.after[n])
 		}
 		s.due.noteAnswer(i, c.nextPending, c.nextLease, d.job.sent, d.job.limit > 0)
 		if s.prim.lost(i) {

@@ -25,11 +25,15 @@ type serverClock struct {
 	// owned by Run's goroutine.
 	rtt []time.Duration
 	at  []time.Time
+	// Half the round trip of the sample each offset came from, µs: how
+	// far the server clock may be behind the estimate.
+	slack  atomic.Int64
+	slacks []atomic.Int64
 }
 
 func newServerClock(shards int, now func() time.Time) *serverClock {
 	return &serverClock{now: now, offsets: make([]atomic.Int64, shards), clocked: make([]atomic.Bool, shards),
-		rtt: make([]time.Duration, shards), at: make([]time.Time, shards)}
+		rtt: make([]time.Duration, shards), at: make([]time.Time, shards), slacks: make([]atomic.Int64, shards)}
 }
 
 // serverNow estimates the clock of the Redis primary of shard i, in ms.
@@ -37,6 +41,15 @@ func (c *serverClock) serverNow(i int) int64 { return c.serverNowUs(i) / 1000 }
 
 // serverNowUs is serverNow in µs.
 func (c *serverClock) serverNowUs(i int) int64 { return c.now().UnixMicro() + c.offsetOf(i) }
+
+// surelyUs is the earliest the clock of shard i's primary may read now,
+// µs: a task due by it is due, whatever the estimate's error.
+func (c *serverClock) surelyUs(i int) int64 {
+	if i >= 0 && i < len(c.clocked) && c.clocked[i].Load() {
+		return c.now().UnixMicro() + c.offsets[i].Load() - c.slacks[i].Load()
+	}
+	return c.now().UnixMicro() + c.offset.Load() - c.slack.Load()
+}
 
 // offsetOf is the Redis clock of shard i's primary minus the local clock, µs.
 func (c *serverClock) offsetOf(i int) int64 {
@@ -52,25 +65,28 @@ func (c *serverClock) offsetOf(i int) int64 {
 // a slower round trip than the one the offset came from is ignored, unless
 // that one is old enough for the clocks to have drifted apart (allowed
 // for generously, at 1 ms per second).
-func (c *serverClock) observe(i int, serverMs int64, before, after time.Time) {
+func (c *serverClock) observe(i int, serverUs int64, before, after time.Time) {
 	rtt := after.Sub(before)
-	// TIME was cut to the ms in the scripts: its middle is half a ms on.
-	off := serverMs*1000 + 500 - (before.UnixMicro() + rtt.Microseconds()/2)
+	half := rtt.Microseconds()/2 + 1 // and the µs TIME was cut to
+	off := serverUs - (before.UnixMicro() + rtt.Microseconds()/2)
 	if i < 0 || i >= len(c.clocked) {
 		c.offset.Store(off)
+		c.slack.Store(half)
 		return
 	}
 	if c.clocked[i].Load() && rtt > c.rtt[i]+after.Sub(c.at[i])/1000 {
 		// A slower sample, unless it shows the offset kept is wrong (a
 		// clock was stepped): the server's reading must fall in the round
-		// trip, give or take the ms it was cut to.
-		cur, at := c.offsets[i].Load(), serverMs*1000+500
-		if at >= before.UnixMicro()+cur-1000 && at <= after.UnixMicro()+cur+1000 {
+		// trip, give or take a ms of drift.
+		cur := c.offsets[i].Load()
+		if serverUs >= before.UnixMicro()+cur-1000 && serverUs <= after.UnixMicro()+cur+1000 {
 			return
 		}
 	}
 	c.rtt[i], c.at[i] = rtt, after
 	c.offset.Store(off)
+	c.slack.Store(half)
 	c.offsets[i].Store(off)
+	c.slacks[i].Store(half)
 	c.clocked[i].Store(true)
 }

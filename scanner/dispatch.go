@@ -58,7 +58,7 @@ func (p *progress) record(acked, released string, f *failed) bool {
 func (s *Scanner) dispatch(work context.Context, b batch, published, done func()) {
 	p := &progress{b: b, done: done, left: len(b.tasks)}
 	var now, later []heldTask
-	nowUs := s.clock.serverNowUs(b.shard)
+	nowUs := s.clock.surelyUs(b.shard) // never early: see holder
 	complete := len(b.tasks) == 0
 	for _, t := range b.tasks {
 		if len(t.Member) > s.opt.MaxMessageBytes {

@@ -23,7 +23,8 @@ import (
 // lease, which brings them back as any claimed task. On a clean stop the
 // holder gives everything it still holds back at once (released: lease 0).
 type holder struct {
-	// serverUs estimates the Redis clock of a shard's primary, µs.
+	// serverUs is the earliest the Redis clock of a shard's primary may
+	// read now, µs (the estimate less its error): never early.
 	serverUs func(shard int) int64
 	// localUs is the local clock, µs (Options.Now).
 	localUs func() int64

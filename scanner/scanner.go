@@ -142,7 +142,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	s.rate = &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
 		met: met, lim: lim}
 	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
-	s.hold = newHolder(s.clock.serverNowUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
+	s.hold = newHolder(s.clock.surelyUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
 	return s
 }
 

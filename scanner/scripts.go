@@ -57,9 +57,12 @@ end
 `
 
 // luaNow reads the server clock in ms, for the scripts that need it (ack
-// and release, run once per batch, do not).
+// and release, run once per batch, do not), and in µs (nowUs), which the
+// claim returns: the instances' estimate of the server clock, which times
+// the publish of tasks claimed ahead, is then not off by up to a ms.
 const luaNow = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 `
 
 // claimScript re-leases expired in-flight entries in place and moves
@@ -98,13 +101,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 //
 //	are claimed
 //
-// Returns {now_ms, next_pending_score|"", next_lease_deadline|"", reaped,
+// Returns {now_us, next_pending_score|"", next_lease_deadline|"", reaped,
 // deadline, entry...}; reaped counts only re-leased entries that had no
 // failed attempt and were not released, i.e. whose instance died or
 // stalled, not retries whose backoff ran out.
 var claimScript = redis.NewScript(luaPrelude + luaNow + `
 local limit = tonumber(ARGV[1])
-local out = {now, '', '', 0, ''}
+local out = {nowUs, '', '', 0, ''}
 if limit > 0 and redis.call('GET', KEYS[5]) then
   out[4] = -1
   limit = 0

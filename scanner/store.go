@@ -30,6 +30,7 @@ type store struct {
 // claimed is what one run of the claim script says of its shard.
 type claimed struct {
 	now         int64 // server clock, ms
+	nowUs       int64 // the same, µs
 	nextPending any   // earliest pending score, "" if none
 	nextLease   any   // earliest lease deadline, "" if none
 	reaped      int   // leases of dead or stalled instances taken over
@@ -119,7 +120,8 @@ func parseClaimed(vals []any) (claimed, error) {
 		return claimed{}, fmt.Errorf("claim script returned %d values, want at least 5", len(vals))
 	}
 	c := claimed{nextPending: vals[1], nextLease: vals[2]}
-	c.now, _ = vals[0].(int64)
+	c.nowUs, _ = vals[0].(int64)
+	c.now = c.nowUs / 1000
 	reaped, _ := vals[3].(int64)
 	c.reaped, c.paused = max(0, int(reaped)), reaped < 0
 	if d, ok := parseScore(vals[4]); ok {

@@ -76,11 +76,11 @@ func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 	// A fast round trip: 200 µs, the clock read in its middle.
 	before := local
 	after := before.Add(200 * time.Microsecond)
-	s.observe(0, before.Add(100*time.Microsecond).UnixMilli()+skewMs, before, after)
+	s.observe(0, (before.Add(100*time.Microsecond).UnixMilli()+skewMs)*1000+500, before, after)
 	// A slow one a little later: 40 ms, the clock read right at its start.
 	local = local.Add(time.Second)
 	before, after = local, local.Add(40*time.Millisecond)
-	s.observe(0, before.UnixMilli()+skewMs, before, after)
+	s.observe(0, (before.UnixMilli()+skewMs)*1000+500, before, after)
 	if d := s.serverNow(0) - truth(); d < -1 || d > 1 {
 		t.Errorf("server clock estimate off by %d ms after a slow round trip", d)
 	}
@@ -88,17 +88,17 @@ func TestClockEstimateKeepsTheFastestRoundTrip(t *testing.T) {
 	// is taken: the estimate follows the server's clock.
 	local = local.Add(time.Minute)
 	before, after = local, local.Add(2*time.Millisecond)
-	s.observe(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after) // the server's clock drifted 3 ms
+	s.observe(0, (before.Add(time.Millisecond).UnixMilli()+skewMs+3)*1000+500, before, after) // the server's clock drifted 3 ms
 	if d := s.serverNow(0) - truth(); d < 2 || d > 4 {
 		t.Errorf("estimate off by %d ms from the drifted server clock's 3 ms ahead", d)
 	}
 	// The local clock is stepped 5 s back; the next sample, slow as it is,
 	// shows the kept offset wrong and replaces it at once.
 	before, after = local, local.Add(2*time.Millisecond)
-	s.observe(0, before.Add(time.Millisecond).UnixMilli()+skewMs+3, before, after)
+	s.observe(0, (before.Add(time.Millisecond).UnixMilli()+skewMs+3)*1000+500, before, after)
 	local = local.Add(-5 * time.Second)
 	before, after = local, local.Add(5*time.Millisecond)
-	s.observe(0, before.Add(2500*time.Microsecond).UnixMilli()+skewMs+3+5000, before, after)
+	s.observe(0, (before.Add(2500*time.Microsecond).UnixMilli()+skewMs+3+5000)*1000+500, before, after)
 	if d := s.serverNow(0) - (local.UnixMilli() + skewMs + 3 + 5000); d < -3 || d > 3 {
 		t.Errorf("after a 5 s step of the local clock, the estimate is off by %d ms", d)
 	}
