@@ -182,10 +182,11 @@ func (d *dueTimes) cool() {
 // idleEvery is the sweep interval of a quiet queue.
 func (d *dueTimes) idleEvery() time.Duration { return max(d.idle, d.poll) }
 
-// hot brings the sweep interval back to PollInterval: a task appeared, a
-// claim took tasks, a producer or another instance sent a wake-up. A queue
-// in use is likely to get tasks due at once from producers that send no
-// wake-up, and those wait for a sweep.
+// hot brings the sweep interval back to PollInterval: a sweep found a task
+// due sooner than a quiet queue's sweeps would have found it, or a
+// producer or another instance sent a wake-up. Such a queue is likely to
+// get more tasks at short notice from producers that send no wake-up, and
+// those wait for a sweep.
 func (d *dueTimes) hot() { d.every = d.poll }
 
 // gridNext is the first multiple of every (counted from Go's zero time, the

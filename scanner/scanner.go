@@ -40,8 +40,8 @@ type Options struct {
 	PollInterval time.Duration // how often the shards of a queue in use are swept
 	// IdlePollInterval is how far the sweeps of a quiet queue stretch out:
 	// each sweep that finds nothing new doubles the interval, from
-	// PollInterval up to this; news (a task appeared, a claim took tasks,
-	// a wake-up) brings it back to PollInterval. 0 or less than
+	// PollInterval up to this; a sweep that finds a task due sooner than
+	// this, or a wake-up, brings it back to PollInterval. 0 or less than
 	// PollInterval: always PollInterval.
 	IdlePollInterval time.Duration
 	Lease            time.Duration
