@@ -47,6 +47,7 @@ type Settings struct {
 	PollInterval     time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often the queue's sweeping instance looks at every shard for newly scheduled tasks; known due times are waited for exactly"`
 	IdlePollInterval time.Duration `envconfig:"DISPATCHER_IDLE_POLL_INTERVAL" default:"500ms" desc:"how far the sweeps of a quiet queue stretch out: each sweep that finds nothing new doubles the interval from DISPATCHER_POLL_INTERVAL up to this, and a sweep that finds a task due sooner than this, or a wake-up, brings it back; a task ZADDed due at once without a wake-up waits up to this long on a quiet queue (never less than DISPATCHER_POLL_INTERVAL)"`
 	Lookahead        time.Duration `envconfig:"DISPATCHER_LOOKAHEAD" default:"100ms" desc:"how far ahead of their due time tasks may be claimed: the instance holds them and publishes each at its due time (never before), so steady traffic is claimed in batches; a task this close to its due time can no longer be cancelled; 0 claims only due tasks (0 to 10s)"`
+	PublishTick      time.Duration `envconfig:"DISPATCHER_PUBLISH_TICK" default:"0s" desc:"held tasks go out at the first multiple of this (Redis clock) at or after their due time, those of one tick in one publish: less dispatcher CPU under steady traffic for up to this much lateness; 0 publishes each at its due time (0 to 1s)"`
 	ConfirmTimeout   time.Duration `envconfig:"DISPATCHER_CONFIRM_TIMEOUT" defaultText:"LEASE/3, at most 10s" desc:"how long to wait for the broker to confirm a publish, counted from when it was written or from the broker's latest answer, whichever is later, before retrying it; must be shorter than DISPATCHER_LEASE"`
 	ShutdownTimeout  time.Duration `envconfig:"DISPATCHER_SHUTDOWN_TIMEOUT" default:"10s" desc:"on SIGTERM, how long to wait for outstanding confirms before handing the rest back to the other instances"`
 	MaxMessageBytes  int           `envconfig:"DISPATCHER_MAX_MESSAGE_BYTES" default:"16777216" desc:"members larger than this go straight to the shard's dead-letter set"`
@@ -269,6 +270,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.Lookahead < 0 || s.Lookahead > 10*time.Second {
 		return &Error{Var: v("LOOKAHEAD"), Value: s.Lookahead.String(), Reason: "must be 0 to 10s"}
+	}
+	if s.PublishTick < 0 || s.PublishTick > time.Second {
+		return &Error{Var: v("PUBLISH_TICK"), Value: s.PublishTick.String(), Reason: "must be 0 to 1s"}
 	}
 	if s.Lease < time.Second {
 		return &Error{Var: v("LEASE"), Value: s.Lease.String(), Reason: "must be at least 1s"}

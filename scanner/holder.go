@@ -30,6 +30,10 @@ type holder struct {
 	localUs func() int64
 	// fire publishes tasks that fell due; called on a goroutine of its own.
 	fire func([]heldTask)
+	// tick, µs: tasks go out at the first multiple of it (server clock) at
+	// or after their due time, so that those of one tick share a publish
+	// (0: each at its due time).
+	tick int64
 
 	mu      sync.Mutex
 	items   heldHeap
@@ -48,8 +52,18 @@ type heldTask struct {
 	at    int64 // local µs at which it is due, by the offset known when held
 }
 
-func newHolder(serverUs func(int) int64, localUs func() int64, fire func([]heldTask)) *holder {
-	return &holder{serverUs: serverUs, localUs: localUs, fire: fire, kick: make(chan struct{}, 1)}
+func newHolder(serverUs func(int) int64, localUs func() int64, fire func([]heldTask), tick time.Duration) *holder {
+	return &holder{serverUs: serverUs, localUs: localUs, fire: fire, kick: make(chan struct{}, 1), tick: tick.Microseconds()}
+}
+
+// goesAt is when (server clock, µs) t goes out: its due time, or the end
+// of its tick.
+func (h *holder) goesAt(t heldTask) int64 {
+	at := t.task.DueMs * 1000
+	if h.tick > 0 {
+		at += (h.tick - at%h.tick) % h.tick
+	}
+	return at
 }
 
 // add holds tasks until their due time. After the holder stopped it holds
@@ -79,7 +93,7 @@ func (h *holder) add(tasks []heldTask) []heldTask {
 // localAt is when, on the local clock, t's shard's Redis clock reaches its
 // due time.
 func (h *holder) localAt(t heldTask) int64 {
-	return t.task.DueMs*1000 - (h.serverUs(t.batch.b.shard) - h.localUs())
+	return h.goesAt(t) - (h.serverUs(t.batch.b.shard) - h.localUs())
 }
 
 // len is how many tasks the holder holds.
@@ -145,7 +159,7 @@ func (h *holder) take() (due []heldTask, next int64, ok bool) {
 	now := h.localUs()
 	for len(h.items) > 0 && h.items[0].at <= now {
 		t := heap.Pop(&h.items).(heldTask)
-		if h.serverUs(t.batch.b.shard) < t.task.DueMs*1000 {
+		if h.serverUs(t.batch.b.shard) < h.goesAt(t) {
 			// The clock estimate moved since it was held: not due yet.
 			t.at = max(h.localAt(t), now+100)
 			heap.Push(&h.items, t)

@@ -44,3 +44,38 @@ func TestHeldTaskNotPublishedBeforeTheServerClockSurelyReachedIt(t *testing.T) {
 	}
 	t.Fatalf("never published (done %v)", done)
 }
+
+// With a publish tick, held tasks go out at the end of their tick, never
+// before their due time, and those of one tick together.
+func TestPublishTickGathersATicksTasks(t *testing.T) {
+	local := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	s := New(nil, nil, Options{Queue: "q", Shards: 1, KeyPrefix: "p", Lookahead: time.Second,
+		PublishTick: 5 * time.Millisecond, Now: func() time.Time { return local }})
+	const serverUs = 1_795_000_000_000_000 // a multiple of the tick
+	s.clock.observe(0, serverUs, local, local)
+	p := &progress{b: batch{shard: 0}, left: 3, done: func() {}}
+	var tasks []heldTask
+	for _, dueMs := range []int64{serverUs/1000 + 1, serverUs/1000 + 5, serverUs/1000 + 6} {
+		tasks = append(tasks, heldTask{task: Task{Entry: "e", DueMs: dueMs}, batch: p})
+	}
+	s.hold.add(tasks)
+	var fired [][]int64 // due times per publish
+	var at []int64      // server µs of each publish
+	for start := local; local.Before(start.Add(20 * time.Millisecond)); local = local.Add(100 * time.Microsecond) {
+		if due, _, _ := s.hold.take(); len(due) > 0 {
+			var ds []int64
+			for _, d := range due {
+				ds = append(ds, d.task.DueMs)
+				if d.task.DueMs*1000 > serverUs+local.Sub(start).Microseconds() {
+					t.Fatalf("task due %d published early", d.task.DueMs)
+				}
+			}
+			fired = append(fired, ds)
+			at = append(at, local.Sub(start).Microseconds())
+		}
+	}
+	// The clock's estimate keeps a µs of slack (TIME is cut to the µs).
+	if len(fired) != 2 || len(fired[0]) != 2 || len(fired[1]) != 1 || at[0] < 5000 || at[0] > 5100 || at[1] < 10000 || at[1] > 10100 {
+		t.Fatalf("publishes %v at %v µs, want the first two tasks at the 5 ms tick and the third at 10 ms", fired, at)
+	}
+}

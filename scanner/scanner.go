@@ -52,8 +52,13 @@ type Options struct {
 	// claim; the instance holds them and publishes each at its due time.
 	// 0: only tasks already due are claimed.
 	Lookahead time.Duration
-	RetryMin  time.Duration
-	RetryMax  time.Duration
+	// PublishTick makes held tasks go out at the first multiple of it at
+	// or after their due time, those of one tick in one publish: fewer,
+	// larger publishes for up to a tick of lateness. 0: each at its due
+	// time.
+	PublishTick time.Duration
+	RetryMin    time.Duration
+	RetryMax    time.Duration
 	// MaxRate limits the tasks the queue's instances claim, together, to
 	// this many a second (a token bucket in Redis); 0: no limit.
 	MaxRate float64
@@ -142,7 +147,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	s.rate = &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
 		met: met, lim: lim}
 	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
-	s.hold = newHolder(s.clock.surelyUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire)
+	s.hold = newHolder(s.clock.surelyUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire, opt.PublishTick)
 	return s
 }
 
