@@ -12,8 +12,12 @@ import (
 
 // serverClock estimates the Redis server clock of each shard's primary.
 type serverClock struct {
-	// now is the local clock (Options.Now).
-	now func() time.Time
+	// now is the local clock (Options.Now). Its readings are taken as µs
+	// since epoch by their monotonic part (local), so that a step of the
+	// wall clock (NTP, a VM resumed) moves no held task's publish time:
+	// only the server's clock decides what is due.
+	now   func() time.Time
+	epoch time.Time
 
 	// Redis server clock minus local clock, µs: per shard, since on a
 	// cluster shards live on primaries with clocks of their own; offset is
@@ -25,30 +29,41 @@ type serverClock struct {
 	// owned by Run's goroutine.
 	rtt []time.Duration
 	at  []time.Time
-	// Half the round trip of the sample each offset came from, µs: how
-	// far the server clock may be behind the estimate.
-	slack  atomic.Int64
-	slacks []atomic.Int64
+	// The offset less half the round trip of the sample it came from,
+	// µs: the server clock is surely at least the local clock plus this.
+	// One atomic with the offset's own sample, so that no reader pairs
+	// one sample's offset with another's round trip.
+	sure  atomic.Int64
+	sures []atomic.Int64
 }
 
+// local is a local clock reading in µs, counted from epoch by the
+// monotonic clock when the readings carry one (time.Now's do).
+func (c *serverClock) local(t time.Time) int64 {
+	return c.epoch.UnixMicro() + t.Sub(c.epoch).Microseconds()
+}
+
+// localUs is the local clock now, µs (see local).
+func (c *serverClock) localUs() int64 { return c.local(c.now()) }
+
 func newServerClock(shards int, now func() time.Time) *serverClock {
-	return &serverClock{now: now, offsets: make([]atomic.Int64, shards), clocked: make([]atomic.Bool, shards),
-		rtt: make([]time.Duration, shards), at: make([]time.Time, shards), slacks: make([]atomic.Int64, shards)}
+	return &serverClock{now: now, epoch: now(), offsets: make([]atomic.Int64, shards), clocked: make([]atomic.Bool, shards),
+		rtt: make([]time.Duration, shards), at: make([]time.Time, shards), sures: make([]atomic.Int64, shards)}
 }
 
 // serverNow estimates the clock of the Redis primary of shard i, in ms.
 func (c *serverClock) serverNow(i int) int64 { return c.serverNowUs(i) / 1000 }
 
 // serverNowUs is serverNow in µs.
-func (c *serverClock) serverNowUs(i int) int64 { return c.now().UnixMicro() + c.offsetOf(i) }
+func (c *serverClock) serverNowUs(i int) int64 { return c.localUs() + c.offsetOf(i) }
 
 // surelyUs is the earliest the clock of shard i's primary may read now,
 // µs: a task due by it is due, whatever the estimate's error.
 func (c *serverClock) surelyUs(i int) int64 {
 	if i >= 0 && i < len(c.clocked) && c.clocked[i].Load() {
-		return c.now().UnixMicro() + c.offsets[i].Load() - c.slacks[i].Load()
+		return c.localUs() + c.sures[i].Load()
 	}
-	return c.now().UnixMicro() + c.offset.Load() - c.slack.Load()
+	return c.localUs() + c.sure.Load()
 }
 
 // offsetOf is the Redis clock of shard i's primary minus the local clock, µs.
@@ -68,10 +83,10 @@ func (c *serverClock) offsetOf(i int) int64 {
 func (c *serverClock) observe(i int, serverUs int64, before, after time.Time) {
 	rtt := after.Sub(before)
 	half := rtt.Microseconds()/2 + 1 // and the µs TIME was cut to
-	off := serverUs - (before.UnixMicro() + rtt.Microseconds()/2)
+	off := serverUs - (c.local(before) + rtt.Microseconds()/2)
 	if i < 0 || i >= len(c.clocked) {
 		c.offset.Store(off)
-		c.slack.Store(half)
+		c.sure.Store(off - half)
 		return
 	}
 	if c.clocked[i].Load() && rtt > c.rtt[i]+after.Sub(c.at[i])/1000 {
@@ -79,14 +94,14 @@ func (c *serverClock) observe(i int, serverUs int64, before, after time.Time) {
 		// clock was stepped): the server's reading must fall in the round
 		// trip, give or take a ms of drift.
 		cur := c.offsets[i].Load()
-		if serverUs >= before.UnixMicro()+cur-1000 && serverUs <= after.UnixMicro()+cur+1000 {
+		if serverUs >= c.local(before)+cur-1000 && serverUs <= c.local(after)+cur+1000 {
 			return
 		}
 	}
 	c.rtt[i], c.at[i] = rtt, after
 	c.offset.Store(off)
-	c.slack.Store(half)
+	c.sure.Store(off - half)
 	c.offsets[i].Store(off)
-	c.slacks[i].Store(half)
+	c.sures[i].Store(off - half)
 	c.clocked[i].Store(true)
 }

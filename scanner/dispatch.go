@@ -27,6 +27,7 @@ type progress struct {
 	acked    []string
 	fails    []failed
 	released []string
+	unclaim  []string // held, never published: back into pending
 }
 
 // record notes one task's outcome and reports whether it was the last.
@@ -89,18 +90,31 @@ func (s *Scanner) dispatch(work context.Context, b batch, published, done func()
 	s.settleAll(settled)
 }
 
-// fire publishes held tasks that fell due and settles the batches they
-// completed.
-func (s *Scanner) fire(tasks []heldTask) { s.settleAll(s.publishTasks(s.work, tasks)) }
+// fire publishes held tasks that fell due, a batch's worth at a time (the
+// publish of a whole burst due at one instant could outrun its leases),
+// and settles the batches they completed.
+func (s *Scanner) fire(tasks []heldTask) {
+	for len(tasks) > 0 {
+		n := min(len(tasks), max(s.opt.BatchSize, 1))
+		s.settleAll(s.publishTasks(s.work, tasks[:n]))
+		tasks = tasks[n:]
+	}
+}
 
 // handBack records held tasks that will not be published by this instance
-// (it is stopping) as released: any instance claims them again at once,
-// and holds them until their due time in turn.
+// (it is stopping): they go back into pending, as if never claimed, and
+// are claimed again in time by any instance (see unclaimScript).
 func (s *Scanner) handBack(tasks []heldTask) []*progress {
 	var out []*progress
 	for _, t := range tasks {
-		if t.batch.record("", t.task.Entry, nil) {
-			out = append(out, t.batch)
+		p := t.batch
+		p.mu.Lock()
+		p.unclaim = append(p.unclaim, t.task.Entry)
+		p.left--
+		last := p.left == 0
+		p.mu.Unlock()
+		if last {
+			out = append(out, p)
 		}
 	}
 	return out
@@ -120,7 +134,7 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 	at := make([]int64, len(tasks)) // publish time, server µs
 	for n, t := range tasks {
 		b := t.batch.b
-		if n == 0 || b.shard != tasks[n-1].batch.b.shard {
+		if n == 0 || t.batch != tasks[n-1].batch {
 			publishedUs = s.clock.serverNowUs(b.shard)
 			leaseLeft = min(leaseLeft, time.Duration(b.deadline*1000-publishedUs)*time.Microsecond-margin)
 		}
@@ -214,6 +228,13 @@ func (s *Scanner) settleBatch(p *progress) {
 		return err
 	}); err != nil {
 		s.lim.Error("release", "could not hand tasks back at once; their lease will", "shard", b.shard, "err", err)
+	}
+	if err := s.settle(ctx, func(ctx context.Context) error {
+		back, released, err := s.st.unclaim(ctx, b.shard, b.deadline, p.unclaim)
+		s.met.returned(back + released)
+		return err
+	}); err != nil {
+		s.lim.Error("unclaim", "could not put held tasks back into pending; their lease will return them", "shard", b.shard, "err", err)
 	}
 }
 

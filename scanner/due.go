@@ -99,6 +99,7 @@ func (d *dueTimes) drop(i int) { delete(d.known, i) }
 // those are claimed again at once whatever else the instance does.
 func (d *dueTimes) forget(unanswered map[int]string) {
 	clear(d.known)
+	clear(d.claimedAt)
 	for i := range unanswered {
 		d.known[i] = 0
 	}
@@ -162,10 +163,18 @@ func (d *dueTimes) sweepable() []int {
 	return out
 }
 
-// claimedSince reports whether a claim of shard i answered after t.
+// claimedSince reports whether a sweep of shard i can be skipped: a claim
+// of it answered after t (the last sweep) and the next claim of it is due
+// before the next sweep, so that claim reads the shard first. A claim's
+// answer is only as fresh as the claim: standing in for a sweep for longer
+// would let a task added after it wait for the sweep after next.
 func (d *dueTimes) claimedSince(i int, t time.Time) bool {
 	at, ok := d.claimedAt[i]
-	return ok && at.After(t)
+	if !ok || t.IsZero() || !at.After(t) {
+		return false
+	}
+	next, ok := d.known[i]
+	return ok && next <= d.clock.serverNow(i)+d.every.Milliseconds()
 }
 
 // nextSweep is when shards last swept at last are next swept.

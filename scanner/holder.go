@@ -74,11 +74,11 @@ func (h *holder) add(tasks []heldTask) []heldTask {
 		h.mu.Unlock()
 		return tasks
 	}
-	earliest := len(h.items) == 0 || tasks[0].at < h.items[0].at
+	earliest := len(h.items) == 0
 	for _, t := range tasks {
 		t.at = h.localAt(t)
-		heap.Push(&h.items, t)
 		earliest = earliest || t.at < h.items[0].at
+		heap.Push(&h.items, t)
 	}
 	h.mu.Unlock()
 	if earliest {

@@ -25,7 +25,15 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 	launch := func(j claimJob) {
 		s.prim.started(&j)
 		outstanding++
-		go func() { done <- s.runClaims(ctx, j) }()
+		// A claim is waited for even when the loop stops: Redis may run it
+		// anyway (sent, or queued in the Coalescer), and the loop publishes
+		// or hands back what it took; given up, its batch would wait out
+		// its lease (claimTimeout still bounds it).
+		cctx := ctx
+		if j.limit > 0 {
+			cctx = context.WithoutCancel(ctx)
+		}
+		go func() { done <- s.runClaims(cctx, j) }()
 	}
 	finish := func(d claimDone) {
 		outstanding--
@@ -256,8 +264,15 @@ func (s *Scanner) dueShards(n int) []int {
 	now := time.Now()
 	ctx := context.Background()
 	var out []int
+	// The holder is bounded: a publish slot is freed as soon as a batch's
+	// due tasks are out, so without a bound a burst due at one instant
+	// could be claimed ahead into memory without limit.
+	full := s.hold.len() >= s.opt.Pipeline*s.opt.BatchSize
 	for i, at := range s.due.known {
 		addr := s.prim.nodeOf(ctx, i)
+		if full && at+s.due.claimEarly() > s.clock.serverNow(i) {
+			continue // a claim ahead: waits until the holder has room
+		}
 		if at <= s.clock.serverNow(i) && !s.prim.inClaim[i] && !s.due.aside(i, now) && s.prim.free(addr, now) && !s.sweepFirst(s.prim.node(addr), now) {
 			out = append(out, i)
 		}

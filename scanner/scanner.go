@@ -130,7 +130,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	s := &Scanner{rdb: rdb, pub: pub, opt: opt, keys: keys, log: log, lim: lim, met: met,
 		// A task held for up to the look-ahead still has a whole lease to
 		// be published in.
-		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead, ahead: opt.Lookahead,
+		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead + opt.PublishTick, ahead: opt.Lookahead,
 			retryMin: opt.RetryMin, retryMax: opt.RetryMax, maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
 	}
 	s.clock = newServerClock(opt.Shards, opt.Now)
@@ -147,7 +147,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	s.rate = &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
 		met: met, lim: lim}
 	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
-	s.hold = newHolder(s.clock.surelyUs, func() int64 { return s.opt.Now().UnixMicro() }, s.fire, opt.PublishTick)
+	s.hold = newHolder(s.clock.surelyUs, s.clock.localUs, s.fire, opt.PublishTick)
 	return s
 }
 
@@ -173,7 +173,12 @@ func (s *Scanner) Run(ctx context.Context) error {
 	listening.Add(1)
 	go func() { defer listening.Done(); s.wake.listen(listenCtx) }()
 	s.loop(ctx, work, &wg, slots)
-	s.settleAll(s.handBack(<-held))
+	// Each on its own: a Redis that does not answer holds each batch's
+	// settling up to its retries' limit, and the stop's wait (below) is
+	// what bounds them all.
+	for _, p := range s.handBack(<-held) {
+		go s.settleBatch(p)
+	}
 	stopListen()
 	listening.Wait()
 	s.role.resign()

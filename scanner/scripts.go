@@ -112,12 +112,16 @@ if limit > 0 and redis.call('GET', KEYS[5]) then
   out[4] = -1
   limit = 0
 end
-if limit == 0 then
+-- The shard's earliest pending task and earliest lease, into out.
+local function withNext()
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if first[2] then out[2] = first[2] end
   local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   if lease[2] then out[3] = lease[2] end
   return out
+end
+if limit == 0 then
+  return withNext()
 end
 local bad = wrongType({KEYS[3], 'hash'})
 if bad then return redis.error_reply(bad) end
@@ -127,11 +131,7 @@ if lastToken == ARGV[3] then
   for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)) do
     out[#out + 1] = e
   end
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if first[2] then out[2] = first[2] end
-  local lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if lease[2] then out[3] = lease[2] end
-  return out
+  return withNext()
 end
 -- Reads first: they prove the types before anything is written.
 -- Deadlines only grow, so no two claims of the shard share one.
@@ -149,19 +149,18 @@ if lease[2] and tonumber(lease[2]) <= now then
   end
 end
 local room = limit - #expired / 2
--- One item past the room: the next pending task, whether claimed or not.
-local items = redis.call('ZRANGE', KEYS[1], 0, room, 'WITHSCORES')
 local upto = now + tonumber(ARGV[4] or '0')
 local new, taken = {}, 0
-for i = 1, #items, 2 do
-  local score = tonumber(items[i + 1])
-  if taken >= room or score > upto then
-    out[2] = items[i + 1]
-    break
+if room > 0 then
+  local items = redis.call('ZRANGE', KEYS[1], '-inf', upto, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
+  for i = 1, #items, 2 do
+    taken = taken + 1
+    new[taken] = string.format('%d', math.floor(tonumber(items[i + 1]))) .. ':' .. items[i]
   end
-  taken = taken + 1
-  new[taken] = string.format('%d', math.floor(score)) .. ':' .. items[i]
 end
+-- The next pending task: the first not taken (its rank is the count taken).
+local first = redis.call('ZRANGE', KEYS[1], taken, taken, 'WITHSCORES')
+if first[2] then out[2] = first[2] end
 local d = out[5]
 local fresh = {}
 if taken > 0 then
@@ -292,6 +291,45 @@ for i = 2, #ARGV do
   end
 end
 return n
+`)
+
+// unclaimScript puts tasks claimed ahead and never published back into
+// pending, as if never claimed, when their instance stops: they can be
+// cancelled again, and nothing is left in flight after a clean stop. An
+// entry goes back only while it is still under the caller's lease (the
+// fence) and has no failed attempt; and only if its member is not pending
+// again (a producer scheduled it anew meanwhile: a second scheduling,
+// which this one must not overwrite). Those that cannot go back are
+// released instead (lease 0), as releaseScript does.
+//
+// KEYS[1] pending shard
+// KEYS[2] in-flight set
+// KEYS[3] attempts hash
+// ARGV[1] the lease deadline the caller's claim set
+// ARGV[2..] entries
+// Returns {back to pending, released}.
+var unclaimScript = redis.NewScript(luaPrelude + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash'})
+if bad then return redis.error_reply(bad) end
+local held = tonumber(ARGV[1])
+local back, released = 0, 0
+for i = 2, #ARGV do
+  local e = ARGV[i]
+  local score = redis.call('ZSCORE', KEYS[2], e)
+  if score and tonumber(score) == held then
+    local sep = string.find(e, ':', 1, true)
+    local member = string.sub(e, sep + 1)
+    if redis.call('ZSCORE', KEYS[1], member) == false and redis.call('HEXISTS', KEYS[3], e) == 0 then
+      redis.call('ZADD', KEYS[1], string.sub(e, 1, sep - 1), member)
+      redis.call('ZREM', KEYS[2], e)
+      back = back + 1
+    else
+      redis.call('ZADD', KEYS[2], 'XX', 0, e)
+      released = released + 1
+    end
+  end
+end
+return {back, released}
 `)
 
 // ackScript forgets confirmed tasks: their in-flight entries and attempt

@@ -3,8 +3,10 @@ package scanner
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -284,5 +286,53 @@ func TestClaimPausedTakesNothing(t *testing.T) {
 	c, _ = parseClaimed(claim(t, rdb, keys, 10, 30000))
 	if c.paused || len(c.entries) != 2 {
 		t.Errorf("claim after resume: %+v, want both tasks", c)
+	}
+}
+
+// A stopping instance puts the tasks it claimed ahead back into pending,
+// where they can be cancelled again, unless their member is pending again
+// (a later scheduling it must not overwrite) or they failed before, or
+// another instance holds them now: those are released or left alone.
+func TestUnclaimPutsHeldTasksBack(t *testing.T) {
+	rdb, k, _ := setup(t)
+	ctx := context.Background()
+	st := &store{rdb: rdb, keys: k, lease: 30 * time.Second, ahead: 10 * time.Second, instance: "t"}
+	now := serverMs(t, rdb)
+	for _, m := range []string{"a", "b", "c", "d"} {
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now + 5000), Member: m})
+	}
+	c, err := st.claim(ctx, 0, 10)
+	if err != nil || len(c.entries) != 4 {
+		t.Fatalf("claim ahead: %v %v", c.entries, err)
+	}
+	entry := func(m string) string { return EntryOf([]byte(m), now+5000) }
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now + 9000), Member: "b"}) // scheduled anew
+	rdb.HSet(ctx, k.Attempts(0), entry("c"), 1)                                   // failed before
+	other := float64(c.deadline + 7)
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: other, Member: entry("d")}) // another instance's now
+
+	back, released, err := st.unclaim(ctx, 0, c.deadline, c.entries)
+	if err != nil || back != 1 || released != 2 {
+		t.Fatalf("unclaim: back %d released %d err %v, want 1, 2", back, released, err)
+	}
+	if s, err := rdb.ZScore(ctx, k.Pending(0), "a").Result(); err != nil || int64(s) != now+5000 {
+		t.Errorf("a in pending with score %v (%v), want its due time %d", s, err, now+5000)
+	}
+	if s := rdb.ZScore(ctx, k.Pending(0), "b").Val(); int64(s) != now+9000 {
+		t.Errorf("b's new scheduling overwritten: %v", s)
+	}
+	for e, want := range map[string]float64{entry("b"): 0, entry("c"): 0, entry("d"): other} {
+		if s, err := rdb.ZScore(ctx, k.Inflight(0), e).Result(); err != nil || s != want {
+			t.Errorf("in flight %q: %v (%v), want %v", e, s, err, want)
+		}
+	}
+	if n := rdb.ZScore(ctx, k.Inflight(0), entry("a")).Err(); n != redis.Nil {
+		t.Errorf("a still in flight: %v", n)
+	}
+	// A wrong-type key changes nothing.
+	rdb.Del(ctx, k.Attempts(0))
+	rdb.Set(ctx, k.Attempts(0), "x", 0)
+	if _, _, err := st.unclaim(ctx, 0, c.deadline, []string{entry("b")}); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("wrong-type attempts key: %v, want WRONGTYPE", err)
 	}
 }

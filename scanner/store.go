@@ -164,6 +164,26 @@ func (st *store) fail(ctx context.Context, i int, deadline int64, fails []failed
 	return int(res[0]), int(res[1]), nil
 }
 
+// unclaim puts entries claimed with lease deadline back into pending
+// (those that cannot go back are released): see unclaimScript.
+func (st *store) unclaim(ctx context.Context, i int, deadline int64, entries []string) (back, released int, err error) {
+	if len(entries) == 0 {
+		return 0, 0, nil
+	}
+	args := make([]any, 0, 1+len(entries))
+	args = append(args, deadline)
+	args = append(args, anys(entries)...)
+	keys := []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i)}
+	res, err := unclaimScript.Run(ctx, st.rdb, keys, args...).Int64Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unclaim script returned %d values, want 2", len(res))
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("put %d tasks back on %s: %w", len(entries), st.keys.Pending(i), err)
+	}
+	return int(res[0]), int(res[1]), nil
+}
+
 // release hands entries claimed with lease deadline back for any instance
 // to claim at once.
 func (st *store) release(ctx context.Context, i int, deadline int64, entries []string) (int, error) {
