@@ -25,22 +25,32 @@ type progress struct {
 	mu       sync.Mutex
 	left     int
 	acked    []string
-	fails    []failed
+	fails    []outcome
 	released []string
 	unclaim  []string // held, never published: back into pending
 }
 
-// record notes one task's outcome and reports whether it was the last.
-func (p *progress) record(acked, released string, f *failed) bool {
+// Outcomes of a task besides the fail script's modes (retry, poison, dead).
+const (
+	outAcked     = "acked"     // confirmed: forgotten
+	outReleased  = "released"  // never reached the broker: lease 0
+	outUnclaimed = "unclaimed" // held, never published, stopping: back into pending
+)
+
+// record notes one task's outcome (o.mode: an out* outcome or a fail
+// script mode) and reports whether it was the batch's last.
+func (p *progress) record(o outcome) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	switch {
-	case acked != "":
-		p.acked = append(p.acked, acked)
-	case released != "":
-		p.released = append(p.released, released)
-	case f != nil:
-		p.fails = append(p.fails, *f)
+	switch o.mode {
+	case outAcked:
+		p.acked = append(p.acked, o.entry)
+	case outReleased:
+		p.released = append(p.released, o.entry)
+	case outUnclaimed:
+		p.unclaim = append(p.unclaim, o.entry)
+	default:
+		p.fails = append(p.fails, o)
 	}
 	p.left--
 	return p.left == 0
@@ -64,7 +74,7 @@ func (s *Scanner) dispatch(work context.Context, b batch, published, done func()
 	for _, t := range b.tasks {
 		if len(t.Member) > s.opt.MaxMessageBytes {
 			s.met.error("too_large", 1)
-			complete = p.record("", "", &failed{t.Entry, "dead", fmt.Sprintf(
+			complete = p.record(outcome{t.Entry, "dead", fmt.Sprintf(
 				"member is %d bytes, over DISPATCHER_MAX_MESSAGE_BYTES=%d", len(t.Member), s.opt.MaxMessageBytes)})
 			continue
 		}
@@ -107,14 +117,8 @@ func (s *Scanner) fire(tasks []heldTask) {
 func (s *Scanner) handBack(tasks []heldTask) []*progress {
 	var out []*progress
 	for _, t := range tasks {
-		p := t.batch
-		p.mu.Lock()
-		p.unclaim = append(p.unclaim, t.task.Entry)
-		p.left--
-		last := p.left == 0
-		p.mu.Unlock()
-		if last {
-			out = append(out, p)
+		if t.batch.record(outcome{entry: t.task.Entry, mode: outUnclaimed}) {
+			out = append(out, t.batch)
 		}
 	}
 	return out
@@ -171,13 +175,13 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		switch {
 		case err == nil:
 			s.met.late(float64(at[n]/1000-t.task.DueMs) / 1000)
-			last = t.batch.record(t.task.Entry, "", nil)
+			last = t.batch.record(outcome{entry: t.task.Entry, mode: outAcked})
 		case kind == "refused" && errors.As(err, &le):
-			last = t.batch.record("", "", &failed{t.task.Entry, "poison", "broker refused it: " + le.Error()})
+			last = t.batch.record(outcome{t.task.Entry, "poison", "broker refused it: " + le.Error()})
 		case kind == "nack" || kind == "returned" || kind == "timeout" || kind == "channel":
-			last = t.batch.record("", "", &failed{t.task.Entry, "retry", err.Error()})
+			last = t.batch.record(outcome{t.task.Entry, "retry", err.Error()})
 		default: // lost, not_connected, stopped: not the task's fault
-			last = t.batch.record("", t.task.Entry, nil)
+			last = t.batch.record(outcome{entry: t.task.Entry, mode: outReleased})
 		}
 		if err != nil {
 			s.met.error(kind, 1)
@@ -293,7 +297,7 @@ func (s *Scanner) settle(ctx context.Context, f func(context.Context) error) err
 	}
 }
 
-func (s *Scanner) fail(ctx context.Context, b batch, fails []failed) error {
+func (s *Scanner) fail(ctx context.Context, b batch, fails []outcome) error {
 	retried, dead, err := s.st.fail(ctx, b.shard, b.deadline, fails)
 	if err != nil {
 		return err

@@ -112,12 +112,18 @@ func (d *dueTimes) forget(unanswered map[int]string) {
 // back before the first of them is due.
 func (d *dueTimes) claimEarly() int64 { return d.lookahead.Milliseconds() / 4 }
 
+// dueIn is how long until known shard i's earliest task is due, ms (its
+// claim comes claimEarly before).
+func (d *dueTimes) dueIn(i int) (int64, bool) {
+	at, ok := d.known[i]
+	return at + d.claimEarly() - d.clock.serverNow(i), ok
+}
+
 // ahead reports whether every shard's earliest task is due later than
 // a coalesced round trip takes (a few ms): then its claim can share one.
 func (d *dueTimes) ahead(shards []int) bool {
 	for _, i := range shards {
-		at, ok := d.known[i]
-		if !ok || at+d.claimEarly() <= d.clock.serverNow(i)+coalesceAhead.Milliseconds() {
+		if in, ok := d.dueIn(i); !ok || in <= coalesceAhead.Milliseconds() {
 			return false
 		}
 	}

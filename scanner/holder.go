@@ -13,15 +13,16 @@ import (
 // the publisher at its due time by the Redis clock of its shard, never
 // before; what falls due in the same instant goes out in one publish.
 //
-// A binary heap, not a timing wheel: it holds at most the look-ahead's
-// worth of tasks (hundreds to a few thousand), needs µs-exact deadlines
+// A binary heap, not a timing wheel: it holds at most PIPELINE ×
+// BATCH_SIZE tasks (the loop stops claiming ahead beyond that), needs µs-exact deadlines
 // (a wheel's tick would make tasks late by up to a tick, or early), and
 // one timer for its earliest task. A wheel pays off for millions of
 // coarse timers, which this is not.
 //
 // If the process dies, the held tasks are in flight under their claim's
 // lease, which brings them back as any claimed task. On a clean stop the
-// holder gives everything it still holds back at once (released: lease 0).
+// holder returns everything it still holds, which goes back into pending
+// (Scanner.handBack).
 type holder struct {
 	// serverUs is the earliest the Redis clock of a shard's primary may
 	// read now, µs (the estimate less its error): never early.

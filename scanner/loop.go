@@ -269,10 +269,12 @@ func (s *Scanner) dueShards(n int) []int {
 	// could be claimed ahead into memory without limit.
 	full := s.hold.len() >= s.opt.Pipeline*s.opt.BatchSize
 	for i, at := range s.due.known {
-		addr := s.prim.nodeOf(ctx, i)
-		if full && at+s.due.claimEarly() > s.clock.serverNow(i) {
-			continue // a claim ahead: waits until the holder has room
+		if full {
+			if in, _ := s.due.dueIn(i); in > 0 {
+				continue // a claim ahead: waits until the holder has room
+			}
 		}
+		addr := s.prim.nodeOf(ctx, i)
 		if at <= s.clock.serverNow(i) && !s.prim.inClaim[i] && !s.due.aside(i, now) && s.prim.free(addr, now) && !s.sweepFirst(s.prim.node(addr), now) {
 			out = append(out, i)
 		}

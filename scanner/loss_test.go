@@ -97,7 +97,7 @@ func TestWrongTypeKeyLosesNothing(t *testing.T) {
 			e := schedule(t, st, "poison", serverMs(t, rdb)-1000)
 			c := mustClaim(t, st, 10)
 			rdb.Set(ctx, bad, "someone's string", 0)
-			if _, _, err := st.fail(ctx, 0, c.deadline, []failed{{e, "dead", "oversize"}}); err == nil {
+			if _, _, err := st.fail(ctx, 0, c.deadline, []outcome{{e, "dead", "oversize"}}); err == nil {
 				t.Fatal("dead-lettering into a wrong-type key reported success")
 			}
 			rdb.Del(ctx, bad)
@@ -151,13 +151,13 @@ func TestStaleHolderCannotTouchNewLease(t *testing.T) {
 		t.Fatalf("b's claim: %v %v", cb.entries, err)
 	}
 	held := rdb.ZScore(ctx, a.keys.Inflight(0), e).Val()
-	if retried, _, err := a.fail(ctx, 0, ca.deadline, []failed{{e, "retry", "late nack"}}); err != nil || retried != 0 {
+	if retried, _, err := a.fail(ctx, 0, ca.deadline, []outcome{{e, "retry", "late nack"}}); err != nil || retried != 0 {
 		t.Fatalf("stale fail: retried %d, %v", retried, err)
 	}
 	if n, err := a.release(ctx, 0, ca.deadline, ca.entries); err != nil || n != 0 {
 		t.Fatalf("stale release: %d, %v", n, err)
 	}
-	if _, _, err := a.fail(ctx, 0, ca.deadline, []failed{{e, "dead", "late refusal"}}); err != nil {
+	if _, _, err := a.fail(ctx, 0, ca.deadline, []outcome{{e, "dead", "late refusal"}}); err != nil {
 		t.Fatal(err)
 	}
 	if s, err := rdb.ZScore(ctx, a.keys.Inflight(0), e).Result(); err != nil || s != held {
@@ -178,7 +178,7 @@ func TestRerunScriptsAreIdempotent(t *testing.T) {
 		e := schedule(t, st, "m", serverMs(t, rdb)-1000)
 		c := mustClaim(t, st, 10)
 		for run := 0; run < 2; run++ {
-			if _, _, err := st.fail(ctx, 0, c.deadline, []failed{{e, "poison", "refused"}}); err != nil {
+			if _, _, err := st.fail(ctx, 0, c.deadline, []outcome{{e, "poison", "refused"}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -221,7 +221,7 @@ func TestNoLeaksNorOverwrites(t *testing.T) {
 		st := newStore(t, rdb, 30*time.Second)
 		e := schedule(t, st, "m", serverMs(t, rdb)-1000)
 		c := mustClaim(t, st, 10)
-		if _, _, err := st.fail(ctx, 0, c.deadline, []failed{{e, "retry", "nack"}}); err != nil {
+		if _, _, err := st.fail(ctx, 0, c.deadline, []outcome{{e, "retry", "nack"}}); err != nil {
 			t.Fatal(err)
 		}
 		c = mustClaim(t, st, 10) // let the backoff pass, then re-lease
@@ -247,7 +247,7 @@ func TestNoLeaksNorOverwrites(t *testing.T) {
 		for n, due := range []int64{now - 2000, now - 1000} {
 			e := schedule(t, st, "m", due)
 			c := mustClaim(t, st, 10)
-			if _, dead, err := st.fail(ctx, 0, c.deadline, []failed{{e, "dead", "reason " + string(rune('1'+n))}}); err != nil || dead != 1 {
+			if _, dead, err := st.fail(ctx, 0, c.deadline, []outcome{{e, "dead", "reason " + string(rune('1'+n))}}); err != nil || dead != 1 {
 				t.Fatalf("death %d: %d, %v", n+1, dead, err)
 			}
 		}
@@ -380,7 +380,7 @@ func TestRetryLeaseNeverMatchesAFence(t *testing.T) {
 		if err != nil || len(cb.entries) != 1 {
 			t.Fatal(cb, err)
 		}
-		f := []failed{{cb.entries[0], "poison", "refused"}}
+		f := []outcome{{cb.entries[0], "poison", "refused"}}
 		if _, _, err := b.fail(ctx, 0, cb.deadline, f); err != nil { // its reply is lost
 			t.Fatal(err)
 		}

@@ -1354,15 +1354,15 @@ func (r *mRun) doRelease(sh *mShard, b *mBatch, entries []string) bool {
 }
 
 func (r *mRun) doFail(sh *mShard, b *mBatch, idxs []int) bool {
-	var fails []failed
+	var fails []outcome
 	for _, idx := range idxs {
 		switch out := b.outcome[idx]; out {
 		case "refused":
-			fails = append(fails, failed{b.entries[idx], "poison", "refused"})
+			fails = append(fails, outcome{b.entries[idx], "poison", "refused"})
 		case "oversize":
-			fails = append(fails, failed{b.entries[idx], "dead", "oversize"})
+			fails = append(fails, outcome{b.entries[idx], "dead", "oversize"})
 		default:
-			fails = append(fails, failed{b.entries[idx], "retry", out})
+			fails = append(fails, outcome{b.entries[idx], "retry", out})
 		}
 	}
 	t0 := r.serverNow()

@@ -69,7 +69,7 @@ func FuzzScriptsCarryAnyMember(f *testing.F) {
 				t.Fatalf("claim after release: %q, %v", c.entries, err)
 			}
 		case 2: // dead at once
-			if _, dead, err := st.fail(ctx, 0, c.deadline, []failed{{want, "dead", "fuzz"}}); err != nil || dead != 1 {
+			if _, dead, err := st.fail(ctx, 0, c.deadline, []outcome{{want, "dead", "fuzz"}}); err != nil || dead != 1 {
 				t.Fatalf("dead-letter: %d, %v", dead, err)
 			}
 			if s, err := rdb.ZScore(ctx, k.Dead(0), want).Result(); err != nil || int64(s) != task.DueMs {
@@ -80,7 +80,7 @@ func FuzzScriptsCarryAnyMember(f *testing.F) {
 			}
 			rdb.Del(ctx, k.Dead(0), k.DeadReason(0))
 		case 3: // a retry, then taken over when its backoff runs out
-			if retried, _, err := st.fail(ctx, 0, c.deadline, []failed{{want, "retry", "fuzz"}}); err != nil || retried != 1 {
+			if retried, _, err := st.fail(ctx, 0, c.deadline, []outcome{{want, "retry", "fuzz"}}); err != nil || retried != 1 {
 				t.Fatalf("retry: %d, %v", retried, err)
 			}
 			for end := time.Now().Add(time.Second); ; time.Sleep(2 * time.Millisecond) {

@@ -39,10 +39,12 @@ type claimed struct {
 	entries     []string
 }
 
-// failed is one in-flight entry to hand to the fail script.
-type failed struct {
+// outcome is what became of one in-flight entry's publish: the fail
+// script takes those of modes retry, poison and dead (see progress.record
+// for the others).
+type outcome struct {
 	entry  string
-	mode   string // retry, poison or dead
+	mode   string // retry, poison or dead; or an out* outcome
 	reason string
 }
 
@@ -147,7 +149,7 @@ func (st *store) ack(ctx context.Context, i int, entries []string) (int, error) 
 }
 
 // fail records failed publishes of entries claimed with lease deadline.
-func (st *store) fail(ctx context.Context, i int, deadline int64, fails []failed) (retried, dead int, err error) {
+func (st *store) fail(ctx context.Context, i int, deadline int64, fails []outcome) (retried, dead int, err error) {
 	if len(fails) == 0 {
 		return 0, 0, nil
 	}
