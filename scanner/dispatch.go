@@ -149,6 +149,11 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		}
 		at[n] = publishedUs
 		m := s.message(t.task)
+		if m := int(s.layoutM.Load()); m > 0 && shard.Index(t.task.Member, m) != b.shard {
+			// A producer hashing with another shard count wrote it: one
+			// still on the old count during a change, or a misconfigured one.
+			s.met.misplaced(1)
+		}
 		if s.opt.StampPublished {
 			m.PublishedUs = publishedUs
 		}

@@ -1,6 +1,10 @@
 package scanner
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
 
 // Metrics of the scan loops, labelled by queue. A nil *Metrics records nothing.
 type Metrics struct {
@@ -10,8 +14,12 @@ type Metrics struct {
 	reaped     *prometheus.CounterVec
 	dead       *prometheus.CounterVec
 	seconds    *prometheus.CounterVec
+	misplaced  *prometheus.CounterVec
 	errors     *prometheus.CounterVec
 	sweeper    *prometheus.GaugeVec
+	shards     *prometheus.GaugeVec
+	shardsFrom *prometheus.GaugeVec
+	retired    *prometheus.CounterVec
 	batch      *prometheus.HistogramVec
 	lateness   *prometheus.HistogramVec
 }
@@ -30,10 +38,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reaped:     counter("dispatcher_tasks_reaped_total", "Tasks whose lease ran out (their instance died or stalled) taken over by a claim.", "queue"),
 		dead:       counter("dispatcher_tasks_dead_lettered_total", "Tasks moved to the dead-letter set.", "queue"),
 		seconds:    counter("dispatcher_tasks_seconds_scores_total", "Tasks whose score looks like seconds, not milliseconds, since the epoch (dispatched at once, as due).", "queue"),
+		misplaced:  counter("dispatcher_tasks_misplaced_total", "Tasks dispatched from a shard other than theirs by the queue's shard count: written by a producer hashing with another count (one still on the old count while the count changes).", "queue"),
 		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, not_connected, stopped, too_large, ack, other.", "queue", "kind"),
 		sweeper: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dispatcher_sweeper", Help: "1 while this instance holds the queue's sweeper role (polls the shards for new tasks).",
 		}, []string{"queue"}),
+		shards: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dispatcher_queue_shards", Help: "The queue's shard count M as recorded in Redis: the one producers hash with.",
+		}, []string{"queue"}),
+		shardsFrom: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dispatcher_queue_reshard_from", Help: "While the queue's shard count changes (dispatcher reshard), the count it changes from; 0 otherwise.",
+		}, []string{"queue"}),
+		retired: counter("dispatcher_tasks_retired_moved_total", "Tasks moved out of shards a shrink retired: written by producers still hashing with the old, larger count.", "queue"),
 		batch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dispatcher_claim_batch_size", Help: "Tasks taken per claim that took any.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
@@ -43,7 +59,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300},
 		}, []string{"queue"}),
 	}
-	reg.MustRegister(m.sweeper, m.batch, m.lateness)
+	reg.MustRegister(m.sweeper, m.shards, m.shardsFrom, m.batch, m.lateness)
 	return m
 }
 
@@ -53,7 +69,7 @@ type queueMetrics struct {
 	on                                               bool
 	queue                                            string
 	nDispatched, nReturned, nRetried, nReaped, nDead prometheus.Counter
-	nSeconds                                         prometheus.Counter
+	nSeconds, nMisplaced                             prometheus.Counter
 	errors                                           *prometheus.CounterVec
 	batch, lateness                                  prometheus.Observer
 	sweeping                                         prometheus.Gauge
@@ -68,7 +84,8 @@ func (m *Metrics) forQueue(queue string) queueMetrics {
 		nDispatched: m.dispatched.WithLabelValues(queue), nReturned: m.returned.WithLabelValues(queue),
 		nRetried: m.retried.WithLabelValues(queue), nReaped: m.reaped.WithLabelValues(queue),
 		nDead: m.dead.WithLabelValues(queue), nSeconds: m.seconds.WithLabelValues(queue),
-		batch: m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
+		nMisplaced: m.misplaced.WithLabelValues(queue),
+		batch:      m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
 		sweeping: m.sweeper.WithLabelValues(queue),
 	}
 }
@@ -85,6 +102,7 @@ func (q queueMetrics) retried(n int)      { q.add(q.nRetried, n) }
 func (q queueMetrics) reaped(n int)       { q.add(q.nReaped, n) }
 func (q queueMetrics) dead(n int)         { q.add(q.nDead, n) }
 func (q queueMetrics) secondsScore(n int) { q.add(q.nSeconds, n) }
+func (q queueMetrics) misplaced(n int)    { q.add(q.nMisplaced, n) }
 
 func (q queueMetrics) error(kind string, n int) {
 	if q.on && n > 0 {
@@ -111,5 +129,20 @@ func (q queueMetrics) sweeper(on bool) {
 			v = 1
 		}
 		q.sweeping.Set(v)
+	}
+}
+
+// layout shows the queue's layout in the gauges.
+func (m *Metrics) layout(queue string, l shard.Layout) {
+	if m != nil {
+		m.shards.WithLabelValues(queue).Set(float64(l.Shards))
+		m.shardsFrom.WithLabelValues(queue).Set(float64(l.From))
+	}
+}
+
+// retiredMoved counts tasks moved out of retired shards.
+func (m *Metrics) retiredMoved(queue string, n int64) {
+	if m != nil {
+		m.retired.WithLabelValues(queue).Add(float64(n))
 	}
 }

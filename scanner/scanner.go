@@ -29,8 +29,13 @@ type Publisher interface {
 
 // Options configure the scanner of one queue.
 type Options struct {
-	Queue      string
-	Shards     int
+	Queue string
+	// Shards is how many shards to serve: indexes 0..Shards-1 (during a
+	// change of the shard count, those of both counts).
+	Shards int
+	// Layout is the shard count producers hash with, for counting tasks
+	// found elsewhere; 0: not counted.
+	Layout     int
 	Exchange   string
 	RoutingKey string
 	KeyPrefix  string
@@ -74,6 +79,10 @@ type Options struct {
 	Logger  *slog.Logger
 	Metrics *Metrics
 
+	// OnLayout, if set, is called when the queue's wake channel says its
+	// layout changed.
+	OnLayout func()
+
 	// InstanceID names this process in the queue's sweeper role
 	// (NewInstanceID if empty).
 	InstanceID string
@@ -110,6 +119,7 @@ type Scanner struct {
 	publishing  atomic.Int64 // batches being published
 	lastClaimed atomic.Int64 // unix ns of the last claim that took tasks
 	lastAcked   atomic.Int64 // unix ns of the last batch that left Redis confirmed
+	layoutM     atomic.Int64 // Options.Layout, changed by Queue
 }
 
 // New returns a scanner for one queue.
@@ -147,6 +157,8 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	s.rate = &rateLimit{rdb: rdb, key: keys.Rate(), rate: opt.MaxRate, batch: opt.BatchSize, poll: opt.PollInterval,
 		met: met, lim: lim}
 	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
+	s.wake.onLayout = opt.OnLayout
+	s.layoutM.Store(int64(opt.Layout))
 	s.hold = newHolder(s.clock.surelyUs, s.clock.localUs, s.fire, opt.PublishTick)
 	return s
 }

@@ -30,6 +30,8 @@ type wakeups struct {
 	cluster bool          // Redis Cluster: no keyspace events
 	log     *slog.Logger
 	lim     *logLimiter
+	// onLayout is told of a "layout" message (Options.OnLayout).
+	onLayout func()
 
 	ch    chan struct{} // wakes the loop
 	notes notes
@@ -161,6 +163,11 @@ func (w *wakeups) heard(m *redis.Message) {
 		w.notes.mu.Lock()
 		w.notes.lead = true
 		w.notes.mu.Unlock()
+	case shard.WakeLayout:
+		if w.onLayout != nil {
+			w.onLayout()
+		}
+		return
 	default:
 		i, ms, ok := shard.ParseWakeDue(m.Payload)
 		if !ok || i >= w.shards {

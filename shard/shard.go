@@ -90,6 +90,18 @@ func (k Keys) Counter() string { return k.Prefix + ":{" + k.Queue + "}:counter" 
 // ShardCount records the queue's shard count M (string).
 func (k Keys) ShardCount() string { return k.Prefix + ":{" + k.Queue + "}:shards" }
 
+// Reshard, while it exists, describes a change of the shard count in
+// progress (hash: from, to, started_ms, and the mover's progress).
+func (k Keys) Reshard() string { return k.Prefix + ":{" + k.Queue + "}:reshard" }
+
+// ReshardLock names the one process moving tasks between shards (string
+// with a TTL).
+func (k Keys) ReshardLock() string { return k.Prefix + ":{" + k.Queue + "}:reshard:lock" }
+
+// Retired records the shard count a shrink retired (string): its extra
+// shards are watched for tasks from producers still hashing with it.
+func (k Keys) Retired() string { return k.Prefix + ":{" + k.Queue + "}:retired" }
+
 // Shard returns the pending key of the shard a member belongs to.
 func (k Keys) Shard(member []byte, m int) string { return k.Pending(Index(member, m)) }
 

@@ -12,6 +12,9 @@ const (
 	WakeBusy = "busy"
 	// WakeLead: the sweeping instance stepped down; another should take over.
 	WakeLead = "lead"
+	// WakeLayout: the queue's shard count is changing or has changed
+	// (`dispatcher reshard`); every instance reads the layout again.
+	WakeLayout = "layout"
 )
 
 // WakeDue is the message a producer sends after scheduling a task on shard

@@ -109,7 +109,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rdb := ropt.NewClient()
 	defer rdb.Close()
 
-	if err := startChecks(ctx, rdb, cfg, log); err != nil {
+	layouts, err := startChecks(ctx, rdb, cfg, log)
+	if err != nil {
 		if ctx.Err() != nil {
 			return exitOK // stopped while waiting for Redis
 		}
@@ -156,19 +157,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// One id for the whole process: the status page and `dispatcher stats`
 	// show it as the holder of the queues' sweeper role.
 	instance := scanner.NewInstanceID()
-	var scs []*scanner.Scanner
-	byQueue := map[string]*scanner.Scanner{}
+	var scs []*scanner.Queue
+	byQueue := map[string]*scanner.Queue{}
 	var targets []queuestate.Target
-	for _, q := range cfg.QueueSettings {
-		targets = append(targets, queuestate.Target{Name: q.Name, Shards: q.Shards})
-		scs = append(scs, scanner.New(rdb, pub, scanner.Options{
+	for n, q := range cfg.QueueSettings {
+		targets = append(targets, queuestate.Target{Name: q.Name, Shards: layouts[n].Span()})
+		scs = append(scs, scanner.NewQueue(rdb, pub, scanner.Options{
 			Queue: q.Name, Shards: q.Shards, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lookahead: cfg.Lookahead, PublishTick: cfg.PublishTick, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
 			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance,
-		}))
+		}, layouts[n]))
 		byQueue[q.Name] = scs[len(scs)-1]
 	}
 	refusals := func() []string {
@@ -184,6 +185,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	mon := monitor.New(rdb, monitor.Options{
 		Queues: targets, KeyPrefix: cfg.KeyPrefix, Interval: cfg.StatsInterval, StallAfter: cfg.StallAfter,
 		Sweeping: func(q string) bool { return byQueue[q].Sweeping() },
+		Shards:   func(q string) int { return byQueue[q].Layout().Span() },
 		Waiting: func(q string) []string {
 			var why []string
 			switch {
@@ -263,16 +265,18 @@ func newLogger(cfg *config.Settings, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// startChecks waits for Redis, then checks every queue's shard count
-// against the one recorded in Redis (recording it if none is).
-func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Settings, log *slog.Logger) error {
+// startChecks waits for Redis, then reads every queue's layout, recording
+// the configured shard count for a queue that has none yet. Once recorded,
+// Redis is the truth (`dispatcher reshard` changes it): a configured count
+// that differs is served as recorded, with a warning.
+func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Settings, log *slog.Logger) ([]shard.Layout, error) {
 	for delay, logged := 100*time.Millisecond, false; ; delay = min(2*delay, 5*time.Second) {
 		err := rdb.Ping(ctx).Err()
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		if !logged {
 			log.Warn("waiting for Redis", "redis", redact.URL(cfg.RedisURL), "err", redact.Error(err))
@@ -281,7 +285,7 @@ func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Set
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 	// A least-privilege ACL user, or a managed Redis, may not allow CONFIG:
@@ -298,17 +302,24 @@ func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Set
 		return nil
 	})
 	var errs []error
-	for _, q := range cfg.QueueSettings {
+	layouts := make([]shard.Layout, len(cfg.QueueSettings))
+	for n, q := range cfg.QueueSettings {
 		keys := shard.Keys{Prefix: cfg.KeyPrefix, Queue: q.Name}
-		if err := shard.EnsureShardCount(ctx, rdb, keys, q.Shards); err != nil {
-			var sce *shard.ShardCountError
-			if errors.As(err, &sce) {
-				err = fmt.Errorf("%w (DISPATCHER_QUEUE_%s_SHARDS=%d)", err, config.EnvName(q.Name), q.Shards)
-			}
+		l, err := shard.EnsureLayout(ctx, rdb, keys, q.Shards)
+		if err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		layouts[n] = l
+		switch {
+		case l.Changing() && (q.Shards == l.From || q.Shards == l.Shards):
+			log.Info("the queue's shard count is changing; serving the shards of both counts", "queue", q.Name, "layout", l.String())
+		case q.Shards != l.Shards:
+			log.Warn("the queue's shard count recorded in Redis differs from the configured one: serving the recorded one (set the variable to it; `dispatcher reshard` changes the count)",
+				"queue", q.Name, "layout", l.String(), "setting", fmt.Sprintf("DISPATCHER_QUEUE_%s_SHARDS=%d", config.EnvName(q.Name), q.Shards))
 		}
 	}
-	return errors.Join(errs...)
+	return layouts, errors.Join(errs...)
 }
 
 // testClock returns the local clock, shifted by DISPATCHER_TEST_CLOCK_SKEW

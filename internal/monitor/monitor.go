@@ -34,7 +34,10 @@ type Options struct {
 	Sweeping func(queue string) bool
 	// Waiting says what this instance sees holding the queue up (the
 	// broker, Redis, its publishes), for the stall report.
-	Waiting    func(queue string) []string
+	Waiting func(queue string) []string
+	// Shards, if set, says how many shards of the queue to read now (it
+	// changes with `dispatcher reshard`); else Queues' count.
+	Shards     func(queue string) int
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
@@ -189,6 +192,9 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 	targets := make([]queuestate.Target, len(vs))
 	for n, v := range vs {
 		targets[n] = v.target
+		if m.opt.Shards != nil {
+			targets[n].Shards = m.opt.Shards(v.target.Name)
+		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, readTimeout)
 	states, err := queuestate.Read(rctx, m.rdb, m.opt.KeyPrefix, targets)
@@ -202,7 +208,7 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 			// Nothing read: every shard counts as unreadable, with its last
 			// known figures.
 			v.Err = err.Error()
-			st = queuestate.Queue{Name: v.target.Name, Shards: make([]queuestate.Shard, v.target.Shards),
+			st = queuestate.Queue{Name: v.target.Name, Shards: make([]queuestate.Shard, targets[n].Shards),
 				Sweeper: v.State.Sweeper, ReadAt: v.State.ReadAt}
 			for i := range st.Shards {
 				st.Shards[i] = queuestate.Shard{Index: i, Err: "not read: " + err.Error()}

@@ -1,0 +1,248 @@
+package reshard
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// DefaultHorizon: pending tasks due sooner than this are not moved. They
+// are dispatched from where they are (every dispatcher serves the shards
+// of both counts during a change), so no claim can take a task between a
+// move's steps, and a dispatcher that has not yet noticed the change (the
+// layout is polled every few seconds) has this long before a moved task
+// falls due in a shard it does not yet serve.
+const DefaultHorizon = 30 * time.Second
+
+// Progress counts what passes of the mover found and did.
+type Progress struct {
+	Scanned int64 `json:"scanned"` // pending tasks looked at
+	Moved   int64 `json:"moved"`   // pending tasks moved to their shard by the new count
+	// Kept: the member was pending in both shards, with the new count's
+	// copy kept (a producer on the new count wrote it).
+	Kept int64 `json:"kept_new_copy"`
+	// Raced: a producer on the old count rescheduled or cancelled the task
+	// while it was being moved; the move was undone (a rescheduled one
+	// moves on the next pass).
+	Raced     int64 `json:"raced"`
+	DeadMoved int64 `json:"dead_moved"`
+	// Near: tasks in a shard other than theirs by the new count, due
+	// within the horizon: they are dispatched where they are.
+	Near int64 `json:"left_near_due"`
+	// Retiring: what shards the new count no longer has still hold
+	// (pending, in flight and dead), after the pass.
+	Retiring int64 `json:"left_in_retiring_shards"`
+}
+
+func (p *Progress) add(o Progress) {
+	p.Scanned += o.Scanned
+	p.Moved += o.Moved
+	p.Kept += o.Kept
+	p.Raced += o.Raced
+	p.DeadMoved += o.DeadMoved
+	p.Near += o.Near
+	p.Retiring += o.Retiring
+}
+
+// Mover moves a queue's pending tasks and dead letters to the shards the
+// new shard count gives them, in bounded batches. Hold the lock (Lock)
+// while passes run.
+type Mover struct {
+	RDB  redis.UniversalClient
+	Keys shard.Keys
+	// Horizon: tasks due sooner than this are left where they are
+	// (DefaultHorizon); negative: move them too (shards nobody serves).
+	Horizon time.Duration
+	// Batch is the most tasks read or moved per Redis call (500).
+	Batch int
+}
+
+// Pass moves every misplaced task of shards [0, span) once, by layout l.
+// A shard that fails is reported in the error and the others are still
+// moved.
+func (m *Mover) Pass(ctx context.Context, l shard.Layout, from, span int) (Progress, error) {
+	var total Progress
+	var errs []string
+	for i := from; i < span; i++ {
+		p, err := m.shard(ctx, l, i)
+		total.add(p)
+		if err != nil {
+			if ctx.Err() != nil {
+				return total, ctx.Err()
+			}
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return total, fmt.Errorf("queue %s: %s", m.Keys.Queue, strings.Join(errs, "; "))
+	}
+	return total, nil
+}
+
+type task struct {
+	score  string
+	member string
+}
+
+// shard moves shard i's misplaced pending tasks and dead letters.
+func (m *Mover) shard(ctx context.Context, l shard.Layout, i int) (Progress, error) {
+	var p Progress
+	batch := m.Batch
+	if batch <= 0 {
+		batch = 500
+	}
+	now, err := m.RDB.Time(ctx).Result()
+	if err != nil {
+		return p, fmt.Errorf("shard %d: read the Redis clock: %w", i, err)
+	}
+	limit := now.Add(m.horizon()).UnixMilli()
+	src := m.Keys.Pending(i)
+	var cursor uint64
+	for {
+		page, next, err := m.RDB.ZScan(ctx, src, cursor, "", int64(batch)).Result()
+		if err != nil {
+			return p, fmt.Errorf("shard %d: scan %s: %w", i, src, err)
+		}
+		groups := map[int][]task{}
+		for k := 0; k+1 < len(page); k += 2 {
+			p.Scanned++
+			j := shard.Index([]byte(page[k]), l.Shards)
+			if j == i {
+				continue
+			}
+			score, _ := strconv.ParseFloat(page[k+1], 64)
+			if m.Horizon >= 0 && int64(score) <= limit {
+				p.Near++
+				continue
+			}
+			groups[j] = append(groups[j], task{score: page[k+1], member: page[k]})
+		}
+		for j, ts := range groups {
+			if err := m.move(ctx, i, j, ts, &p); err != nil {
+				return p, err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	if err := m.dead(ctx, l, i, batch, &p); err != nil {
+		return p, err
+	}
+	if i >= l.Shards {
+		pipe := m.RDB.Pipeline()
+		counts := []*redis.IntCmd{pipe.ZCard(ctx, src), pipe.ZCard(ctx, m.Keys.Inflight(i)), pipe.ZCard(ctx, m.Keys.Dead(i))}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return p, fmt.Errorf("shard %d: count what is left: %w", i, err)
+		}
+		for _, c := range counts {
+			p.Retiring += c.Val()
+		}
+	}
+	return p, nil
+}
+
+func (m *Mover) horizon() time.Duration {
+	if m.Horizon == 0 {
+		return DefaultHorizon
+	}
+	return max(m.Horizon, 0)
+}
+
+// move takes tasks from shard i to shard j in the three steps described
+// in scripts.go.
+func (m *Mover) move(ctx context.Context, i, j int, ts []task, p *Progress) error {
+	src, dst := m.Keys.Pending(i), m.Keys.Pending(j)
+	args := make([]any, 0, 2*len(ts))
+	for _, t := range ts {
+		args = append(args, t.score, t.member)
+	}
+	added, err := addScript.Run(ctx, m.RDB, []string{dst}, args...).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("move %d tasks from %s to %s: add: %w", len(ts), src, dst, err)
+	}
+	taken, err := takeScript.Run(ctx, m.RDB, []string{src}, args...).Int64Slice()
+	if err != nil {
+		// Those added are in both shards now, with one score: the next
+		// pass finishes their move.
+		return fmt.Errorf("move %d tasks from %s to %s: remove from the source: %w", len(ts), src, dst, err)
+	}
+	var undo []any
+	for k, t := range ts {
+		switch {
+		case taken[k] == 1 && added[k] == 1:
+			p.Moved++
+		case taken[k] == 1:
+			p.Kept++
+		default:
+			p.Raced++
+			if added[k] == 1 {
+				undo = append(undo, t.score, t.member)
+			}
+		}
+	}
+	if len(undo) > 0 {
+		if err := undoScript.Run(ctx, m.RDB, []string{dst}, undo...).Err(); err != nil {
+			return fmt.Errorf("undo %d moves to %s raced by producers: %w", len(undo)/2, dst, err)
+		}
+	}
+	return nil
+}
+
+// dead moves shard i's misplaced dead letters with their reasons.
+func (m *Mover) dead(ctx context.Context, l shard.Layout, i, batch int, p *Progress) error {
+	src, srcWhy := m.Keys.Dead(i), m.Keys.DeadReason(i)
+	var cursor uint64
+	for {
+		page, next, err := m.RDB.ZScan(ctx, src, cursor, "", int64(batch)).Result()
+		if err != nil {
+			return fmt.Errorf("shard %d: scan %s: %w", i, src, err)
+		}
+		groups := map[int][]task{}
+		for k := 0; k+1 < len(page); k += 2 {
+			_, member, ok := strings.Cut(page[k], ":")
+			if !ok {
+				continue
+			}
+			if j := shard.Index([]byte(member), l.Shards); j != i {
+				groups[j] = append(groups[j], task{score: page[k+1], member: page[k]})
+			}
+		}
+		for j, ts := range groups {
+			entries := make([]string, len(ts))
+			for k, t := range ts {
+				entries[k] = t.member
+			}
+			why, err := m.RDB.HMGet(ctx, srcWhy, entries...).Result()
+			if err != nil {
+				return fmt.Errorf("shard %d: read dead-letter reasons: %w", i, err)
+			}
+			args := make([]any, 0, 3*len(ts))
+			for k, t := range ts {
+				reason, _ := why[k].(string)
+				args = append(args, t.score, t.member, reason)
+			}
+			if err := addDeadScript.Run(ctx, m.RDB, []string{m.Keys.Dead(j), m.Keys.DeadReason(j)}, args...).Err(); err != nil {
+				return fmt.Errorf("move %d dead letters from %s to %s: %w", len(ts), src, m.Keys.Dead(j), err)
+			}
+			rm := make([]any, len(entries))
+			for k, e := range entries {
+				rm[k] = e
+			}
+			n, err := takeDeadScript.Run(ctx, m.RDB, []string{src, srcWhy}, rm...).Int64()
+			if err != nil {
+				return fmt.Errorf("move %d dead letters from %s: remove from the source: %w", len(ts), src, err)
+			}
+			p.DeadMoved += n
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package reshard
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// Options of Reshard and Close.
+type Options struct {
+	// Name identifies this mover in the lock (host and pid, say).
+	Name string
+	// Horizon: see Mover (DefaultHorizon).
+	Horizon time.Duration
+	// Report, if set, is told about each pass and each wait.
+	Report func(pass int, p Progress, waiting string)
+	// Wait bounds how long Close waits for the retiring shards to empty
+	// (default: the horizon plus 2 minutes).
+	Wait time.Duration
+}
+
+func (o Options) report(pass int, p Progress, waiting string) {
+	if o.Report != nil {
+		o.Report(pass, p, waiting)
+	}
+}
+
+// Reshard starts (or resumes) the change of the queue's shard count to
+// to, then moves tasks until a pass finds none left to move. The change
+// stays in progress, both counts served, until Close. Run again after an
+// interruption, it carries on where it stopped.
+func Reshard(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, to int, opt Options) (Started, Progress, error) {
+	st, err := Start(ctx, rdb, keys, to)
+	if err != nil || st.Same {
+		return st, Progress{}, err
+	}
+	l := shard.Layout{Shards: to, From: st.From}
+	p, err := moveAll(ctx, rdb, keys, l, opt, false)
+	return st, p, err
+}
+
+// Close finishes the change in progress: it moves what is left, waits
+// for the shards the new count no longer has to empty (their tasks due
+// soon are dispatched, their in-flight ones confirmed), then ends the
+// change.
+func Close(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, opt Options) (shard.Layout, Progress, error) {
+	l, err := shard.ReadLayout(ctx, rdb, keys)
+	if err != nil {
+		return l, Progress{}, err
+	}
+	if !l.Changing() {
+		return l, Progress{}, fmt.Errorf("queue %s: no change of the shard count is in progress (%s)", keys.Queue, l)
+	}
+	p, err := moveAll(ctx, rdb, keys, l, opt, true)
+	if err != nil {
+		return l, p, err
+	}
+	return l, p, Finish(ctx, rdb, keys, l)
+}
+
+// moveAll holds the lock and runs passes until one moves nothing; with
+// drain, also until the retiring shards are empty.
+func moveAll(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l shard.Layout, opt Options, drain bool) (Progress, error) {
+	lock, err := waitLock(ctx, rdb, keys, opt)
+	if err != nil {
+		return Progress{}, err
+	}
+	defer lock.Unlock(context.WithoutCancel(ctx))
+	m := &Mover{RDB: rdb, Keys: keys, Horizon: opt.Horizon}
+	wait := opt.Wait
+	if wait == 0 {
+		wait = m.horizon() + 2*time.Minute
+	}
+	deadline := time.Now().Add(wait)
+	var total Progress
+	for pass := 1; ; pass++ {
+		p, err := m.Pass(ctx, l, 0, l.Span())
+		total.add(p)
+		total.Near, total.Retiring = p.Near, p.Retiring
+		if rerr := record(ctx, rdb, keys, p); rerr != nil && err == nil {
+			err = fmt.Errorf("record the pass: %w", rerr)
+		}
+		if err != nil {
+			return total, err
+		}
+		moved := p.Moved + p.Kept + p.Raced + p.DeadMoved
+		if moved == 0 && (!drain || p.Retiring == 0) {
+			opt.report(pass, p, "")
+			return total, nil
+		}
+		waiting := ""
+		if moved == 0 {
+			if time.Now().After(deadline) {
+				return total, fmt.Errorf("queue %s: shards %d..%d still hold %d tasks (pending due soon, in flight or dead) after %s; is a dispatcher serving the queue?",
+					keys.Queue, l.Shards, l.From-1, p.Retiring, wait)
+			}
+			waiting = fmt.Sprintf("%d tasks left in shards %d..%d (due soon or in flight): waiting for them to be dispatched", p.Retiring, l.Shards, l.From-1)
+			select {
+			case <-ctx.Done():
+				return total, ctx.Err()
+			case <-time.After(time.Second):
+			}
+		}
+		opt.report(pass, p, waiting)
+	}
+}
+
+// waitLock takes the mover lock, waiting while another mover holds it
+// (one that died holds it for up to LockTTL).
+func waitLock(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, opt Options) (*Lock, error) {
+	for told := false; ; {
+		lock, holder, err := TryLock(ctx, rdb, keys, opt.Name)
+		if err != nil || lock != nil {
+			return lock, err
+		}
+		if !told {
+			opt.report(0, Progress{}, fmt.Sprintf("another mover (%s) holds the lock; waiting (a mover that died holds it up to %s)", holder, LockTTL))
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// SweepRetired moves what producers still hashing with a retired (larger)
+// shard count wrote to the shards a shrink retired, which no dispatcher
+// serves: it checks them with one EXISTS per key, and only if one holds
+// something takes the lock and moves it, due or not. It returns how many
+// tasks it moved; 0 without a retired count, or while another mover runs.
+func SweepRetired(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l shard.Layout, name string) (int64, error) {
+	if l.Retired <= l.Shards || l.Changing() {
+		return 0, nil
+	}
+	pipe := rdb.Pipeline()
+	var cmds []*redis.IntCmd
+	for i := l.Shards; i < l.Retired; i++ {
+		cmds = append(cmds, pipe.Exists(ctx, keys.Pending(i), keys.Dead(i)))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("queue %s: check the retired shards %d..%d: %w", keys.Queue, l.Shards, l.Retired-1, err)
+	}
+	found := false
+	for _, c := range cmds {
+		found = found || c.Val() > 0
+	}
+	if !found {
+		return 0, nil
+	}
+	lock, _, err := TryLock(ctx, rdb, keys, name)
+	if err != nil || lock == nil {
+		return 0, err
+	}
+	defer lock.Unlock(context.WithoutCancel(ctx))
+	m := &Mover{RDB: rdb, Keys: keys, Horizon: -1}
+	p, err := m.Pass(ctx, l, l.Shards, l.Retired)
+	return p.Moved + p.Kept + p.DeadMoved, err
+}

@@ -1,0 +1,186 @@
+package reshard
+
+import "github.com/redis/go-redis/v9"
+
+// A move of pending tasks between two shards cannot be atomic on Redis
+// Cluster (the shards' hash tags {Q:i} and {Q:j} name different slots),
+// so it goes in three steps, each one script on one shard, ordered so that
+// a task is never in neither shard:
+//
+//  1. addScript, on the destination: add each task unless the member is
+//     already pending there (a producer on the new M wrote it: the new
+//     layout's scheduling wins).
+//  2. takeScript, on the source: remove each task only if its score is
+//     still the one read. A task rescheduled (another score) or cancelled
+//     (gone) by an old-M producer meanwhile is left alone.
+//  3. undoScript, on the destination: for the tasks step 2 left alone,
+//     remove what step 1 added, if it is still what step 1 added. A
+//     rescheduled task moves with its new score on the next pass; a
+//     cancelled one stays cancelled.
+//
+// A process that dies between steps 1 and 2 leaves the task in both
+// shards with one score: the next pass finds it in the destination and
+// removes the source's copy; were both dispatched first, they would carry
+// one message_id, which consumers deduplicate. Only tasks due later than
+// the mover's horizon are moved, so no dispatcher claims one between the
+// steps. One mover runs at a time (the lock): with two, one could undo a
+// task the other had already taken out of the source.
+
+// addScript adds pending tasks to the destination shard, each only if its
+// member is not pending there.
+//
+// KEYS[1] destination pending shard P:{Q:j}
+// ARGV    score1, member1, score2, member2, ...
+// Returns one flag per task: 1 added, 0 already pending there.
+var addScript = redis.NewScript(`#!lua flags=allow-oom
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'zset' then
+  return redis.error_reply('WRONGTYPE key ' .. KEYS[1] .. ' holds a ' .. t .. ', not a zset; nothing moved')
+end
+local out = {}
+for i = 1, #ARGV, 2 do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
+    out[#out + 1] = 0
+  else
+    redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
+    out[#out + 1] = 1
+  end
+end
+return out
+`)
+
+// takeScript removes pending tasks from the source shard, each only if it
+// still has the score read.
+//
+// KEYS[1] source pending shard P:{Q:i}
+// ARGV    score1, member1, score2, member2, ...
+// Returns one flag per task: 1 removed, 0 gone, 2 rescheduled.
+var takeScript = redis.NewScript(`#!lua flags=allow-oom
+local out = {}
+for i = 1, #ARGV, 2 do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+  if not s then
+    out[#out + 1] = 0
+  elseif tonumber(s) == tonumber(ARGV[i]) then
+    redis.call('ZREM', KEYS[1], ARGV[i + 1])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 2
+  end
+end
+return out
+`)
+
+// undoScript removes from the destination tasks that step 1 added and
+// step 2 left in the source, each only if its score is still the one
+// added (a producer on the new M may have rescheduled it since).
+//
+// KEYS[1] destination pending shard P:{Q:j}
+// ARGV    score1, member1, ...
+// Returns the number removed.
+var undoScript = redis.NewScript(`#!lua flags=allow-oom
+local n = 0
+for i = 1, #ARGV, 2 do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+  if s and tonumber(s) == tonumber(ARGV[i]) then
+    redis.call('ZREM', KEYS[1], ARGV[i + 1])
+    n = n + 1
+  end
+end
+return n
+`)
+
+// addDeadScript adds dead letters (entries "<due_ms>:<member>") and their
+// reasons to the destination shard, each unless already there.
+//
+// KEYS[1] destination dead set P:{Q:j}:dead
+// KEYS[2] destination reasons P:{Q:j}:dead:reason
+// ARGV    score1, entry1, reason1, ...
+// Returns the number added.
+var addDeadScript = redis.NewScript(`#!lua flags=allow-oom
+local t1, t2 = redis.call('TYPE', KEYS[1])['ok'], redis.call('TYPE', KEYS[2])['ok']
+if (t1 ~= 'none' and t1 ~= 'zset') or (t2 ~= 'none' and t2 ~= 'hash') then
+  return redis.error_reply('WRONGTYPE dead-letter keys ' .. KEYS[1] .. ' / ' .. KEYS[2] .. ' hold the wrong type; nothing moved')
+end
+local n = 0
+for i = 1, #ARGV, 3 do
+  if not redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
+    redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
+    if ARGV[i + 2] ~= '' then redis.call('HSET', KEYS[2], ARGV[i + 1], ARGV[i + 2]) end
+    n = n + 1
+  end
+end
+return n
+`)
+
+// takeDeadScript removes dead letters and their reasons from the source
+// shard (they are in the destination by then).
+//
+// KEYS[1] source dead set, KEYS[2] source reasons
+// ARGV    entry1, entry2, ...
+// Returns the number removed.
+var takeDeadScript = redis.NewScript(`#!lua flags=allow-oom
+local n = 0
+for i = 1, #ARGV do
+  n = n + redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
+return n
+`)
+
+// startScript starts a change of the shard count, atomically with the
+// check that none is in progress. All keys carry the hash tag {Q}.
+//
+// KEYS[1] P:{Q}:shards, KEYS[2] P:{Q}:reshard, KEYS[3] P:{Q}:retired
+// ARGV[1] the new shard count, ARGV[2] now (ms, for the record)
+// Returns {"started", from}, {"resume", from} (the same change is in
+// progress), {"busy", from, to} (another is), {"same", m} (nothing to
+// change) or {"none"} (no shard count recorded).
+var startScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return {'none'} end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local r = redis.call('HMGET', KEYS[2], 'from', 'to')
+  if r[2] == ARGV[1] then return {'resume', r[1]} end
+  return {'busy', r[1], r[2]}
+end
+if cur == ARGV[1] then return {'same', cur} end
+redis.call('HSET', KEYS[2], 'from', cur, 'to', ARGV[1], 'started_ms', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1])
+return {'started', cur}
+`)
+
+// finishScript ends a change: the old shard count is no longer served.
+// After a shrink, the retired count is recorded (the larger of it and any
+// earlier one), so that tasks late producers still write to the retired
+// shards are found and moved.
+//
+// KEYS[1] P:{Q}:shards, KEYS[2] P:{Q}:reshard, KEYS[3] P:{Q}:retired
+// ARGV[1] the shard count the change is to
+// Returns {"done", from}, {"none"} (no change in progress) or
+// {"other", to} (a change to another count is).
+var finishScript = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[2], 'from', 'to')
+if not r[1] then return {'none'} end
+if r[2] ~= ARGV[1] then return {'other', r[2]} end
+local from, to = tonumber(r[1]), tonumber(r[2])
+local retired = tonumber(redis.call('GET', KEYS[3]) or '0')
+if from > to and from > retired then
+  redis.call('SET', KEYS[3], from)
+elseif retired ~= 0 and retired <= to then
+  redis.call('DEL', KEYS[3])
+end
+redis.call('DEL', KEYS[2])
+return {'done', r[1]}
+`)
+
+// lockScript renews or releases the mover's lock, only for its holder.
+//
+// KEYS[1] P:{Q}:reshard:lock
+// ARGV[1] the holder's token, ARGV[2] new TTL in ms (0: release)
+// Returns 1 if the caller held the lock.
+var lockScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '0' then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+`)

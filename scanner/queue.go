@@ -1,0 +1,145 @@
+package scanner
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/reshard"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// LayoutPoll is how often a queue's layout is read again, in case a
+// "layout" wake-up was lost; SweepRetired runs as often on the sweeper.
+const LayoutPoll = 5 * time.Second
+
+// Queue serves one queue: it runs a Scanner over the shards the queue's
+// layout has, and a new one whenever a change of the shard count
+// (`dispatcher reshard`) changes which shards those are. The old one
+// stops as on SIGTERM (held tasks go back into pending, outstanding
+// confirms are awaited), so nothing is claimed twice or lost in between.
+type Queue struct {
+	rdb    redis.UniversalClient
+	pub    Publisher
+	opt    Options
+	keys   shard.Keys
+	log    *slog.Logger
+	cur    atomic.Pointer[Scanner]
+	layout atomic.Pointer[shard.Layout]
+	poke   chan struct{} // a "layout" wake-up was heard
+}
+
+// NewQueue returns the runner of one queue, whose layout read at start is
+// l. opt.Shards and opt.Layout are set from the layout.
+func NewQueue(rdb redis.UniversalClient, pub Publisher, opt Options, l shard.Layout) *Queue {
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.InstanceID == "" {
+		opt.InstanceID = NewInstanceID()
+	}
+	q := &Queue{rdb: rdb, pub: pub, keys: shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue},
+		log: opt.Logger.With("queue", opt.Queue), poke: make(chan struct{}, 1)}
+	opt.OnLayout = func() {
+		select {
+		case q.poke <- struct{}{}:
+		default:
+		}
+	}
+	q.opt = opt
+	q.use(l)
+	return q
+}
+
+// use makes l the layout served, with a new scanner for it.
+func (q *Queue) use(l shard.Layout) {
+	opt := q.opt
+	opt.Shards, opt.Layout = l.Span(), l.Shards
+	q.layout.Store(&l)
+	q.cur.Store(New(q.rdb, q.pub, opt))
+	q.opt.Metrics.layout(q.opt.Queue, l)
+}
+
+// Layout is the layout the queue is served with.
+func (q *Queue) Layout() shard.Layout { return *q.layout.Load() }
+
+// Run serves the queue until ctx ends.
+func (q *Queue) Run(ctx context.Context) error {
+	for {
+		sc := q.cur.Load()
+		scCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = sc.Run(scCtx) }()
+		next, changed := q.watch(scCtx, sc)
+		stop()
+		<-done
+		if !changed || ctx.Err() != nil {
+			return nil
+		}
+		q.log.Info("shard layout changed: serving the new one", "layout", next.String(), "shards_served", next.Span(),
+			"was", q.Layout().String())
+		q.use(next)
+	}
+}
+
+// watch reads the layout on every "layout" wake-up and every LayoutPoll;
+// it returns a layout that needs other shards served, or when ctx ends.
+// Meanwhile the sweeping instance moves what late producers write to
+// shards a shrink retired.
+func (q *Queue) watch(ctx context.Context, sc *Scanner) (shard.Layout, bool) {
+	t := time.NewTicker(LayoutPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return shard.Layout{}, false
+		case <-q.poke:
+		case <-t.C:
+		}
+		l, err := shard.ReadLayout(ctx, q.rdb, q.keys)
+		if err != nil {
+			if ctx.Err() == nil {
+				q.log.Debug("cannot read the shard layout; serving the last one read", "err", err)
+			}
+			continue
+		}
+		cur := q.Layout()
+		if l.Span() != cur.Span() {
+			return l, true
+		}
+		if l != cur {
+			// Same shards served (a growth finished, a shrink started):
+			// only the count misplaced tasks are told by changes.
+			q.log.Info("shard layout changed", "layout", l.String(), "was", cur.String())
+			q.layout.Store(&l)
+			q.opt.Metrics.layout(q.opt.Queue, l)
+			sc.layoutM.Store(int64(l.Shards))
+		}
+		if sc.Sweeping() && l.Retired > 0 {
+			n, err := reshard.SweepRetired(ctx, q.rdb, q.keys, l, q.opt.InstanceID)
+			if err != nil && ctx.Err() == nil {
+				q.log.Warn("cannot move tasks out of retired shards", "err", err)
+			}
+			if n > 0 {
+				q.opt.Metrics.retiredMoved(q.opt.Queue, n)
+				q.log.Warn("moved tasks that producers wrote to shards retired by a shrink: a producer still hashes with the old shard count",
+					"moved", n, "retired_shards", l.Retired, "shards", l.Shards)
+			}
+		}
+	}
+}
+
+// Wake makes the queue's scanner look at every shard now.
+func (q *Queue) Wake() { q.cur.Load().Wake() }
+
+// Sweeping: see Scanner.Sweeping.
+func (q *Queue) Sweeping() bool { return q.cur.Load().Sweeping() }
+
+// Waiting: see Scanner.Waiting.
+func (q *Queue) Waiting() []string { return q.cur.Load().Waiting() }
+
+// RedisRefusal: see Scanner.RedisRefusal.
+func (q *Queue) RedisRefusal() string { return q.cur.Load().RedisRefusal() }
