@@ -45,6 +45,13 @@ func Start(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, to i
 	if to < 1 || to > shard.MaxShards {
 		return Started{}, fmt.Errorf("shard count %d out of range 1..%d", to, shard.MaxShards)
 	}
+	// A paused queue holds claims with a key per shard, which the new
+	// shards would lack.
+	if n, err := rdb.Exists(ctx, keys.Paused(0)).Result(); err != nil {
+		return Started{}, fmt.Errorf("queue %s: check whether it is paused: %w", keys.Queue, err)
+	} else if n > 0 {
+		return Started{}, fmt.Errorf("queue %s is paused: resume it (`dispatcher resume --queue %s`) before changing its shard count", keys.Queue, keys.Queue)
+	}
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
 		return Started{}, fmt.Errorf("read the Redis clock: %w", err)

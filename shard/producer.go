@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,7 +25,8 @@ type Task struct {
 type Producer struct {
 	rdb        redis.UniversalClient
 	keys       Keys
-	shards     int
+	shards     int // used until a count is recorded in Redis
+	layout     atomic.Pointer[readLayout]
 	wakeWithin time.Duration
 	// ordered: rdb sends a pipeline on one connection to one server, which
 	// runs it in order, so a wake-up can follow its ZADD in one pipeline.
@@ -65,6 +67,35 @@ func NewProducer(rdb redis.UniversalClient, prefix, queue string, m int) (*Produ
 		wakeWithin: DefaultWakeWithin, ordered: pipelineInOrder(rdb)}, nil
 }
 
+// LayoutTTL is how long a producer uses the queue's layout it read before
+// reading it again: a change of the shard count reaches it within this.
+const LayoutTTL = time.Second
+
+type readLayout struct {
+	l  Layout
+	at time.Time
+}
+
+// Layout returns the queue's layout as recorded in Redis, read at most
+// once per LayoutTTL; the configured count while none is recorded, or if
+// Redis cannot be read (the last one read, if any).
+func (p *Producer) Layout(ctx context.Context) Layout {
+	cur := p.layout.Load()
+	if cur != nil && time.Since(cur.at) < LayoutTTL {
+		return cur.l
+	}
+	l, err := ReadLayout(ctx, p.rdb, p.keys)
+	switch {
+	case err == nil:
+	case cur != nil && !errors.Is(err, ErrNoLayout):
+		l = cur.l
+	default:
+		l = Layout{Shards: p.shards}
+	}
+	p.layout.Store(&readLayout{l: l, at: time.Now()})
+	return l
+}
+
 // SetWakeWithin sets how soon a task must be due for scheduling it to wake
 // the dispatchers (DefaultWakeWithin); 0 turns wake-ups off, leaving only
 // ZADDs, like any producer in another language.
@@ -86,8 +117,23 @@ func (p *Producer) wakeSoon(dueMs int64) bool {
 // also wakes the dispatchers, only once its ZADD has run: in the same
 // pipeline on a single server (or Sentinel), which runs it in order; after
 // the ZADD's reply, a second round trip, on Redis Cluster.
+//
+// While the queue's shard count changes, the task goes to its shard by the
+// new count, and a copy pending in its shard by the old one is removed
+// (after the ZADD, so that the task is never in neither): scheduling a
+// member again is a reschedule whichever count wrote it first.
 func (p *Producer) Schedule(ctx context.Context, member []byte, due time.Time) error {
-	i := Index(member, p.shards)
+	l := p.Layout(ctx)
+	i := Index(member, l.Shards)
+	if err := p.schedule(ctx, i, member, due); err != nil {
+		return err
+	}
+	p.removeOld(ctx, l, member, i)
+	return nil
+}
+
+// schedule adds a task to shard i, with its wake-up.
+func (p *Producer) schedule(ctx context.Context, i int, member []byte, due time.Time) error {
 	key := p.keys.Pending(i)
 	dueMs := DueMs(due)
 	z := redis.Z{Score: float64(dueMs), Member: member}
@@ -123,10 +169,17 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	if len(tasks) == 0 {
 		return nil
 	}
+	l := p.Layout(ctx)
 	byShard := make(map[int][]redis.Z)
 	earliest := make(map[int]int64)
+	old := map[int][]any{} // during a change: members to remove from their shard by the old count
 	for _, t := range tasks {
-		i := Index(t.Member, p.shards)
+		i := Index(t.Member, l.Shards)
+		if l.Changing() {
+			if j := Index(t.Member, l.From); j != i {
+				old[j] = append(old[j], t.Member)
+			}
+		}
 		due := DueMs(t.Due)
 		byShard[i] = append(byShard[i], redis.Z{Score: float64(due), Member: t.Member})
 		if e, ok := earliest[i]; !ok || due < e {
@@ -168,7 +221,26 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	if wakes != nil {
 		_, _ = wakes.Exec(ctx)
 	}
+	if len(old) > 0 && firstErr == nil {
+		rm := p.rdb.Pipeline()
+		for j, members := range old {
+			rm.ZRem(ctx, p.keys.Pending(j), members...)
+		}
+		_, _ = rm.Exec(ctx) // a copy left behind is moved, or dispatched once, by the reshard
+	}
 	return firstErr
+}
+
+// removeOld removes, during a change of the shard count, the copy of a
+// member just written to shard i that is pending in its shard by the old
+// count. An error is ignored: `dispatcher reshard` moves what is left
+// there, keeping the new count's copy.
+func (p *Producer) removeOld(ctx context.Context, l Layout, member []byte, i int) {
+	if l.Changing() {
+		if j := Index(member, l.From); j != i {
+			_ = p.rdb.ZRem(ctx, p.keys.Pending(j), member).Err()
+		}
+	}
 }
 
 // rescheduleScript moves a pending member to a new due time, and only if
@@ -189,16 +261,26 @@ return 0
 
 // Reschedule moves a pending task to a new due time. It returns
 // ErrNotPending if the task is no longer pending.
+//
+// While the queue's shard count changes, a task still pending in its shard
+// by the old count is moved to its shard by the new one.
 func (p *Producer) Reschedule(ctx context.Context, member []byte, due time.Time) error {
-	key := p.keys.Shard(member, p.shards)
-	n, err := rescheduleScript.Run(ctx, p.rdb, []string{key}, strconv.FormatInt(DueMs(due), 10), member).Int()
-	if err != nil {
-		return fmt.Errorf("reschedule on %s: %w", key, err)
+	l := p.Layout(ctx)
+	for _, i := range l.Indexes(member) {
+		key := p.keys.Pending(i)
+		n, err := rescheduleScript.Run(ctx, p.rdb, []string{key}, strconv.FormatInt(DueMs(due), 10), member).Int()
+		if err != nil {
+			return fmt.Errorf("reschedule on %s: %w", key, err)
+		}
+		if n == 0 {
+			continue
+		}
+		if i != Index(member, l.Shards) {
+			return p.Schedule(ctx, member, due) // to the new count's shard, then out of this one
+		}
+		return nil
 	}
-	if n == 0 {
-		return ErrNotPending
-	}
-	return nil
+	return ErrNotPending
 }
 
 // Cancel removes a pending task. It reports whether the task was pending
@@ -210,11 +292,18 @@ func (p *Producer) Reschedule(ctx context.Context, member []byte, due time.Time)
 // in the broker (a confirmed publish whose removal from Redis has not
 // happened yet is sent again). Consumers that must honour a cancel after
 // the claim check it themselves when the task arrives.
+//
+// While the queue's shard count changes, the task is removed from its
+// shards by both counts.
 func (p *Producer) Cancel(ctx context.Context, member []byte) (bool, error) {
-	key := p.keys.Shard(member, p.shards)
-	n, err := p.rdb.ZRem(ctx, key, member).Result()
-	if err != nil {
-		return false, fmt.Errorf("cancel on %s: %w", key, err)
+	removed := false
+	for _, i := range p.Layout(ctx).Indexes(member) {
+		key := p.keys.Pending(i)
+		n, err := p.rdb.ZRem(ctx, key, member).Result()
+		if err != nil {
+			return false, fmt.Errorf("cancel on %s: %w", key, err)
+		}
+		removed = removed || n > 0
 	}
-	return n > 0, nil
+	return removed, nil
 }

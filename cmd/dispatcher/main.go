@@ -59,6 +59,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runCancel(args[1:], stdout, stderr)
 		case "dead":
 			return runDead(args[1:], stdout, stderr)
+		case "reshard":
+			return runReshard(args[1:], stdout, stderr)
 		case "pause", "resume":
 			return runPause(args[1:], stdout, stderr, args[0] == "pause")
 		default:
