@@ -15,8 +15,9 @@ python3-xxhash, and run it with /usr/bin/python3. Examples:
     producer.py --queue orders --shards 16 --in 0 --wake --count 100
     producer.py --check-vectors
 
---shards must equal the dispatcher's DISPATCHER_QUEUE_<NAME>_SHARDS and
---prefix its DISPATCHER_KEY_PREFIX. It prints one JSON object per scheduled
+Without --shards it hashes with the shard count the dispatcher recorded in
+Redis and follows a change of it (dispatcher reshard); --prefix must equal
+DISPATCHER_KEY_PREFIX. It prints one JSON object per scheduled
 task, one a line: member, key, shard, due_ms and message_id, the id the
 consumers will see on the message.
 """
@@ -52,25 +53,61 @@ def message_id(member: bytes, due_ms: int) -> str:
     return "%016x-%d" % (xxhash.xxh64_intdigest(member, seed=0), due_ms)
 
 
-class Producer:
-    def __init__(self, r: redis.Redis, prefix: str, queue: str, shards: int, wake: bool = True):
-        self.r, self.prefix, self.queue, self.shards, self.wake = r, prefix, queue, shards, wake
+def read_layout(r: redis.Redis, prefix: str, queue: str) -> tuple[int, int]:
+    """The queue's shard count M as recorded in Redis, and, while it changes
+    (dispatcher reshard), the count it changes from (0 otherwise)."""
+    pipe = r.pipeline(transaction=False)
+    pipe.get(f"{prefix}:{{{queue}}}:shards")
+    pipe.hget(f"{prefix}:{{{queue}}}:reshard", "from")
+    m, old = pipe.execute()
+    if m is None:
+        raise SystemExit(f"producer.py: no shard count recorded for queue {queue}: "
+                         "start a dispatcher for it, or give --shards")
+    return int(m), int(old or 0)
 
-    def schedule(self, tasks: list[tuple[bytes, int]]) -> None:
-        """ZADDs (member, due_ms) pairs in one round trip; also reschedules."""
+
+class Producer:
+    """shards=None follows the count recorded in Redis (read again every
+    second), as CONTRACT.md asks of producers that live through a change of
+    the shard count; an int fixes it."""
+
+    def __init__(self, r: redis.Redis, prefix: str, queue: str, shards: int | None, wake: bool = True):
+        self.r, self.prefix, self.queue, self.fixed, self.wake = r, prefix, queue, shards, wake
+        self._layout, self._read_at = (shards or 0, 0), 0.0
+
+    def layout(self) -> tuple[int, int]:
+        if self.fixed:
+            return self.fixed, 0
+        if time.monotonic() - self._read_at >= 1.0:
+            self._layout, self._read_at = read_layout(self.r, self.prefix, self.queue), time.monotonic()
+        return self._layout
+
+    def schedule(self, tasks: list[tuple[bytes, int]]) -> list[int]:
+        """ZADDs (member, due_ms) pairs in one round trip; also reschedules.
+        During a change of the shard count, each goes to its shard by the new
+        count and a copy pending in its shard by the old one is removed after
+        it. Returns the shard of each task."""
+        m, old = self.layout()
         now_ms = int(time.time() * 1000)
         pipe = self.r.pipeline(transaction=False)
+        shards = []
         for member, due_ms in tasks:
-            i = shard_of(member, self.shards)
+            i = shard_of(member, m)
+            shards.append(i)
             pipe.zadd(pending_key(self.prefix, self.queue, i), {member: due_ms})
             if self.wake and due_ms - now_ms < WAKE_WITHIN_MS:
                 pipe.publish(f"{self.prefix}:{{{self.queue}}}:wake", f"due:{i}:{due_ms}")
+            if old and shard_of(member, old) != i:
+                pipe.zrem(pending_key(self.prefix, self.queue, shard_of(member, old)), member)
         pipe.execute()
+        return shards
 
     def cancel(self, member: bytes) -> bool:
-        """False if the task is no longer pending (a dispatcher took it)."""
-        i = shard_of(member, self.shards)
-        return self.r.zrem(pending_key(self.prefix, self.queue, i), member) == 1
+        """False if the task is no longer pending (a dispatcher took it).
+        During a change of the shard count, it is removed by both counts."""
+        m, old = self.layout()
+        shards = {shard_of(member, m)} | ({shard_of(member, old)} if old else set())
+        return sum(self.r.zrem(pending_key(self.prefix, self.queue, i), member) for i in shards) > 0
 
 
 # CONTRACT.md's test vectors: member, XXH64 in hex, shard of 16.
@@ -100,7 +137,8 @@ def main() -> None:
     ap.add_argument("--redis", default="redis://localhost:6379/0", help="Redis URL")
     ap.add_argument("--prefix", default="dq", help="DISPATCHER_KEY_PREFIX (default dq)")
     ap.add_argument("--queue", help="queue name Q")
-    ap.add_argument("--shards", type=int, help="M: DISPATCHER_QUEUE_<NAME>_SHARDS")
+    ap.add_argument("--shards", type=int,
+                    help="M (default: the count recorded in Redis, followed through a change)")
     ap.add_argument("--in", dest="delay", type=float, default=0.0,
                     help="seconds from now until the tasks are due (default 0)")
     ap.add_argument("--wake", action="store_true",
@@ -118,8 +156,10 @@ def main() -> None:
     if args.check_vectors:
         print(f"XXH64 test vectors: {len(VECTORS)} ok")
         return
-    if not args.queue or not args.shards or not 1 <= args.shards <= 4096:
-        ap.error("--queue and --shards (1 to 4096) are required")
+    if not args.queue:
+        ap.error("--queue is required")
+    if args.shards is not None and not 1 <= args.shards <= 4096:
+        ap.error("--shards must be 1 to 4096")
 
     due_ms = int(time.time() * 1000 + args.delay * 1000)
     members = [b.encode("utf-8") for b in args.bodies]
@@ -128,10 +168,10 @@ def main() -> None:
         ap.error("give BODY arguments or --count")
 
     p = Producer(redis.Redis.from_url(args.redis), args.prefix, args.queue, args.shards, args.wake)
+    shards = []
     for start in range(0, len(members), 1000):  # 1000 tasks a round trip
-        p.schedule([(m, due_ms) for m in members[start:start + 1000]])
-    for m in members:
-        i = shard_of(m, args.shards)
+        shards += p.schedule([(m, due_ms) for m in members[start:start + 1000]])
+    for m, i in zip(members, shards):
         print(json.dumps({"member": m.decode("utf-8"), "key": pending_key(args.prefix, args.queue, i),
                           "shard": i, "due_ms": due_ms, "message_id": message_id(m, due_ms)},
                          ensure_ascii=False))
