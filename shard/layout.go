@@ -16,9 +16,9 @@ import (
 // Retired is the M it shrank from, whose extra shards are watched for
 // tasks from producers still hashing with it.
 type Layout struct {
-	Shards  int
-	From    int // 0 unless a change is in progress
-	Retired int // 0 unless a shrink retired shards Shards..Retired-1
+	Shards  int `json:"shards"`
+	From    int `json:"changing_from,omitempty"` // 0 unless a change is in progress
+	Retired int `json:"retired,omitempty"`       // 0 unless a shrink retired shards Shards..Retired-1
 }
 
 // Changing reports whether a change of the shard count is in progress.

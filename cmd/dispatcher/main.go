@@ -187,7 +187,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	mon := monitor.New(rdb, monitor.Options{
 		Queues: targets, KeyPrefix: cfg.KeyPrefix, Interval: cfg.StatsInterval, StallAfter: cfg.StallAfter,
 		Sweeping: func(q string) bool { return byQueue[q].Sweeping() },
-		Shards:   func(q string) int { return byQueue[q].Layout().Span() },
+		Layout:   func(q string) shard.Layout { return byQueue[q].Layout() },
 		Waiting: func(q string) []string {
 			var why []string
 			switch {

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/queuestate"
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // Options configure a Monitor.
@@ -35,9 +36,9 @@ type Options struct {
 	// Waiting says what this instance sees holding the queue up (the
 	// broker, Redis, its publishes), for the stall report.
 	Waiting func(queue string) []string
-	// Shards, if set, says how many shards of the queue to read now (it
-	// changes with `dispatcher reshard`); else Queues' count.
-	Shards     func(queue string) int
+	// Layout, if set, is the queue's layout now, whose shards are read
+	// (it changes with `dispatcher reshard`); else Queues' shard count.
+	Layout     func(queue string) shard.Layout
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
@@ -190,10 +191,12 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 		return
 	}
 	targets := make([]queuestate.Target, len(vs))
+	layouts := make([]*shard.Layout, len(vs))
 	for n, v := range vs {
 		targets[n] = v.target
-		if m.opt.Shards != nil {
-			targets[n].Shards = m.opt.Shards(v.target.Name)
+		if m.opt.Layout != nil {
+			l := m.opt.Layout(v.target.Name)
+			targets[n].Shards, layouts[n] = l.Span(), &l
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, readTimeout)
@@ -216,6 +219,7 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 		} else {
 			v.Err, st = "", states[n]
 		}
+		st.Layout = layouts[n]
 		v.carry(&st, now)
 		if quiet(v.State, st) && v.every > 0 {
 			v.every = min(2*v.every, quietReads*m.opt.Interval)

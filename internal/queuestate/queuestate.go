@@ -94,6 +94,10 @@ type Queue struct {
 	// Paused counts the shards `dispatcher pause` holds (all of them after
 	// a pause that completed).
 	Paused int `json:"paused_shards"`
+	// Layout is the queue's shard layout when the reader knew it: its
+	// shard count and, during a change (`dispatcher reshard`), the count
+	// it changes from.
+	Layout *shard.Layout `json:"layout,omitempty"`
 	// Sweeper is the instance that holds the queue's sweeper role, "" if
 	// none does; SweeperErr says why it could not be read, if it could not.
 	Sweeper    string `json:"sweeper"`
