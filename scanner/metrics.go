@@ -19,6 +19,7 @@ type Metrics struct {
 	sweeper    *prometheus.GaugeVec
 	shards     *prometheus.GaugeVec
 	shardsFrom *prometheus.GaugeVec
+	left       *prometheus.GaugeVec
 	retired    *prometheus.CounterVec
 	batch      *prometheus.HistogramVec
 	lateness   *prometheus.HistogramVec
@@ -49,6 +50,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		shardsFrom: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dispatcher_queue_reshard_from", Help: "While the queue's shard count changes (dispatcher reshard), the count it changes from; 0 otherwise.",
 		}, []string{"queue"}),
+		left: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dispatcher_queue_reshard_left",
+			Help: "While the queue's shard count changes: what the mover's last pass left in the old layout (tasks due soon in a shard other than theirs, and what the shards being retired still hold); 0 otherwise.",
+		}, []string{"queue"}),
 		retired: counter("dispatcher_tasks_retired_moved_total", "Tasks moved out of shards a shrink retired: written by producers still hashing with the old, larger count.", "queue"),
 		batch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dispatcher_claim_batch_size", Help: "Tasks taken per claim that took any.",
@@ -59,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300},
 		}, []string{"queue"}),
 	}
-	reg.MustRegister(m.sweeper, m.shards, m.shardsFrom, m.batch, m.lateness)
+	reg.MustRegister(m.sweeper, m.shards, m.shardsFrom, m.left, m.batch, m.lateness)
 	return m
 }
 
@@ -137,6 +142,16 @@ func (m *Metrics) layout(queue string, l shard.Layout) {
 	if m != nil {
 		m.shards.WithLabelValues(queue).Set(float64(l.Shards))
 		m.shardsFrom.WithLabelValues(queue).Set(float64(l.From))
+		if !l.Changing() {
+			m.left.WithLabelValues(queue).Set(0)
+		}
+	}
+}
+
+// reshardLeft shows what a change's last pass left in the old layout.
+func (m *Metrics) reshardLeft(queue string, n int64) {
+	if m != nil {
+		m.left.WithLabelValues(queue).Set(float64(n))
 	}
 }
 

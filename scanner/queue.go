@@ -118,6 +118,11 @@ func (q *Queue) watch(ctx context.Context, sc *Scanner) (shard.Layout, bool) {
 			q.opt.Metrics.layout(q.opt.Queue, l)
 			sc.layoutM.Store(int64(l.Shards))
 		}
+		if l.Changing() {
+			if st, err := reshard.ReadStatus(ctx, q.rdb, q.keys); err == nil {
+				q.opt.Metrics.reshardLeft(q.opt.Queue, st.LastPass.Near+st.LastPass.Retiring)
+			}
+		}
 		if sc.Sweeping() && l.Retired > 0 {
 			n, err := reshard.SweepRetired(ctx, q.rdb, q.keys, l, q.opt.InstanceID)
 			if err != nil && ctx.Err() == nil {
