@@ -141,6 +141,12 @@ func TestReshardGrowUnderLoad(t *testing.T) {
 		t.Fatalf("reshard: exit %d:\n%s", code, out)
 	}
 	t.Logf("reshard 16 -> 64 took %s:\n%s", time.Since(began).Round(time.Millisecond), out)
+	// Every instance notices at once (the "layout" wake-up).
+	noticed := time.Now()
+	eventually(t, 6*time.Second, "both instances serving the new layout", func() bool {
+		return strings.Contains(a.out.String(), "shard layout changed") && strings.Contains(b.out.String(), "shard layout changed")
+	})
+	t.Logf("both instances noticed within %s", time.Since(noticed).Round(time.Millisecond))
 	a.signal(syscall.SIGKILL) // in the middle of the change
 	a.wait(10 * time.Second)
 	h.start()
@@ -167,7 +173,6 @@ func TestReshardGrowUnderLoad(t *testing.T) {
 	if err != nil || l != (shard.Layout{Shards: 64}) {
 		t.Fatalf("layout after finish: %+v, %v", l, err)
 	}
-	_ = b
 }
 
 // TestReshardShrinkBacklog: 64 -> 16 with 100,000 tasks due now and 2,000
