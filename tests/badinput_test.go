@@ -204,6 +204,8 @@ func TestBadSettingsExitBeforeConnecting(t *testing.T) {
 		{"DISPATCHER_LEASE", "-5s", `DISPATCHER_LEASE="-5s"`},
 		{"DISPATCHER_POLL_INTERVAL", "soon", `DISPATCHER_POLL_INTERVAL="soon"`},
 		{"DISPATCHER_LAESE", "30s", `DISPATCHER_LAESE="30s"`},
+		{"DISPATCHER_HTTP_ADDR", "localhost", `DISPATCHER_HTTP_ADDR="localhost"`},
+		{"DISPATCHER_HTTP_ADDR", "127.0.0.1:99999", `DISPATCHER_HTTP_ADDR="127.0.0.1:99999"`},
 	}
 	for _, c := range cases {
 		t.Run(c.key+"="+c.value, func(t *testing.T) {
