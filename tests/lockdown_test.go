@@ -440,8 +440,8 @@ func TestSecretsNeverShown(t *testing.T) {
 	env = h.env()
 	env["DISPATCHER_REDIS_URL"] = srv.URLFor("app", "Wrong"+redisPW)
 	wr := start(t, env)
-	eventually(t, 20*time.Second, "Redis login failure logged", func() bool {
-		return strings.Contains(wr.out.String(), "waiting for Redis")
-	})
+	if code := wr.wait(20 * time.Second); code != 2 || !strings.Contains(wr.out.String(), "WRONGPASS") {
+		t.Errorf("wrong Redis password: exit %d, want 2 with WRONGPASS:\n%s", code, wr.out.String())
+	}
 	leaks("log (wrong Redis password)", wr.out.String())
 }

@@ -109,14 +109,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rdb := ropt.NewClient()
 	defer rdb.Close()
 
-	if err := startChecks(ctx, rdb, cfg, log); err != nil {
-		if ctx.Err() != nil {
-			return exitOK // stopped while waiting for Redis
-		}
-		log.Error("cannot start", "err", err)
-		return exitFailure
-	}
-
+	// Everything is built first, without touching the network, so that the
+	// endpoint serves while the start waits for Redis.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	exchanges := make([]string, 0, len(cfg.QueueSettings))
@@ -140,18 +134,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// has stopped (a Do after Close would still be answered).
 	coalescer := scanner.NewCoalescer(rdb)
 	defer coalescer.Close()
-
-	// The publisher outlives the scanners: their last confirms need it.
-	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopPub()
-	var pubDone sync.WaitGroup
-	pubDone.Add(1)
-	go func() {
-		defer pubDone.Done()
-		if err := pub.Run(pubCtx); err != nil {
-			log.Error("publisher stopped", "err", err)
-		}
-	}()
 
 	// One id for the whole process: the status page and `dispatcher stats`
 	// show it as the holder of the queues' sweeper role.
@@ -197,9 +179,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Registerer: reg, Logger: log.With("component", "watchdog"),
 	})
 
+	// The endpoint serves from here on: /healthz while the process runs,
+	// /readyz and the status page saying what the start waits for.
+	boot := &startup{since: time.Now()}
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
-		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals,
+		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot,
 			page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
 				Broker: statuspage.Broker{URL: redact.URLs(strings.Join(nodes, ","))},
@@ -207,11 +192,39 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}}, log)
 		if err != nil {
 			log.Error("cannot start", "err", err)
-			stopPub()
-			pubDone.Wait()
 			return exitFailure
 		}
 	}
+
+	if err := startChecks(ctx, rdb, cfg, log, boot); err != nil {
+		if httpSrv != nil {
+			httpSrv.stop()
+		}
+		var refused *redisconn.RefusedError
+		switch {
+		case ctx.Err() != nil:
+			return exitOK // stopped while waiting for Redis
+		case errors.As(err, &refused):
+			// Settings Redis refuses: like any other bad setting.
+			fmt.Fprintf(stderr, "dispatcher: %v\n", redisRefusal(cfg, refused))
+			return exitSettings
+		}
+		log.Error("cannot start", "err", err)
+		return exitFailure
+	}
+	boot.started()
+
+	// The publisher outlives the scanners: their last confirms need it.
+	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPub()
+	var pubDone sync.WaitGroup
+	pubDone.Add(1)
+	go func() {
+		defer pubDone.Done()
+		if err := pub.Run(pubCtx); err != nil {
+			log.Error("publisher stopped", "err", err)
+		}
+	}()
 
 	var scanners sync.WaitGroup
 	for _, sc := range scs {
@@ -264,16 +277,23 @@ func newLogger(cfg *config.Settings, w io.Writer) *slog.Logger {
 }
 
 // startChecks waits for Redis, then checks every queue's shard count
-// against the one recorded in Redis (recording it if none is).
-func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Settings, log *slog.Logger) error {
+// against the one recorded in Redis (recording it if none is). An answer
+// that waiting does not change (redisconn.Permanent: a wrong password, a
+// database the server lacks, an ACL refusal) ends the wait as a
+// *redisconn.RefusedError. boot learns what the wait is for.
+func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Settings, log *slog.Logger, boot *startup) error {
 	for delay, logged := 100*time.Millisecond, false; ; delay = min(2*delay, 5*time.Second) {
-		err := rdb.Ping(ctx).Err()
+		err := redisconn.Check(ctx, rdb)
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if redisconn.Permanent(err) {
+			return err
+		}
+		boot.waitingFor("Redis", redact.Error(err))
 		if !logged {
 			log.Warn("waiting for Redis", "redis", redact.URL(cfg.RedisURL), "err", redact.Error(err))
 			logged = true
@@ -305,10 +325,16 @@ func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Set
 			if errors.As(err, &sce) {
 				err = fmt.Errorf("%w (DISPATCHER_QUEUE_%s_SHARDS=%d)", err, config.EnvName(q.Name), q.Shards)
 			}
-			errs = append(errs, err)
+			errs = append(errs, redisconn.Refused("", err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// redisRefusal is the one line for a setting Redis refuses, naming the
+// variable and its value (without the password).
+func redisRefusal(cfg *config.Settings, err *redisconn.RefusedError) error {
+	return &config.Error{Var: "DISPATCHER_REDIS_URL", Value: cfg.RedisURL, Reason: err.Error()}
 }
 
 // testClock returns the local clock, shifted by DISPATCHER_TEST_CLOCK_SKEW

@@ -34,6 +34,9 @@ type Data struct {
 	Broker   Broker
 	Redis    Redis
 	Stalls   []string
+	// Starting says what the start of the process waits for (Redis, say);
+	// "" once it is over. No queue is shown before.
+	Starting string
 	Queues   []monitor.View
 	// Lateness is this instance's dispatch lateness per queue, from its
 	// histogram.
