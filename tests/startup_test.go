@@ -120,3 +120,33 @@ func TestPermanentRedisRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisOutageLogged: a Redis that goes away and comes back is logged
+// once each way, for the whole process (not per queue or shard), the
+// second line with how long it was out.
+func TestRedisOutageLogged(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	h := newHarnessOn(t, srv.Client(), queueSpec{Name: "out1", Shards: 8}, queueSpec{Name: "out2", Shards: 8})
+	h.extra["DISPATCHER_REDIS_URL"] = srv.URL()
+	p := h.start()
+	waitLogged(t, p, "dispatching", 15*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	srv.Kill()
+	waitLogged(t, p, "lost Redis", 10*time.Second)
+	time.Sleep(2 * time.Second)
+	srv.Restart()
+	srv.WaitLoaded(10 * time.Second)
+	waitLogged(t, p, "Redis is back", 15*time.Second)
+	time.Sleep(time.Second)
+	out := p.out.String()
+	if n := strings.Count(out, "lost Redis"); n != 1 {
+		t.Errorf("%d lines say Redis was lost, want 1", n)
+	}
+	if n := strings.Count(out, "Redis is back"); n != 1 {
+		t.Errorf("%d lines say Redis is back, want 1", n)
+	}
+	back := grep(out, "Redis is back")
+	if !strings.Contains(back, "down_for=") {
+		t.Errorf("the line does not say how long Redis was out: %q", back)
+	}
+}

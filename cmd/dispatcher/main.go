@@ -233,6 +233,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
+	// One line when Redis is lost and one when it is back, for the process.
+	outages := &redisconn.Watcher{Client: rdb, Logger: log.With("component", "redis")}
+	scanners.Add(1)
+	go func() { defer scanners.Done(); outages.Run(ctx) }()
 	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URLs(strings.Join(nodes, ",")), "amqp_node_order", cfg.AMQPNodeOrder)
 	logShardPlacement(ctx, rdb, cfg, log)
 
