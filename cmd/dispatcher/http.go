@@ -38,6 +38,7 @@ type status struct {
 	mon      *monitor.Monitor
 	refusals func() []string // why Redis refuses the scripts, if it does
 	boot     *startup        // what the start waits for, until it is over
+	counts   *countSampler   // published and errors per queue, sampled
 	page     statuspage.Data // the page's fixed part: instance, URLs, ...
 }
 
@@ -229,6 +230,7 @@ func (st status) pageData(ctx context.Context) statuspage.Data {
 	d.Queues = st.mon.Views(ctx)
 	d.Stalls = st.mon.Stalls()
 	d.Lateness = lateness(st.reg)
+	d.Counts = st.counts.counts()
 	return d
 }
 

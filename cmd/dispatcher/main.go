@@ -182,9 +182,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// The endpoint serves from here on: /healthz while the process runs,
 	// /readyz and the status page saying what the start waits for.
 	boot := &startup{since: time.Now()}
+	counts := newCountSampler(reg)
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
-		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot,
+		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot, counts: counts,
 			page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
 				Broker: statuspage.Broker{URL: redact.URLs(strings.Join(nodes, ","))},
@@ -237,6 +238,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	outages := &redisconn.Watcher{Client: rdb, Logger: log.With("component", "redis")}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); outages.Run(ctx) }()
+	if httpSrv != nil { // the status page's published per second and errors
+		scanners.Add(1)
+		go func() { defer scanners.Done(); counts.Run(ctx) }()
+	}
 	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URLs(strings.Join(nodes, ",")), "amqp_node_order", cfg.AMQPNodeOrder)
 	logShardPlacement(ctx, rdb, cfg, log)
 
