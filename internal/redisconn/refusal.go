@@ -96,15 +96,15 @@ func Refused(addr string, err error) error {
 	return &RefusedError{Addr: addr, Err: err}
 }
 
-// Check asks every primary for PING: nil when all answer, a
-// *RefusedError for a permanent refusal, otherwise the error to wait out.
+// Check asks Redis for PING (on a cluster, one node: a primary that is
+// down holds up only its own shards, never the start): nil when it
+// answers, a *RefusedError for a permanent refusal, otherwise the error to
+// wait out.
 func Check(ctx context.Context, rdb redis.UniversalClient) error {
-	err := ForEachPrimary(ctx, rdb, func(ctx context.Context, addr string, c *redis.Client) error {
-		if err := c.Ping(ctx).Err(); err != nil {
-			return Refused(addr, err)
-		}
-		return nil
-	})
-	// A cluster's slot map is read before any primary is asked.
-	return Refused("", err)
+	addr := ""
+	// A Sentinel client's Addr is a placeholder: its primary changes.
+	if c, ok := rdb.(*redis.Client); ok && c.Options().Addr != "FailoverClient" {
+		addr = c.Options().Addr
+	}
+	return Refused(addr, rdb.Ping(ctx).Err())
 }
