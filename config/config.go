@@ -252,6 +252,9 @@ func (s *Settings) Validate() error {
 	if err := validTLS("AMQP", amqpsFirst(s.AMQPURLs()), "amqps", s.AMQPTLSFiles()); err != nil {
 		return err
 	}
+	if reason := httpAddrReason(s.HTTPAddr); reason != "" {
+		return &Error{Var: v("HTTP_ADDR"), Value: s.HTTPAddr, Reason: reason}
+	}
 	if !validPrefix(s.KeyPrefix) {
 		return &Error{Var: v("KEY_PREFIX"), Value: s.KeyPrefix, Reason: "want 1 to 64 characters without {, } or whitespace"}
 	}
@@ -481,4 +484,22 @@ func checkUnknown(env map[string]string, s *Settings) error {
 	sort.Strings(unknown)
 	reason := "unknown variable (misspelt, or a queue missing from DISPATCHER_QUEUES?)"
 	return &Error{Var: unknown[0], Value: env[unknown[0]], Reason: reason}
+}
+
+// httpAddrReason says what is wrong with DISPATCHER_HTTP_ADDR, "" if
+// nothing: empty (no endpoint), or host:port or :port with a port number,
+// so that a mistake such as "localhost" stops the start like any other bad
+// setting rather than failing later, after the wait for Redis.
+func httpAddrReason(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "want host:port or :port, e.g. 127.0.0.1:9090 (" + strings.TrimPrefix(err.Error(), "address "+addr+": ") + ")"
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "want a port 0 to 65535 after the colon"
+	}
+	return ""
 }

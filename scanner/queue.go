@@ -32,9 +32,9 @@ type Queue struct {
 	poke   chan struct{} // a "layout" wake-up was heard
 }
 
-// NewQueue returns the runner of one queue, whose layout read at start is
-// l. opt.Shards and opt.Layout are set from the layout.
-func NewQueue(rdb redis.UniversalClient, pub Publisher, opt Options, l shard.Layout) *Queue {
+// NewQueue returns the runner of one queue, with opt.Shards shards until
+// SetLayout.
+func NewQueue(rdb redis.UniversalClient, pub Publisher, opt Options) *Queue {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
@@ -50,9 +50,13 @@ func NewQueue(rdb redis.UniversalClient, pub Publisher, opt Options, l shard.Lay
 		}
 	}
 	q.opt = opt
-	q.use(l)
+	q.use(shard.Layout{Shards: opt.Shards})
 	return q
 }
+
+// SetLayout sets the layout read at start (shard.EnsureLayout). Call it
+// before Run.
+func (q *Queue) SetLayout(l shard.Layout) { q.use(l) }
 
 // use makes l the layout served, with a new scanner for it.
 func (q *Queue) use(l shard.Layout) {

@@ -204,6 +204,8 @@ func TestBadSettingsExitBeforeConnecting(t *testing.T) {
 		{"DISPATCHER_LEASE", "-5s", `DISPATCHER_LEASE="-5s"`},
 		{"DISPATCHER_POLL_INTERVAL", "soon", `DISPATCHER_POLL_INTERVAL="soon"`},
 		{"DISPATCHER_LAESE", "30s", `DISPATCHER_LAESE="30s"`},
+		{"DISPATCHER_HTTP_ADDR", "localhost", `DISPATCHER_HTTP_ADDR="localhost"`},
+		{"DISPATCHER_HTTP_ADDR", "127.0.0.1:99999", `DISPATCHER_HTTP_ADDR="127.0.0.1:99999"`},
 	}
 	for _, c := range cases {
 		t.Run(c.key+"="+c.value, func(t *testing.T) {
@@ -229,8 +231,9 @@ func TestBadSettingsExitBeforeConnecting(t *testing.T) {
 }
 
 // TestPasswordsNeverLogged runs with a wrong broker password and a Redis
-// password the server does not expect: the logs tell what is wrong
-// without showing either password.
+// password the server does not expect: the logs (and, for Redis, the one
+// line before exit code 2) tell what is wrong without showing either
+// password.
 func TestPasswordsNeverLogged(t *testing.T) {
 	h := newHarness(t, queueSpec{Name: "pw", Shards: 1})
 	env := h.env()
@@ -242,9 +245,9 @@ func TestPasswordsNeverLogged(t *testing.T) {
 	env = h.env()
 	env["DISPATCHER_REDIS_URL"] = "redis://nobody:RedisPW-s3cr3t@" + testenv.HostPort(testenv.RedisURL(t)) + "/0"
 	p2 := start(t, env)
-	eventually(t, 10*time.Second, "redis failure logged", func() bool {
-		return strings.Contains(p2.out.String(), "waiting for Redis")
-	})
+	if code := p2.wait(10 * time.Second); code != 2 || !strings.Contains(p2.out.String(), "WRONGPASS") {
+		t.Errorf("wrong Redis password: exit %d, output %q; want 2 and WRONGPASS", code, p2.out.String())
+	}
 	for _, out := range []string{p.out.String(), p2.out.String()} {
 		if strings.Contains(out, "s3cr3t") {
 			t.Fatalf("password in log:\n%s", out)

@@ -15,7 +15,7 @@ import (
 
 // clusterCommands is what go-redis's cluster client needs on top of
 // dispatcherCommands. CLUSTER SLOTS reads the slot map: without it the
-// dispatcher never gets past "waiting for Redis" (NOPERM). COMMAND reads
+// dispatcher cannot start (NOPERM). COMMAND reads
 // the command table for routing: without it everything still works, but
 // go-redis logs a warning and, since it does not cache the failure, sends
 // COMMAND again (to up to 3 nodes) before nearly every command, each one a

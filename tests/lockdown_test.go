@@ -439,9 +439,10 @@ func TestSecretsNeverShown(t *testing.T) {
 	leaks("log (wrong broker password)", wa.out.String())
 	env = h.env()
 	env["DISPATCHER_REDIS_URL"] = srv.URLFor("app", "Wrong"+redisPW)
+	env["DISPATCHER_HTTP_ADDR"] = testenv.FreeAddr(t) // served before Redis is asked
 	wr := start(t, env)
-	eventually(t, 20*time.Second, "Redis login failure logged", func() bool {
-		return strings.Contains(wr.out.String(), "waiting for Redis")
-	})
+	if code := wr.wait(20 * time.Second); code != 2 || !strings.Contains(wr.out.String(), "WRONGPASS") {
+		t.Errorf("wrong Redis password: exit %d, want 2 with WRONGPASS:\n%s", code, wr.out.String())
+	}
 	leaks("log (wrong Redis password)", wr.out.String())
 }

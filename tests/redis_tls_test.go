@@ -106,10 +106,12 @@ func TestRedisTLSAndACL(t *testing.T) {
 }
 
 // TestRedisTLSAndACLRefusals: what an operator sees when the TLS or ACL
-// settings are wrong. A wrong password and a server certificate from an
-// unknown CA are logged clearly, without the password, while the
-// dispatcher waits for Redis; a missing key file exits 2 at once, naming
-// its variable.
+// settings are wrong. A wrong password exits 2 with one line, like a bad
+// setting (Redis's answer will not change by waiting:
+// redisconn.Permanent); a server certificate from an unknown CA is logged
+// clearly while the dispatcher waits for Redis (certificates may be in the
+// middle of a rotation); neither shows the password; a missing key file
+// exits 2 at once, naming its variable.
 func TestRedisTLSAndACLRefusals(t *testing.T) {
 	srv, h, password, certs := tlsACLServer(t, "refuse")
 	wrong := "wrong-" + password[len(password)-8:]
@@ -120,7 +122,7 @@ func TestRedisTLSAndACLRefusals(t *testing.T) {
 		exit   int    // -1: keeps running (waiting for Redis)
 	}{
 		{"wrong password", map[string]string{"DISPATCHER_REDIS_URL": srv.URLFor("dispatcher", wrong)},
-			"WRONGPASS invalid username-password pair", -1},
+			"WRONGPASS invalid username-password pair", 2},
 		{"unknown CA", map[string]string{"DISPATCHER_REDIS_CA_FILE": ""},
 			"certificate signed by unknown authority", -1},
 		{"no client certificate", map[string]string{"DISPATCHER_REDIS_CERT_FILE": "", "DISPATCHER_REDIS_KEY_FILE": ""},

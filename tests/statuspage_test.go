@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -197,5 +198,84 @@ func TestStatusPage(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 405 {
 		t.Errorf("POST / answered %d, want 405", resp.StatusCode)
+	}
+}
+
+// TestStatusPageFreshnessAxesThroughput: what the page says about how old
+// its figures are and how fast the queue moves, as a person sees it in
+// Chromium: each queue says when its figures were read (a quiet queue's
+// can be several seconds older than the page), the pictures have values
+// on their axes, and the queue shows what this instance published per
+// second and the errors it met.
+func TestStatusPageFreshnessAxesThroughput(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, queueSpec{Name: "fresh", Shards: 4})
+	addr := testenv.FreeAddr(t)
+	h.extra["DISPATCHER_HTTP_ADDR"] = addr
+	h.extra["DISPATCHER_STATS_INTERVAL"] = "1s"
+	p := h.start()
+	waitLogged(t, p, "broker connected", 15*time.Second)
+	// A broken shard makes errors (wrongtype) on every sweep; tasks going
+	// out over 3 s make a throughput.
+	k := shard.Keys{Prefix: h.prefix, Queue: "fresh"}
+	h.rdb.Set(ctx, k.Pending(3), "not a sorted set", 0)
+	prod := h.producer("fresh")
+	n := 0
+	for i := 0; n < 300; i++ {
+		m := []byte(fmt.Sprint("f-", i))
+		if shard.Index(m, 4) == 3 {
+			continue
+		}
+		if err := prod.Schedule(ctx, m, time.Now().Add(500*time.Millisecond+time.Duration(n)*10*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	h.collect("fresh", n, 20*time.Second)
+	time.Sleep(2 * time.Second)
+
+	b := browser(t)
+	step, cancelStep := context.WithTimeout(b, 60*time.Second)
+	defer cancelStep()
+	if err := chromedp.Do(step, chromedp.Navigate("http://"+addr+"/"), chromedp.WaitVisible(chromedp.CSS("#q-fresh"))); err != nil {
+		t.Fatal(err)
+	}
+	eval := func(js string) string {
+		t.Helper()
+		v, err := chromedp.Run(step, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		return v
+	}
+	header := eval(`document.querySelector('.sub').innerText`)
+	section := eval(`document.querySelector('#q-fresh').innerText`)
+	axis := func(label string) string {
+		return eval(`Array.from(document.querySelectorAll('svg[aria-label="` + label + `"] text.axis')).map(e => e.textContent).join('|')`)
+	}
+	age, backlog, lateness := axis("oldest due age of fresh over time"), axis("backlog per shard of fresh"), axis("dispatch lateness of fresh")
+	published := axis("published per second by fresh")
+	t.Logf("header %q\nsection:\n%s\naxes: age %q, backlog %q, lateness %q, published %q", header, section, age, backlog, lateness, published)
+
+	if strings.Contains(header, "refreshes every") {
+		t.Errorf("the header promises figures fresher than they are: %q", header)
+	}
+	if !regexp.MustCompile(`figures read [0-9.]+ ?m?s ago`).MatchString(section) {
+		t.Errorf("the queue does not say when its figures were read:\n%s", section)
+	}
+	for name, a := range map[string]string{"age": age, "backlog": backlog, "lateness": lateness, "published": published} {
+		if strings.Count(a, "|") < 1 {
+			t.Errorf("%s picture: axis values %q, want at least two", name, a)
+		}
+	}
+	if !strings.Contains(age, "now") || !strings.Contains(backlog, "shard 0") || !strings.Contains(backlog, "shard 3") {
+		t.Errorf("axes: age %q (want now), backlog %q (want shard 0 and shard 3)", age, backlog)
+	}
+	m := regexp.MustCompile(`published ([0-9.]+)/s`).FindStringSubmatch(section)
+	if m == nil {
+		t.Errorf("the queue does not show what was published per second:\n%s", section)
+	}
+	if !regexp.MustCompile(`errors: [1-9][0-9]* in the last`).MatchString(section) || !strings.Contains(section, "wrongtype") {
+		t.Errorf("the queue does not show its errors (the broken shard's wrongtype):\n%s", section)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/admin"
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -59,6 +60,9 @@ func (c *cli) usageErr(format string, args ...any) int {
 
 func (c *cli) fail(err error) int {
 	fmt.Fprintf(c.stderr, "dispatcher %s: %v\n", c.name, redact.Error(err))
+	if redisconn.Permanent(err) {
+		return exitSettings // settings Redis refuses, e.g. an ACL without a command
+	}
 	return exitFailure
 }
 
@@ -89,6 +93,17 @@ func (c *cli) connect() (code int, ok bool) {
 		return exitSettings, false
 	}
 	c.cfg, c.rdb = cfg, ropt.NewClient()
+	// Settings Redis refuses (a wrong password, a database it lacks) are
+	// bad settings, said as the daemon says them; other trouble is left to
+	// the command, which reports what it could not do.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var refused *redisconn.RefusedError
+	if err := redisconn.Check(ctx, c.rdb); errors.As(err, &refused) {
+		c.close()
+		fmt.Fprintf(c.stderr, "dispatcher %s: %v\n", c.name, redisRefusal(cfg, refused))
+		return exitSettings, false
+	}
 	return 0, true
 }
 

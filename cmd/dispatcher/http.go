@@ -37,14 +37,17 @@ type status struct {
 	pub      *publisher.Publisher
 	mon      *monitor.Monitor
 	refusals func() []string // why Redis refuses the scripts, if it does
+	boot     *startup        // what the start waits for, until it is over
+	counts   *countSampler   // published and errors per queue, sampled
 	page     statuspage.Data // the page's fixed part: instance, URLs, ...
 }
 
 // startHTTP serves /healthz (the process runs), /readyz (Redis and the
-// broker are reachable, Redis runs the scripts, no queue stalled),
-// /metrics and the status page at /. refusals say why Redis refuses the
-// scripts, if it does: a read-only replica answers PING, so only the
-// scripts' answers tell.
+// broker are reachable, Redis runs the scripts, no queue stalled, the
+// start is over), /metrics and the status page at /. refusals say why
+// Redis refuses the scripts, if it does: a read-only replica answers PING,
+// so only the scripts' answers tell. It is called before the start waits
+// for Redis, so that all of them answer from the first moment.
 func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -56,6 +59,9 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 		broker := st.pub.State()
 		problems := st.problems(ctx, broker)
 		problems = append(problems, st.mon.Stalls()...)
+		if p := st.boot.problem(); p != "" {
+			problems = append(problems, p)
+		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			for _, p := range problems {
@@ -218,9 +224,13 @@ func (st status) pageData(ctx context.Context) statuspage.Data {
 	b := st.pub.State()
 	d.Broker.Connected, d.Broker.Blocked, d.Broker.Node = b.Connected && !b.Blocked, b.Blocked, b.Node
 	d.Redis.Problems = st.redisProblems(ctx)
+	if d.Starting = st.boot.problem(); d.Starting != "" {
+		return d // no queue is read before the start is over
+	}
 	d.Queues = st.mon.Views(ctx)
 	d.Stalls = st.mon.Stalls()
 	d.Lateness = lateness(st.reg)
+	d.Counts = st.counts.counts()
 	return d
 }
 

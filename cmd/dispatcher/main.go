@@ -111,15 +111,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rdb := ropt.NewClient()
 	defer rdb.Close()
 
-	layouts, err := startChecks(ctx, rdb, cfg, log)
-	if err != nil {
-		if ctx.Err() != nil {
-			return exitOK // stopped while waiting for Redis
-		}
-		log.Error("cannot start", "err", err)
-		return exitFailure
-	}
-
+	// Everything is built first, without touching the network, so that the
+	// endpoint serves while the start waits for Redis.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	exchanges := make([]string, 0, len(cfg.QueueSettings))
@@ -144,26 +137,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	coalescer := scanner.NewCoalescer(rdb)
 	defer coalescer.Close()
 
-	// The publisher outlives the scanners: their last confirms need it.
-	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopPub()
-	var pubDone sync.WaitGroup
-	pubDone.Add(1)
-	go func() {
-		defer pubDone.Done()
-		if err := pub.Run(pubCtx); err != nil {
-			log.Error("publisher stopped", "err", err)
-		}
-	}()
-
 	// One id for the whole process: the status page and `dispatcher stats`
 	// show it as the holder of the queues' sweeper role.
 	instance := scanner.NewInstanceID()
 	var scs []*scanner.Queue
 	byQueue := map[string]*scanner.Queue{}
 	var targets []queuestate.Target
-	for n, q := range cfg.QueueSettings {
-		targets = append(targets, queuestate.Target{Name: q.Name, Shards: layouts[n].Span()})
+	for _, q := range cfg.QueueSettings {
+		targets = append(targets, queuestate.Target{Name: q.Name, Shards: q.Shards})
 		scs = append(scs, scanner.NewQueue(rdb, pub, scanner.Options{
 			Queue: q.Name, Shards: q.Shards, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
@@ -171,7 +152,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
 			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance,
-		}, layouts[n]))
+		}))
 		byQueue[q.Name] = scs[len(scs)-1]
 	}
 	refusals := func() []string {
@@ -201,9 +182,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Registerer: reg, Logger: log.With("component", "watchdog"),
 	})
 
+	// The endpoint serves from here on: /healthz while the process runs,
+	// /readyz and the status page saying what the start waits for.
+	boot := &startup{since: time.Now()}
+	counts := newCountSampler(reg)
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
-		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals,
+		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot, counts: counts,
 			page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
 				Broker: statuspage.Broker{URL: redact.URLs(strings.Join(nodes, ","))},
@@ -211,11 +196,43 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}}, log)
 		if err != nil {
 			log.Error("cannot start", "err", err)
-			stopPub()
-			pubDone.Wait()
 			return exitFailure
 		}
 	}
+
+	layouts, err := startChecks(ctx, rdb, cfg, log, boot)
+	if err != nil {
+		if httpSrv != nil {
+			httpSrv.stop()
+		}
+		var refused *redisconn.RefusedError
+		switch {
+		case ctx.Err() != nil:
+			return exitOK // stopped while waiting for Redis
+		case errors.As(err, &refused):
+			// Settings Redis refuses: like any other bad setting.
+			fmt.Fprintf(stderr, "dispatcher: %v\n", redisRefusal(cfg, refused))
+			return exitSettings
+		}
+		log.Error("cannot start", "err", err)
+		return exitFailure
+	}
+	boot.started()
+	for n, sc := range scs {
+		sc.SetLayout(layouts[n])
+	}
+
+	// The publisher outlives the scanners: their last confirms need it.
+	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPub()
+	var pubDone sync.WaitGroup
+	pubDone.Add(1)
+	go func() {
+		defer pubDone.Done()
+		if err := pub.Run(pubCtx); err != nil {
+			log.Error("publisher stopped", "err", err)
+		}
+	}()
 
 	var scanners sync.WaitGroup
 	for _, sc := range scs {
@@ -224,6 +241,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
+	// One line when Redis is lost and one when it is back, for the process.
+	outages := &redisconn.Watcher{Client: rdb, Logger: log.With("component", "redis")}
+	scanners.Add(1)
+	go func() { defer scanners.Done(); outages.Run(ctx) }()
+	if httpSrv != nil { // the status page's published per second and errors
+		scanners.Add(1)
+		go func() { defer scanners.Done(); counts.Run(ctx) }()
+	}
 	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URLs(strings.Join(nodes, ",")), "amqp_node_order", cfg.AMQPNodeOrder)
 	logShardPlacement(ctx, rdb, cfg, log)
 
@@ -270,16 +295,23 @@ func newLogger(cfg *config.Settings, w io.Writer) *slog.Logger {
 // startChecks waits for Redis, then reads every queue's layout, recording
 // the configured shard count for a queue that has none yet. Once recorded,
 // Redis is the truth (`dispatcher reshard` changes it): a configured count
-// that differs is served as recorded, with a warning.
-func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Settings, log *slog.Logger) ([]shard.Layout, error) {
+// that differs is served as recorded, with a warning. An answer that
+// waiting does not change (redisconn.Permanent: a wrong password, a
+// database the server lacks, an ACL refusal) ends the wait as a
+// *redisconn.RefusedError. boot learns what the wait is for.
+func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Settings, log *slog.Logger, boot *startup) ([]shard.Layout, error) {
 	for delay, logged := 100*time.Millisecond, false; ; delay = min(2*delay, 5*time.Second) {
-		err := rdb.Ping(ctx).Err()
+		err := redisconn.Check(ctx, rdb)
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if redisconn.Permanent(err) {
+			return nil, err
+		}
+		boot.waitingFor("Redis", redact.Error(err))
 		if !logged {
 			log.Warn("waiting for Redis", "redis", redact.URL(cfg.RedisURL), "err", redact.Error(err))
 			logged = true
@@ -322,6 +354,12 @@ func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Set
 		}
 	}
 	return layouts, errors.Join(errs...)
+}
+
+// redisRefusal is the one line for a setting Redis refuses, naming the
+// variable and its value (without the password).
+func redisRefusal(cfg *config.Settings, err *redisconn.RefusedError) error {
+	return &config.Error{Var: "DISPATCHER_REDIS_URL", Value: cfg.RedisURL, Reason: err.Error()}
 }
 
 // testClock returns the local clock, shifted by DISPATCHER_TEST_CLOCK_SKEW

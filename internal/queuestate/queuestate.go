@@ -153,7 +153,16 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 		}
 		sweepers[q] = pipe.Get(ctx, shard.Keys{Prefix: prefix, Queue: t.Name}.Sweeper())
 	}
-	_, _ = pipe.Exec(ctx) // each command's error is read below
+	// Each command's error is read below. One that was never sent (the
+	// connection's set-up failed: AUTH, SELECT) has none of its own: it
+	// gets the pipeline's.
+	if _, err := pipe.Exec(ctx); err != nil {
+		for _, c := range calls {
+			if c.cmd.Err() == nil && c.cmd.Val() == nil {
+				c.cmd.SetErr(err)
+			}
+		}
+	}
 	pipe = rdb.Pipeline()
 	resend := false
 	for n := range calls {

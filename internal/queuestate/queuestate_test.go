@@ -118,3 +118,20 @@ func TestReadUnreachable(t *testing.T) {
 		t.Fatal("read of a dead Redis did not fail")
 	}
 }
+
+// TestReadConnectionRefused: a connection whose set-up Redis refuses (here
+// SELECT of a database it lacks) sends no command; the error returned is
+// Redis's answer, not a type mismatch of a reply never read.
+func TestReadConnectionRefused(t *testing.T) {
+	opt, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.DB = 99
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	_, err = queuestate.Read(context.Background(), rdb, testenv.Name(t), []queuestate.Target{{Name: "q", Shards: 2}})
+	if err == nil || !strings.Contains(err.Error(), "DB index is out of range") {
+		t.Fatalf("Read: %v, want Redis's refusal", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"html/template"
 	"io"
 	"math"
+	"sort"
 	"strings"
 	"time"
 
@@ -20,10 +21,13 @@ import (
 var files embed.FS
 
 var page = template.Must(template.New("page.html").Funcs(template.FuncMap{
-	"dur":   fmtDur,
-	"count": fmtCount,
-	"when":  fmtWhen,
-	"sub80": func(h float64) float64 { return chartH - h },
+	"dur":    fmtDur,
+	"count":  fmtCount,
+	"when":   fmtWhen,
+	"sub80":  func(h float64) float64 { return chartH - h },
+	"rate":   fmtRate,
+	"ucount": func(n uint64) string { return fmtCount(int64(n)) },
+	"last":   func(n int) int { return n - 1 },
 }).ParseFS(files, "page.html"))
 
 // Data is what the page shows.
@@ -34,10 +38,25 @@ type Data struct {
 	Broker   Broker
 	Redis    Redis
 	Stalls   []string
+	// Starting says what the start of the process waits for (Redis, say);
+	// "" once it is over. No queue is shown before.
+	Starting string
 	Queues   []monitor.View
 	// Lateness is this instance's dispatch lateness per queue, from its
 	// histogram.
 	Lateness map[string][]Bucket
+	// Counts are this instance's counters per queue, sampled about once a
+	// second, oldest first: what it published per second and the errors
+	// it met come from them.
+	Counts map[string][]Count
+}
+
+// Count is one sample of a queue's counters on this instance (cumulative,
+// since it started).
+type Count struct {
+	At        time.Time
+	Published float64            // tasks the broker confirmed
+	Errors    map[string]float64 // by kind (redis, wrongtype, nack, ...)
 }
 
 // Broker is the broker's state as this instance sees it.
@@ -66,7 +85,10 @@ type Bucket struct {
 func Render(w io.Writer, d Data) error {
 	v := view{Data: d}
 	for _, q := range d.Queues {
-		v.Rows = append(v.Rows, queueRow(q, d.Lateness[q.State.Name]))
+		r := queueRow(q, d.Lateness[q.State.Name])
+		r.ReadAgo = fmtAgo(d.Now, q.ReadAt)
+		r.Flow = flowOf(d.Counts[q.State.Name])
+		v.Rows = append(v.Rows, r)
 	}
 	return page.Execute(w, v)
 }
@@ -87,13 +109,98 @@ type row struct {
 	Broken   []brokenShard
 	Lateness []latBar
 	LatTotal uint64
+	LatTop   uint64 // the tallest lateness bar's count
+	ReadAgo  string // how long ago the figures were read; "" if never
+	Flow     flow
 }
 
 type chart struct {
 	Points string // SVG polyline points
 	Max    time.Duration
+	Top    time.Duration // the value at the top of the chart
 	Span   time.Duration
 	Empty  bool
+}
+
+// flow is what this instance published per second and the errors it
+// met, from its counters' samples.
+type flow struct {
+	Rate     float64       // published per second over the last recentSpan
+	Recent   time.Duration // the span Rate is over
+	Span     time.Duration // the span of all samples: the errors' window
+	Errors   int64         // errors over Span
+	Kinds    string        // "wrongtype 12, redis 3"
+	Points   string        // published per second, as an SVG polyline
+	Top      float64       // the chart's top, per second
+	Empty    bool          // too few samples for a chart
+	Measured bool          // at least two samples
+}
+
+// recentSpan is how far back the published rate shown as a figure looks.
+const recentSpan = 10 * time.Second
+
+func flowOf(cs []Count) flow {
+	f := flow{Empty: len(cs) < 3, Measured: len(cs) >= 2}
+	if !f.Measured {
+		return f
+	}
+	first, last := cs[0], cs[len(cs)-1]
+	f.Span = last.At.Sub(first.At)
+	from := first
+	for _, c := range cs {
+		if last.At.Sub(c.At) <= recentSpan {
+			from = c
+			break
+		}
+	}
+	if f.Recent = last.At.Sub(from.At); f.Recent > 0 {
+		f.Rate = (last.Published - from.Published) / f.Recent.Seconds()
+	}
+	var kinds []string
+	for kind, n := range last.Errors {
+		if d := int64(n - first.Errors[kind]); d > 0 {
+			f.Errors += d
+			kinds = append(kinds, kind)
+		}
+	}
+	sort.Slice(kinds, func(a, b int) bool {
+		da, db := last.Errors[kinds[a]]-first.Errors[kinds[a]], last.Errors[kinds[b]]-first.Errors[kinds[b]]
+		return da > db || (da == db && kinds[a] < kinds[b])
+	})
+	for n, k := range kinds {
+		kinds[n] = fmt.Sprintf("%s %d", k, int64(last.Errors[k]-first.Errors[k]))
+	}
+	f.Kinds = strings.Join(kinds, ", ")
+	if f.Empty {
+		return f
+	}
+	rates := make([]float64, len(cs)-1)
+	for n := 1; n < len(cs); n++ {
+		if dt := cs[n].At.Sub(cs[n-1].At).Seconds(); dt > 0 {
+			rates[n-1] = (cs[n].Published - cs[n-1].Published) / dt
+		}
+		f.Top = max(f.Top, rates[n-1])
+	}
+	f.Top = niceCeil(max(f.Top, 1))
+	span := cs[len(cs)-1].At.Sub(cs[1].At)
+	pts := make([]string, len(rates))
+	for n, r := range rates {
+		x := chartW * float64(cs[n+1].At.Sub(cs[1].At)) / float64(max(span, 1))
+		pts[n] = fmt.Sprintf("%.1f,%.1f", x, chartH-chartH*r/f.Top)
+	}
+	f.Points = strings.Join(pts, " ")
+	return f
+}
+
+// niceCeil rounds v up to 1, 2 or 5 times a power of ten, for an axis.
+func niceCeil(v float64) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if v <= m*p {
+			return m * p
+		}
+	}
+	return 10 * p
 }
 
 type bar struct {
@@ -146,6 +253,9 @@ func queueRow(q monitor.View, lat []Bucket) row {
 		r.Backlog = append(r.Backlog, b)
 	}
 	r.Lateness, r.LatTotal = latBars(lat)
+	for _, b := range r.Lateness {
+		r.LatTop = max(r.LatTop, b.Count)
+	}
 	return r
 }
 
@@ -159,6 +269,7 @@ func ageChart(h []monitor.Sample) chart {
 		c.Max = max(c.Max, s.Age)
 	}
 	top := max(c.Max, time.Second)
+	c.Top = top
 	from, to := h[0].At, h[len(h)-1].At
 	c.Span = to.Sub(from)
 	var pts []string
@@ -198,6 +309,31 @@ func latBars(bs []Bucket) ([]latBar, uint64) {
 		out[n] = latBar{Label: label, X: float64(n) * w, H: h, Count: counts[n]}
 	}
 	return out, total
+}
+
+// fmtAgo is how long before now at was: "850ms", "7.2s"; "" for a zero
+// at (never).
+func fmtAgo(now, at time.Time) string {
+	if at.IsZero() {
+		return ""
+	}
+	d := max(now.Sub(at), 0)
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+// fmtRate writes a per-second figure with the precision it needs.
+func fmtRate(r float64) string {
+	switch {
+	case r >= 100:
+		return fmt.Sprintf("%.0f", r)
+	case r >= 10:
+		return fmt.Sprintf("%.1f", r)
+	default:
+		return fmt.Sprintf("%.2f", r)
+	}
 }
 
 func fmtSeconds(s float64) string {

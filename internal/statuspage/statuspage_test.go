@@ -59,3 +59,52 @@ func TestRenderEscapes(t *testing.T) {
 		t.Errorf("age chart points not as plotted:\n%s", page)
 	}
 }
+
+func TestFlow(t *testing.T) {
+	at := time.Unix(1_800_000_000, 0)
+	var cs []Count
+	for n := range 31 { // 30 s at 20 tasks a second, 1 redis error every 10 s
+		cs = append(cs, Count{At: at.Add(time.Duration(n) * time.Second), Published: float64(20 * n),
+			Errors: map[string]float64{"redis": float64(n / 10), "nack": 0}})
+	}
+	cs[30].Errors["wrongtype"] = 7
+	f := flowOf(cs)
+	if f.Rate != 20 || f.Recent != 10*time.Second || f.Span != 30*time.Second || f.Errors != 10 || f.Kinds != "wrongtype 7, redis 3" {
+		t.Errorf("flow %+v", f)
+	}
+	if f.Top != 20 || f.Empty || !strings.HasPrefix(f.Points, "0.0,0.0 ") {
+		t.Errorf("chart: top %v, points %q", f.Top, f.Points)
+	}
+	if f := flowOf(cs[:1]); f.Measured || !f.Empty {
+		t.Errorf("one sample: %+v", f)
+	}
+}
+
+func TestNiceCeil(t *testing.T) {
+	for v, want := range map[float64]float64{1: 1, 1.1: 2, 3: 5, 7: 10, 20: 20, 21: 50, 0.3: 0.5} {
+		if got := niceCeil(v); math.Abs(got-want) > 1e-9 {
+			t.Errorf("niceCeil(%v) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+// TestRenderAxesAndFreshness: the pictures carry values on their axes, and
+// each queue says when its figures were read.
+func TestRenderAxesAndFreshness(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	q := monitor.View{
+		State:   queuestate.Queue{Name: "orders", Shards: []queuestate.Shard{{Index: 0, Pending: 1200}, {Index: 1}}},
+		History: []monitor.Sample{{At: now.Add(-time.Minute)}, {At: now, Age: 3 * time.Second}},
+		ReadAt:  now.Add(-7200 * time.Millisecond), Swept: true,
+	}
+	var buf bytes.Buffer
+	if err := Render(&buf, Data{Refresh: 2, Now: now, Queues: []monitor.View{q}}); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	for _, want := range []string{"figures read 7.2s ago", `text-anchor="end">1,200</text>`, ">shard 1</text>", ">−1m0s</text>", `text-anchor="end">3s</text>`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+}
