@@ -260,11 +260,7 @@ func (v *queueView) carry(st *queuestate.Queue, now time.Time) {
 		}
 		old := v.lastGood[i]
 		old.Index, old.Err = i, sh.Err
-		old.OldestDueAge, old.AgeSeconds = 0, 0
-		if old.NextDueMs > 0 && old.NextDueMs <= serverNow {
-			old.OldestDueAge = time.Duration(serverNow-old.NextDueMs) * time.Millisecond
-			old.AgeSeconds = old.OldestDueAge.Seconds()
-		}
+		old.Grow(serverNow)
 		st.Shards[i] = old
 	}
 	st.Sum()
