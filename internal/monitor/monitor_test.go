@@ -268,7 +268,9 @@ func TestRetriedTasksStall(t *testing.T) {
 	m := New(rdb, Options{
 		Queues: []queuestate.Target{{Name: "q", Shards: 2}}, KeyPrefix: prefix,
 		Interval: time.Second, StallAfter: 10 * time.Second, Sweeping: func(string) bool { return true },
-		Waiting:    func(string) []string { return []string{`publishes fail: unroutable: exchange "x" has no queue bound for routing key "y"`} },
+		Waiting: func(string) []string {
+			return []string{`publishes fail: unroutable: exchange "x" has no queue bound for routing key "y"`}
+		},
 		Registerer: reg, Logger: slog.New(slog.NewTextHandler(&log, nil)),
 	})
 	now := time.Now().UnixMilli()
