@@ -97,8 +97,8 @@ type Scanner struct {
 	// causes: why publishes failed lately, for the log, /readyz and the
 	// stall report.
 	causes *causes
-	hold *holder
-	work context.Context // publishes and settling: outlives Run's ctx a little
+	hold   *holder
+	work   context.Context // publishes and settling: outlives Run's ctx a little
 
 	// The loop's concerns, each in a file of its own.
 	clock *serverClock // the Redis clock of each shard's primary
