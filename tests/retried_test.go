@@ -116,6 +116,7 @@ func TestUnroutableTasksShowAsRetried(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	t.Logf("/readyz answered %d:\n%s\nlog lines:\n%s\n%s", code, body, line, stall)
 
 	// Bind a queue for the routing key: the next retry of each task goes
 	// through.
