@@ -234,7 +234,7 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 		m.lastFailLog = now
 		args := []any{"err", err}
 		if strings.Contains(err.Error(), "NOPERM") || strings.Contains(err.Error(), "can't run this command") {
-			args = append(args, "hint", "the Redis ACL user needs +zcard and +zcount for these reads (docs/how-it-works.md#redis-acls)")
+			args = append(args, "hint", "the Redis ACL user needs +zcard, +zcount and +hlen for these reads (docs/how-it-works.md#redis-acls)")
 		}
 		m.log.Warn("cannot read the queues' state; they show their last known figures", args...)
 	}
