@@ -17,7 +17,8 @@ import (
 // every publish and the tasks are retried over and over. A task due and not
 // delivered is late wherever it waits, so the retried tasks must show in
 // the metrics (their number and the age of the oldest), in
-// `dispatcher stats --json`, in the oldest due age and the stall watchdog,
+// `dispatcher stats --json`, the status page, in the oldest due age and
+// the stall watchdog,
 // and /readyz and the log must name the cause with the exchange and the
 // routing key. Once a queue is bound, the tasks arrive and every figure
 // goes back to 0.
@@ -84,6 +85,10 @@ func TestUnroutableTasksShowAsRetried(t *testing.T) {
 	stall := grep(p.out.String(), "queue stalled")
 	if !strings.Contains(stall, "retried=5") || !strings.Contains(stall, "unroutable") {
 		t.Errorf("the stall log line should count the retried tasks and name the cause:\n%s", stall)
+	}
+
+	if page, err := httpGet("http://" + addr + "/"); err != nil || !strings.Contains(page, `<td><span class="warn">5</span></td>`) {
+		t.Errorf("the status page does not show the 5 retried tasks (%v)", err)
 	}
 
 	type statsDoc struct {
