@@ -17,10 +17,9 @@ import (
 // every publish and the tasks are retried over and over. A task due and not
 // delivered is late wherever it waits, so the retried tasks must show in
 // the metrics (their number and the age of the oldest), in
-// `dispatcher stats --json`, the status page, in the oldest due age and
-// the stall watchdog,
-// and /readyz and the log must name the cause with the exchange and the
-// routing key. Once a queue is bound, the tasks arrive and every figure
+// `dispatcher stats --json`, on the status page, in the oldest due age
+// and the stall watchdog, and /readyz and the log must name the cause
+// with the exchange and the routing key. Once a queue is bound, the tasks arrive and every figure
 // goes back to 0.
 func TestUnroutableTasksShowAsRetried(t *testing.T) {
 	const queue, unbound, tasks = "unrouted", "nobody-home", 5
