@@ -46,14 +46,16 @@ type status struct {
 
 // startHTTP serves /healthz (the process runs), /readyz (Redis and the
 // broker are reachable, Redis runs the scripts, no queue stalled),
-// /metrics and the status page at /. Publishes failing for a cause (no
-// queue bound, nacks, refusals) are named in /readyz's body at once but
-// make it 503 only once their tasks stall the queue (STALL_AFTER): every
-// instance sees the same consumer-side cause, so failing readiness at
-// once would take them all out of service together, and flap with a
-// consumer redeploying its queue, while none is more ready than another. refusals say why Redis refuses the
+// /metrics and the status page at /. refusals say why Redis refuses the
 // scripts, if it does: a read-only replica answers PING, so only the
 // scripts' answers tell.
+//
+// Publishes failing for a cause (no queue bound, nacks, refusals) are
+// named in /readyz's body at once but make it 503 only once their tasks
+// stall the queue (STALL_AFTER): every instance sees the same
+// consumer-side cause, so failing readiness at once would take them all
+// out of service together, and flap with a consumer redeploying its
+// queue, while none is more ready than another.
 func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

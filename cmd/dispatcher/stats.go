@@ -22,7 +22,8 @@ DISPATCHER_QUEUE_<NAME>_SHARDS, ...): per queue and shard, the tasks pending,
 due, in flight (and those whose lease ran out), dead-lettered, how late the
 oldest due task is (pending or retried), how many tasks are retried after
 failed publishes and how late the oldest of them is, when the next one is
-due, and which instance sweeps the queue. A shard that cannot be read is shown as broken with its error.
+due, and which instance sweeps the queue. A shard that cannot be read is
+shown as broken with its error.
 
   --queue Q   only queue Q (one of DISPATCHER_QUEUES); may be repeated
   --json      one JSON document, for scripts
