@@ -1,5 +1,6 @@
 // Package queuestate reads what a queue holds in Redis, shard by shard:
-// pending, due, in flight, dead, and how late its oldest due task is. The
+// pending, due, in flight, retried after failed publishes, dead, and how
+// late its oldest due task (pending or retried) is. The
 // sweeping instance reads it for its metrics and stall watchdog, and
 // `dispatcher stats` and the status page show it. Each shard costs one
 // small read-only script call: counts only (ZCARD, ZCOUNT) and the first
@@ -292,7 +293,8 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	s.Paused = ints[8] == 1
 	s.Retried = ints[9]
 	if head, _ := vals[10].(string); head != "" && ints[10] > 0 {
-		s.OldestRetriedDueMs = ints[10]
+		// A task a producer scheduled in seconds keeps them in its entry.
+		s.OldestRetriedDueMs = dueMs(ints[10])
 	}
 	var dues []int64
 	if head, _ := vals[3].(string); head != "" {
