@@ -1,10 +1,10 @@
 // Package queuestate reads what a queue holds in Redis, shard by shard:
 // pending, due, in flight, retried after failed publishes, dead, and how
-// late its oldest due task (pending or retried) is. The
-// sweeping instance reads it for its metrics and stall watchdog, and
-// `dispatcher stats` and the status page show it. Each shard costs one
-// small read-only script call: counts only (ZCARD, ZCOUNT) and the first
-// member, never a scan of a big set.
+// late its oldest due task (pending or retried) is. The sweeping instance
+// reads it for its metrics and stall watchdog, and `dispatcher stats` and
+// the status page show it. Each shard costs one small read-only script
+// call: counts only (ZCARD, ZCOUNT, HLEN) and first members, never a scan
+// of a big set.
 package queuestate
 
 import (
