@@ -47,6 +47,15 @@ func TestUnroutableTasksShowAsRetried(t *testing.T) {
 		n, _ := queueMetric(addr, "dispatcher_tasks_retried_total", queue)
 		return n >= 2*tasks
 	})
+	cause := fmt.Sprintf("unroutable: exchange %q has no queue bound for routing key %q", exchange, unbound)
+	// Before STALL_AFTER: ready, with the cause named (a consumer-side
+	// cause must not flap every instance out of service at once).
+	switch code, body := readyz(addr); {
+	case code == http.StatusServiceUnavailable && strings.Contains(body, "stalled"):
+		t.Logf("the queue stalled before /readyz was asked (a slow machine):\n%s", body)
+	case code != http.StatusOK || !strings.Contains(body, "queue "+queue+": publishes fail, tasks kept for retry: "+cause):
+		t.Errorf("/readyz before the stall answered %d, want 200 naming the cause %q:\n%s", code, cause, body)
+	}
 	// Past the stall threshold, with a read or two after it.
 	time.Sleep(time.Until(scheduled.Add(5 * time.Second)))
 
@@ -70,7 +79,6 @@ func TestUnroutableTasksShowAsRetried(t *testing.T) {
 		t.Errorf("dispatcher_queue_stalled = %v after the retried tasks waited past DISPATCHER_STALL_AFTER, want 1", v)
 	}
 
-	cause := fmt.Sprintf("unroutable: exchange %q has no queue bound for routing key %q", exchange, unbound)
 	code, body := readyz(addr)
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "queue "+queue+": stalled") || !strings.Contains(body, cause) {
 		t.Errorf("/readyz answered %d, want 503 with the stall and its cause %q:\n%s", code, cause, body)
