@@ -19,8 +19,9 @@ import (
 // the metrics (their number and the age of the oldest), in
 // `dispatcher stats --json`, on the status page, in the oldest due age
 // and the stall watchdog, and /readyz and the log must name the cause
-// with the exchange and the routing key. Once a queue is bound, the tasks arrive and every figure
-// goes back to 0.
+// with the exchange and the routing key: /readyz at once with 200, and
+// with 503 once the queue stalls. Once a queue is bound, the tasks arrive
+// and every figure goes back to 0.
 func TestUnroutableTasksShowAsRetried(t *testing.T) {
 	const queue, unbound, tasks = "unrouted", "nobody-home", 5
 	addr := testenv.FreeAddr(t)
