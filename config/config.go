@@ -56,7 +56,7 @@ type Settings struct {
 	RetryMax         time.Duration `envconfig:"DISPATCHER_RETRY_MAX" default:"1m" desc:"longest backoff between retries of one task"`
 	StampPublished   bool          `envconfig:"DISPATCHER_STAMP_PUBLISHED" default:"false" desc:"add header x-published-us to every message: when its batch's publish began, in µs on the Redis clock, so consumers can tell the dispatcher's lateness from the broker's and their own"`
 	StatsInterval    time.Duration `envconfig:"DISPATCHER_STATS_INTERVAL" default:"1s" desc:"how often the instance that sweeps a queue reads its state (pending, due, in flight, dead, oldest due age) for the metrics, the status page and the stall watchdog: one small script call per shard (at least 1s)"`
-	StallAfter       time.Duration `envconfig:"DISPATCHER_STALL_AFTER" default:"30s" desc:"a queue whose oldest due task has waited longer than this counts as stalled: the sweeping instance logs it at error level with what it waits on, /readyz reports it and dispatcher_queue_stalled is 1"`
+	StallAfter       time.Duration `envconfig:"DISPATCHER_STALL_AFTER" default:"30s" desc:"a queue whose oldest due task (pending, or retried after a failed publish) has waited longer than this counts as stalled: the sweeping instance logs it at error level with what it waits on, /readyz reports it and dispatcher_queue_stalled is 1"`
 	LogLevel         string        `envconfig:"DISPATCHER_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat        string        `envconfig:"DISPATCHER_LOG_FORMAT" default:"text" desc:"text or json"`
 

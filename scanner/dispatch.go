@@ -172,6 +172,8 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 	}
 
 	var out []*progress
+	var confirmed int
+	var failed []error // the task's fault, or the broker's view of it: retried
 	for n, err := range errs {
 		t := tasks[n]
 		kind := publisher.Kind(err)
@@ -181,23 +183,27 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		case err == nil:
 			s.met.late(float64(at[n]/1000-t.task.DueMs) / 1000)
 			last = t.batch.record(outcome{entry: t.task.Entry, mode: outAcked})
+			confirmed++
 		case kind == "refused" && errors.As(err, &le):
 			last = t.batch.record(outcome{t.task.Entry, "poison", "broker refused it: " + le.Error()})
+			failed = append(failed, err)
 		case kind == "nack" || kind == "returned" || kind == "timeout" || kind == "channel":
 			last = t.batch.record(outcome{t.task.Entry, "retry", err.Error()})
+			failed = append(failed, err)
 		default: // lost, not_connected, stopped: not the task's fault
 			last = t.batch.record(outcome{entry: t.task.Entry, mode: outReleased})
+			if kind != "stopped" {
+				s.lim.Warn("publish:"+kind, "publish failed; task handed back", "shard", t.batch.b.shard, "kind", kind, "err", err)
+			}
 		}
 		if err != nil {
 			s.met.error(kind, 1)
-			if kind != "stopped" {
-				s.lim.Warn("publish:"+kind, "publish failed; task kept for retry", "shard", t.batch.b.shard, "kind", kind, "err", err)
-			}
 		}
 		if last {
 			out = append(out, t.batch)
 		}
 	}
+	s.causes.published(time.Now(), confirmed, failed)
 	return out
 }
 

@@ -1558,9 +1558,13 @@ func (r *mRun) check() {
 		h     [nKinds]*redis.MapStringStringCmd
 		claim *redis.StringCmd
 		typ   [nKinds]*redis.StatusCmd
+		// The retrying index is not modelled: it is checked against the
+		// attempts hash as read, which the model checks.
+		retrying *redis.ZSliceCmd
 	}
 	all := make([]cmds, len(r.shards))
 	for i, sh := range r.shards {
+		all[i].retrying = pipe.ZRangeWithScores(r.ctx, r.keys.Retrying(i), 0, -1)
 		for k := range nKinds {
 			key := r.key(i, k)
 			if w := sh.wrong[k]; w != nil {
@@ -1633,6 +1637,7 @@ func (r *mRun) check() {
 			}
 		}
 		diffs = append(diffs, r.compareShard(sh, &got, t0, t1)...)
+		diffs = append(diffs, retryingAgrees(i, c.retrying, got.h[kAttempts])...)
 	}
 	if len(diffs) > 0 {
 		r.fatalf("Redis differs from the model:\n  %s", strings.Join(diffs, "\n  "))
@@ -1768,11 +1773,41 @@ func (r *mRun) checkSchedulings() {
 	r.active = keep
 }
 
-// checkKeyNames checks that the queue has no keys but its shards' six and
-// the stash keys of wrong-type keys moved away.
+// retryingAgrees checks a shard's retrying index against its attempts
+// hash (as read, from its stash while moved away): the fail script writes
+// both, and the ack and dead-lettering remove both, so they hold the same
+// entries, each scored by its due time.
+func retryingAgrees(i int, retrying *redis.ZSliceCmd, attempts map[string]string) []string {
+	zs, err := retrying.Result()
+	if err != nil {
+		return []string{fmt.Sprintf("shard %d retrying: %v", i, err)}
+	}
+	var out []string
+	in := map[string]bool{}
+	for _, z := range zs {
+		e := z.Member.(string)
+		in[e] = true
+		if task, err := ParseEntry(e); err != nil || float64(task.DueMs) != z.Score {
+			out = append(out, fmt.Sprintf("shard %d retrying: %q scored %v, not its due time", i, e, z.Score))
+		}
+		if _, ok := attempts[e]; !ok {
+			out = append(out, fmt.Sprintf("shard %d retrying: %q has no attempts field", i, e))
+		}
+	}
+	for e := range attempts {
+		if !in[e] {
+			out = append(out, fmt.Sprintf("shard %d retrying: %q, with an attempts field, is missing", i, e))
+		}
+	}
+	return out
+}
+
+// checkKeyNames checks that the queue has no keys but its shards' six,
+// the retrying index, and the stash keys of wrong-type keys moved away.
 func (r *mRun) checkKeyNames() {
 	allowed := map[string]bool{}
 	for _, sh := range r.shards {
+		allowed[r.keys.Retrying(sh.i)] = true
 		for k := range nKinds {
 			allowed[r.key(sh.i, k)] = true
 			if w := sh.wrong[k]; w != nil && w.moved {

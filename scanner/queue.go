@@ -152,3 +152,9 @@ func (q *Queue) Waiting() []string { return q.cur.Load().Waiting() }
 
 // RedisRefusal: see Scanner.RedisRefusal.
 func (q *Queue) RedisRefusal() string { return q.cur.Load().RedisRefusal() }
+
+// Queue names the queue.
+func (q *Queue) Queue() string { return q.opt.Queue }
+
+// PublishFailures: see Scanner.PublishFailures.
+func (q *Queue) PublishFailures() []string { return q.cur.Load().PublishFailures() }

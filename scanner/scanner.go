@@ -103,8 +103,11 @@ type Scanner struct {
 	log  *slog.Logger
 	lim  *logLimiter
 	met  queueMetrics
-	hold *holder
-	work context.Context // publishes and settling: outlives Run's ctx a little
+	// causes: why publishes failed lately, for the log, /readyz and the
+	// stall report.
+	causes *causes
+	hold   *holder
+	work   context.Context // publishes and settling: outlives Run's ctx a little
 
 	// The loop's concerns, each in a file of its own.
 	clock *serverClock // the Redis clock of each shard's primary
@@ -138,6 +141,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	met := opt.Metrics.forQueue(opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
 	s := &Scanner{rdb: rdb, pub: pub, opt: opt, keys: keys, log: log, lim: lim, met: met,
+		causes: newCauses(opt.Exchange, opt.RoutingKey, log, causeWindow(opt.RetryMax)),
 		// A task held for up to the look-ahead still has a whole lease to
 		// be published in.
 		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead + opt.PublishTick, ahead: opt.Lookahead,
@@ -225,6 +229,9 @@ func (s *Scanner) Sweeping() bool { return s.role.sweeping.Load() }
 // no claim taking tasks. The watchdog logs it when the queue stalls.
 func (s *Scanner) Waiting() []string {
 	var out []string
+	for _, c := range s.causes.active(time.Now()) {
+		out = append(out, "publishes fail, tasks kept for retry: "+c)
+	}
 	if why := s.RedisRefusal(); why != "" {
 		out = append(out, "redis refuses the dispatcher's scripts: "+why)
 	}
@@ -240,6 +247,26 @@ func (s *Scanner) Waiting() []string {
 		out = append(out, since("this instance's last claim that took tasks was %s ago", last))
 	}
 	return out
+}
+
+// Queue is the name of the queue the scanner dispatches.
+func (s *Scanner) Queue() string { return s.opt.Queue }
+
+// PublishFailures names why this instance's publishes of the queue failed
+// lately and were kept for retry, one line per cause, for /readyz:
+// `unroutable: exchange "tasks" has no queue bound for routing key "orders"
+// (312 NO_ROUTE) (40 failed publishes over 1m2s, the latest 1s ago)`.
+// A cause is over once a publish is confirmed after it (unless it is a
+// refusal of one message), or when it was not seen for twice RETRY_MAX.
+func (s *Scanner) PublishFailures() []string {
+	return s.causes.active(time.Now())
+}
+
+// causeWindow is how long a cause lasts unseen: every retried task is
+// tried again within RETRY_MAX of its last failure, so a cause still there
+// shows up within that; twice it leaves room for the publish itself.
+func causeWindow(retryMax time.Duration) time.Duration {
+	return max(2*retryMax, 10*time.Second)
 }
 
 // since formats how long ago unix ns at was, into format; "" if never.

@@ -221,10 +221,18 @@ return out
 // that is poison, or has used up its attempts, moves with its reason to
 // the dead-letter set.
 //
+// A retried entry is also indexed by its due time in the retrying set, so
+// that how late the oldest retried task is can be read without a scan
+// (internal/queuestate); the entry leaves it when it is confirmed (ackScript)
+// or dead-lettered. An instance of a version without the index acks
+// without removing it: such stale entries (no longer in the attempts hash)
+// are skipped by the reads and trimmed from the front here.
+//
 // KEYS[1] in-flight set
 // KEYS[2] attempts hash
 // KEYS[3] dead-letter set P:{Q:i}:dead (member = entry, score = due ms)
 // KEYS[4] dead-letter reasons hash P:{Q:i}:dead:reason (entry -> reason)
+// KEYS[5] retrying set P:{Q:i}:retrying (member = entry, score = due ms)
 // ARGV[1] first backoff ms, doubled per attempt
 // ARGV[2] longest backoff ms
 // ARGV[3] attempts after which a "poison" entry is dead-lettered
@@ -236,7 +244,7 @@ return out
 // Returns {retried, dead}. Entries no longer under that lease (settled, or
 // reaped by another instance) are skipped.
 var failScript = redis.NewScript(luaPrelude + luaNow + `
-local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash'})
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'zset'})
 if bad then return redis.error_reply(bad) end
 local first, longest, maxAttempts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local held = tonumber(ARGV[4])
@@ -246,23 +254,31 @@ for i = 5, #ARGV, 3 do
   local score = redis.call('ZSCORE', KEYS[1], e)
   if score and tonumber(score) == held then
     local n = redis.call('HINCRBY', KEYS[2], e, 1)
+    local sep = string.find(e, ':', 1, true)
+    local due = sep and tonumber(string.sub(e, 1, sep - 1)) or 0
     if mode == 'dead' or (mode == 'poison' and n >= maxAttempts) then
-      local sep = string.find(e, ':', 1, true)
-      local due = sep and tonumber(string.sub(e, 1, sep - 1)) or 0
       -- Written before the in-flight entry goes.
       redis.call('ZADD', KEYS[3], due, e)
       redis.call('HSET', KEYS[4], e, reason .. ' (after ' .. n .. ' attempts)')
       redis.call('ZREM', KEYS[1], e)
       redis.call('HDEL', KEYS[2], e)
+      redis.call('ZREM', KEYS[5], e)
       dead = dead + 1
     else
       -- Half a ms on top: a retry's lease is never a claim's (whole ms)
       -- deadline, so no fence, and no claim run again, can match it.
       local until_ = now + math.min(first * math.pow(2, math.min(n - 1, 30)), longest) + 0.5
       redis.call('ZADD', KEYS[1], 'XX', string.format('%.1f', until_), e)
+      redis.call('ZADD', KEYS[5], due, e)
       retried = retried + 1
     end
   end
+end
+-- Stale index entries at the front (acked by an older version), a few
+-- per call: the reads skip them meanwhile.
+for _, e in ipairs(redis.call('ZRANGE', KEYS[5], 0, 15)) do
+  if redis.call('HEXISTS', KEYS[2], e) == 1 then break end
+  redis.call('ZREM', KEYS[5], e)
 end
 return {retried, dead}
 `)
@@ -338,8 +354,13 @@ return {back, released}
 // be a duplicate. A script rather than MULTI: Redis refuses every command
 // queued in a MULTI while at maxmemory, even ZREM, which frees.
 //
+// An entry that failed before (in the attempts hash) also leaves the
+// retrying index; the others cost no command for it, so the common case,
+// no failure, costs what it did before the index.
+//
 // KEYS[1] in-flight set
 // KEYS[2] attempts hash
+// KEYS[3] retrying set
 // ARGV[1..] entries
 // Returns how many entries were still in flight.
 var ackScript = redis.NewScript(luaPrelude + `
@@ -348,8 +369,12 @@ for i = 1, #ARGV, 1000 do
   local j = math.min(i + 999, #ARGV)
   -- A wrong-type in-flight key fails here, before anything changed.
   n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
-  -- A wrong-type attempts key must not keep delivered tasks in flight.
-  redis.pcall('HDEL', KEYS[2], unpack(ARGV, i, j))
+  -- A wrong-type attempts or retrying key must not keep delivered tasks
+  -- in flight.
+  local failed = redis.pcall('HDEL', KEYS[2], unpack(ARGV, i, j))
+  if type(failed) == 'number' and failed > 0 then
+    redis.pcall('ZREM', KEYS[3], unpack(ARGV, i, j))
+  end
 end
 return n
 `)

@@ -161,7 +161,7 @@ func fail(t *testing.T, rdb *redis.Client, k shard.Keys, maxAttempts int, triple
 		args = append(args, s)
 	}
 	res, err := failScript.Run(context.Background(), rdb,
-		[]string{k.Inflight(0), k.Attempts(0), k.Dead(0), k.DeadReason(0)}, args...).Int64Slice()
+		[]string{k.Inflight(0), k.Attempts(0), k.Dead(0), k.DeadReason(0), k.Retrying(0)}, args...).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,8 +194,50 @@ func TestFailRetriesWithBackoffThenDeadLetters(t *testing.T) {
 	if r := rdb.HGet(ctx, k.DeadReason(0), e).Val(); r != "too big (after 3 attempts)" {
 		t.Fatalf("reason %q", r)
 	}
-	if rdb.Exists(ctx, k.Inflight(0), k.Attempts(0)).Val() != 0 {
-		t.Fatal("dead-lettered task left in flight or attempts behind")
+	if rdb.Exists(ctx, k.Inflight(0), k.Attempts(0), k.Retrying(0)).Val() != 0 {
+		t.Fatal("dead-lettered task left in flight, attempts or the retrying index behind")
+	}
+}
+
+// The retrying index holds exactly the in-flight entries with a failed
+// publish, scored by due time: a retry adds the entry, an ack removes it
+// (an ack of entries that never failed leaves it alone), and stale entries
+// that an older version's ack left behind are trimmed by the next fail.
+func TestRetryingIndexFollowsTheAttempts(t *testing.T) {
+	rdb, k, _ := setup(t)
+	ctx := context.Background()
+	st := &store{rdb: rdb, keys: k}
+	now := serverMs(t, rdb)
+	a, b, ok := EntryOf([]byte("a"), now-5000), EntryOf([]byte("b"), now-100), EntryOf([]byte("ok"), now)
+	for _, e := range []string{a, b, ok} {
+		rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now + 30000), Member: e})
+	}
+	fail(t, rdb, k, 5, a, "retry", "no route")
+	fail(t, rdb, k, 5, b, "poison", "refused")
+	got := rdb.ZRangeWithScores(ctx, k.Retrying(0), 0, -1).Val()
+	if len(got) != 2 || got[0].Member != a || int64(got[0].Score) != now-5000 || got[1].Member != b || int64(got[1].Score) != now-100 {
+		t.Fatalf("retrying index %v, want a then b by due time", got)
+	}
+	if _, err := st.ack(ctx, 0, []string{ok}); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.ZCard(ctx, k.Retrying(0)).Val(); n != 2 {
+		t.Fatalf("an ack of a task that never failed changed the index: %d left", n)
+	}
+	if _, err := st.ack(ctx, 0, []string{a}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rdb.ZRange(ctx, k.Retrying(0), 0, -1).Val(); len(got) != 1 || got[0] != b {
+		t.Fatalf("after acking a: %v, want b", got)
+	}
+	// An older version acks b without touching the index.
+	rdb.ZRem(ctx, k.Inflight(0), b)
+	rdb.HDel(ctx, k.Attempts(0), b)
+	c := EntryOf([]byte("c"), now)
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now + 30000), Member: c})
+	fail(t, rdb, k, 5, c, "retry", "nack")
+	if got := rdb.ZRange(ctx, k.Retrying(0), 0, -1).Val(); len(got) != 1 || got[0] != c {
+		t.Fatalf("after a fail behind a stale entry: %v, want only c", got)
 	}
 }
 

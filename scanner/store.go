@@ -141,7 +141,7 @@ func (st *store) ack(ctx context.Context, i int, entries []string) (int, error) 
 	if len(entries) == 0 {
 		return 0, nil
 	}
-	n, err := ackScript.Run(ctx, st.rdb, []string{st.keys.Inflight(i), st.keys.Attempts(i)}, anys(entries)...).Int()
+	n, err := ackScript.Run(ctx, st.rdb, []string{st.keys.Inflight(i), st.keys.Attempts(i), st.keys.Retrying(i)}, anys(entries)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("ack %d tasks on %s: %w", len(entries), st.keys.Inflight(i), err)
 	}
@@ -158,7 +158,7 @@ func (st *store) fail(ctx context.Context, i int, deadline int64, fails []outcom
 	for _, f := range fails {
 		args = append(args, f.entry, f.mode, f.reason)
 	}
-	keys := []string{st.keys.Inflight(i), st.keys.Attempts(i), st.keys.Dead(i), st.keys.DeadReason(i)}
+	keys := []string{st.keys.Inflight(i), st.keys.Attempts(i), st.keys.Dead(i), st.keys.DeadReason(i), st.keys.Retrying(i)}
 	res, err := failScript.Run(ctx, st.rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return 0, 0, fmt.Errorf("record %d failed publishes on %s: %w", len(fails), st.keys.Inflight(i), err)

@@ -64,6 +64,12 @@ func (k Keys) Inflight(i int) string { return k.tag(i) + ":inflight" }
 // Attempts counts failed publishes per in-flight entry (hash).
 func (k Keys) Attempts(i int) string { return k.tag(i) + ":attempts" }
 
+// Retrying indexes the in-flight entries that have failed a publish (those
+// in the attempts hash) by due time: entry "<due_ms>:<member>", score the
+// due ms. The in-flight set is ordered by lease, so without it the oldest
+// retried task could only be found by a scan.
+func (k Keys) Retrying(i int) string { return k.tag(i) + ":retrying" }
+
 // Dead is the dead-letter sorted set: member "<due_ms>:<member>" (one per
 // scheduling, like in-flight entries), score = due time.
 func (k Keys) Dead(i int) string { return k.tag(i) + ":dead" }

@@ -81,6 +81,7 @@ func TestKeys(t *testing.T) {
 		"Pending":    k.Pending(7),
 		"Inflight":   k.Inflight(7),
 		"Attempts":   k.Attempts(7),
+		"Retrying":   k.Retrying(7),
 		"Dead":       k.Dead(7),
 		"DeadReason": k.DeadReason(7),
 		"LastClaim":  k.LastClaim(7),

@@ -153,6 +153,14 @@ func TestBrokerRefusedMemberDeadLettered(t *testing.T) {
 	if !strings.Contains(reason, "406") || !strings.Contains(reason, "after 2 attempts") {
 		t.Fatalf("reason %q", reason)
 	}
+	// The log names the cause, for the retries before the dead letter.
+	if l := grep(p.out.String(), "kind=refused"); !strings.Contains(l, `cause="refused as too large: 406 PRECONDITION_FAILED`) ||
+		!strings.Contains(l, "routing_key=refused") {
+		t.Errorf("the log does not name the refusal as too large, with the routing key:\n%s", l)
+	}
+	if n := h.rdb.Exists(context.Background(), k.Retrying(0), k.Attempts(0)).Val(); n != 0 {
+		t.Errorf("%d of the retrying index and the attempts hash left after every task was delivered or dead", n)
+	}
 	if !p.running() {
 		t.Fatal("dispatcher exited")
 	}

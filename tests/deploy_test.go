@@ -29,6 +29,8 @@ const (
 var wantAlerts = []string{
 	"DispatcherQueueLate",
 	"DispatcherQueueStalled",
+	"DispatcherTasksRetried",
+	"DispatcherPublishesFailing",
 	"DispatcherDeadLettersGrowing",
 	"DispatcherBrokerBlocked",
 	"DispatcherBrokerDisconnected",

@@ -123,11 +123,12 @@ func TestStatusPage(t *testing.T) {
 		return ""
 	}
 	orders := strings.Split(row("orders"), "\t")
-	// queue, state, pending, due, in flight, expired, dead, age, next due, broken, swept by
-	if len(orders) != 11 || orders[2] != "400" || orders[6] != "1" || orders[9] != "1" || orders[10] != "this instance" {
+	// queue, state, pending, due, in flight, expired, dead, retried,
+	// oldest retried age, age, next due, broken, swept by
+	if len(orders) != 13 || orders[2] != "400" || orders[6] != "1" || orders[7] != "0" || orders[11] != "1" || orders[12] != "this instance" {
 		t.Errorf("orders row as shown: %q", orders)
 	}
-	if mail := strings.Split(row("mail"), "\t"); len(mail) != 11 || mail[2] != "0" || mail[1] != "on time" {
+	if mail := strings.Split(row("mail"), "\t"); len(mail) != 13 || mail[2] != "0" || mail[1] != "on time" {
 		t.Errorf("mail row as shown: %q", mail)
 	}
 	for _, want := range []string{

@@ -23,6 +23,7 @@ import (
 	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/internal/statuspage"
 	"github.com/dispatcher/dispatcher/publisher"
+	"github.com/dispatcher/dispatcher/scanner"
 )
 
 type httpServer struct {
@@ -39,6 +40,9 @@ type status struct {
 	refusals func() []string // why Redis refuses the scripts, if it does
 	boot     *startup        // what the start waits for, until it is over
 	counts   *countSampler   // published and errors per queue, sampled
+	// failures say why publishes failed lately and were kept for retry,
+	// per queue ("queue orders: publishes fail, ...").
+	failures func() []string
 	page     statuspage.Data // the page's fixed part: instance, URLs, ...
 }
 
@@ -48,6 +52,13 @@ type status struct {
 // Redis refuses the scripts, if it does: a read-only replica answers PING,
 // so only the scripts' answers tell. It is called before the start waits
 // for Redis, so that all of them answer from the first moment.
+//
+// Publishes failing for a cause (no queue bound, nacks, refusals) are
+// named in /readyz's body at once but make it 503 only once their tasks
+// stall the queue (STALL_AFTER): every instance sees the same
+// consumer-side cause, so failing readiness at once would take them all
+// out of service together, and flap with a consumer redeploying its
+// queue, while none is more ready than another.
 func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -62,15 +73,22 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 		if p := st.boot.problem(); p != "" {
 			problems = append(problems, p)
 		}
+		var failures []string
+		if st.failures != nil {
+			failures = st.failures()
+		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			for _, p := range problems {
+			for _, p := range append(problems, failures...) {
 				fmt.Fprintln(w, p)
 			}
 			return
 		}
 		fmt.Fprintln(w, "ready")
 		fmt.Fprintln(w, "broker: connected to node", broker.Node)
+		for _, f := range failures {
+			fmt.Fprintln(w, f)
+		}
 	})
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -190,6 +208,20 @@ func primaryProblem(rdb redis.UniversalClient, addr, what string) string {
 		return "redis: " + what
 	}
 	return "redis: primary " + addr + " " + what + " (its shards wait)"
+}
+
+// publishFailures lists, per queue, why its publishes failed lately and
+// were kept for retry, for /readyz.
+func publishFailures(scs []*scanner.Queue) func() []string {
+	return func() []string {
+		var out []string
+		for _, sc := range scs {
+			for _, f := range sc.PublishFailures() {
+				out = append(out, "queue "+sc.Queue()+": publishes fail, tasks kept for retry: "+f)
+			}
+		}
+		return out
+	}
 }
 
 // redisProblems lists Redis primaries down or refusing the scripts.

@@ -20,8 +20,10 @@ Reads what the queues hold from Redis, with the daemon's settings from the
 environment (DISPATCHER_REDIS_URL, DISPATCHER_KEY_PREFIX, DISPATCHER_QUEUES,
 DISPATCHER_QUEUE_<NAME>_SHARDS, ...): per queue and shard, the tasks pending,
 due, in flight (and those whose lease ran out), dead-lettered, how late the
-oldest due task is, when the next one is due, and which instance sweeps the
-queue. A shard that cannot be read is shown as broken with its error.
+oldest due task is (pending or retried), how many tasks are retried after
+failed publishes and how late the oldest of them is, when the next one is
+due, and which instance sweeps the queue. A shard that cannot be read is
+shown as broken with its error.
 
   --queue Q   only queue Q (one of DISPATCHER_QUEUES); may be repeated
   --json      one JSON document, for scripts
@@ -77,17 +79,17 @@ func runStats(args []string, stdout, stderr io.Writer) int {
 // per shard; after it, who sweeps each queue and why broken shards are.
 func writeStats(w io.Writer, states []queuestate.Queue) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "QUEUE\tSHARD\tPENDING\tDUE\tIN FLIGHT\tLEASE RAN OUT\tDEAD\tOLDEST DUE AGE\tNEXT DUE (UTC)\t")
+	fmt.Fprintln(tw, "QUEUE\tSHARD\tPENDING\tDUE\tIN FLIGHT\tLEASE RAN OUT\tDEAD\tOLDEST DUE AGE\tRETRIED\tOLDEST RETRIED AGE\tNEXT DUE (UTC)\t")
 	var notes []string
 	for _, q := range states {
-		fmt.Fprintf(tw, "%s\tall\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", q.Name, q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, age(q.OldestDueAge), nextDue(q.NextDueMs))
+		fmt.Fprintf(tw, "%s\tall\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, age(q.OldestDueAge), q.Retried, age(q.RetriedAge), nextDue(q.NextDueMs))
 		for _, s := range q.Shards {
 			if s.Err != "" {
-				fmt.Fprintf(tw, "%s\t%d\tBROKEN\t\t\t\t\t\t\t\n", q.Name, s.Index)
+				fmt.Fprintf(tw, "%s\t%d\tBROKEN\t\t\t\t\t\t\t\t\t\n", q.Name, s.Index)
 				notes = append(notes, fmt.Sprintf("queue %s shard %d is broken: %s", q.Name, s.Index, s.Err))
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", q.Name, s.Index, s.Pending, s.Due, s.Inflight, s.Expired, s.Dead, age(s.OldestDueAge), nextDue(s.NextDueMs))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, s.Index, s.Pending, s.Due, s.Inflight, s.Expired, s.Dead, age(s.OldestDueAge), s.Retried, age(s.RetriedAge), nextDue(s.NextDueMs))
 		}
 		sweeper := q.Sweeper
 		switch {
@@ -97,6 +99,10 @@ func writeStats(w io.Writer, states []queuestate.Queue) {
 			sweeper = "no instance (none running, or the role is changing hands)"
 		}
 		notes = append(notes, fmt.Sprintf("queue %s is swept by %s", q.Name, sweeper))
+		if q.Retried > 0 {
+			notes = append(notes, fmt.Sprintf("queue %s has %d tasks retried after failed publishes (the oldest %s late): the instances' logs and /readyz name the cause",
+				q.Name, q.Retried, age(q.RetriedAge)))
+		}
 		if q.Paused > 0 {
 			notes = append(notes, fmt.Sprintf("queue %s is PAUSED (%d of %d shards): nothing is claimed until `dispatcher resume --queue %s`", q.Name, q.Paused, len(q.Shards), q.Name))
 		}

@@ -100,7 +100,7 @@ type Monitor struct {
 	log    *slog.Logger
 	gauges []*prometheus.GaugeVec
 	// the gauges, by what they show
-	pending, due, inflight, expired, dead, age, broken, stalled, paused *prometheus.GaugeVec
+	pending, due, inflight, expired, dead, age, broken, stalled, paused, retried, retriedAge *prometheus.GaugeVec
 
 	reading     chan struct{} // one read at a time; a page load gives up waiting with its context
 	mu          sync.Mutex
@@ -127,9 +127,11 @@ func New(rdb redis.UniversalClient, opt Options) *Monitor {
 	m.inflight = gauge("dispatcher_queue_inflight_tasks", "Tasks claimed and not yet confirmed by the broker (retries waiting for their backoff included).")
 	m.expired = gauge("dispatcher_queue_expired_leases", "In-flight tasks whose lease or retry backoff ran out, waiting for the next claim to hand them out again.")
 	m.dead = gauge("dispatcher_queue_dead_tasks", "Tasks in the queue's dead-letter sets.")
-	m.age = gauge("dispatcher_queue_oldest_due_age_seconds", "How long the earliest pending task has been due: now minus its due time, 0 when none is due.")
+	m.age = gauge("dispatcher_queue_oldest_due_age_seconds", "How long the earliest task that is due and not yet delivered (pending, or retried after a failed publish) has been due: now minus its due time, 0 when none is due.")
+	m.retried = gauge("dispatcher_queue_retried_tasks", "In-flight tasks with a failed publish (nack, unroutable, no confirm, refused) recorded, waiting out their backoff or being published again.")
+	m.retriedAge = gauge("dispatcher_queue_oldest_retried_age_seconds", "How long the earliest retried task has been due: now minus its due time, 0 when none is retried.")
 	m.broken = gauge("dispatcher_queue_broken_shards", "Shards whose keys could not be read (a key of the wrong type, an unreachable primary).")
-	m.stalled = gauge("dispatcher_queue_stalled", "1 while the oldest due task has waited longer than DISPATCHER_STALL_AFTER (a paused queue does not count as stalled).")
+	m.stalled = gauge("dispatcher_queue_stalled", "1 while the oldest due task, pending or retried, has waited longer than DISPATCHER_STALL_AFTER (a paused queue does not count as stalled).")
 	m.paused = gauge("dispatcher_queue_paused", "1 while `dispatcher pause` holds the queue (any of its shards).")
 	for _, t := range opt.Queues {
 		m.queues = append(m.queues, &queueView{target: t, View: View{State: queuestate.Queue{Name: t.Name}}})
@@ -242,7 +244,7 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 		m.lastFailLog = now
 		args := []any{"err", err}
 		if strings.Contains(err.Error(), "NOPERM") || strings.Contains(err.Error(), "can't run this command") {
-			args = append(args, "hint", "the Redis ACL user needs +zcard and +zcount for these reads (docs/how-it-works.md#redis-acls)")
+			args = append(args, "hint", "the Redis ACL user needs +zcard, +zcount and +hlen for these reads (docs/how-it-works.md#redis-acls)")
 		}
 		m.log.Warn("cannot read the queues' state; they show their last known figures", args...)
 	}
@@ -270,11 +272,7 @@ func (v *queueView) carry(st *queuestate.Queue, now time.Time) {
 		}
 		old := v.lastGood[i]
 		old.Index, old.Err = i, sh.Err
-		old.OldestDueAge, old.AgeSeconds = 0, 0
-		if old.NextDueMs > 0 && old.NextDueMs <= serverNow {
-			old.OldestDueAge = time.Duration(serverNow-old.NextDueMs) * time.Millisecond
-			old.AgeSeconds = old.OldestDueAge.Seconds()
-		}
+		old.Grow(serverNow)
 		st.Shards[i] = old
 	}
 	st.Sum()
@@ -287,9 +285,10 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// quiet reports whether a read found a queue as before, with nothing due.
+// quiet reports whether a read found a queue as before, with nothing due
+// (a retried task is due).
 func quiet(was, is queuestate.Queue) bool {
-	return is.Due == 0 && is.Broken == 0 && is.Paused == was.Paused && is.Pending == was.Pending && is.Inflight == was.Inflight &&
+	return is.Due == 0 && is.Retried == 0 && is.Broken == 0 && is.Paused == was.Paused && is.Pending == was.Pending && is.Inflight == was.Inflight &&
 		is.Expired == was.Expired && is.Dead == was.Dead && is.NextDueMs == was.NextDueMs && is.Broken == was.Broken
 }
 
@@ -302,6 +301,8 @@ func (m *Monitor) export(v *queueView) {
 	m.expired.WithLabelValues(l).Set(float64(q.Expired))
 	m.dead.WithLabelValues(l).Set(float64(q.Dead))
 	m.age.WithLabelValues(l).Set(q.OldestDueAge.Seconds())
+	m.retried.WithLabelValues(l).Set(float64(q.Retried))
+	m.retriedAge.WithLabelValues(l).Set(q.RetriedAge.Seconds())
 	m.broken.WithLabelValues(l).Set(float64(q.Broken))
 	m.paused.WithLabelValues(l).Set(b2f(q.Paused > 0))
 }
@@ -355,7 +356,8 @@ func (m *Monitor) watch(v *queueView, now time.Time) {
 	}
 	v.lastLog = now
 	m.log.Error(msg, "queue", q.Name, "oldest_due_age", q.OldestDueAge.Round(time.Millisecond),
-		"stall_after", m.opt.StallAfter, "due", q.Due, "inflight", q.Inflight, "late_shards", lateShards(q, 8),
+		"stall_after", m.opt.StallAfter, "due", q.Due, "inflight", q.Inflight, "retried", q.Retried,
+		"oldest_retried_age", q.RetriedAge.Round(time.Millisecond), "late_shards", lateShards(q, 8),
 		"waiting_on", strings.Join(v.Waiting, "; "))
 }
 
@@ -371,6 +373,9 @@ func (m *Monitor) Stalls() []string {
 		}
 		line := fmt.Sprintf("queue %s: stalled for %s: oldest due task %s late (shards %s)", v.State.Name,
 			time.Since(v.StalledSince).Round(time.Second), v.State.OldestDueAge.Round(time.Millisecond), lateShards(v.State, 8))
+		if q := v.State; q.Retried > 0 {
+			line += fmt.Sprintf("; %d retried after failed publishes, the oldest %s late", q.Retried, q.RetriedAge.Round(time.Millisecond))
+		}
 		if len(v.Waiting) > 0 {
 			line += "; waiting on: " + strings.Join(v.Waiting, "; ")
 		}

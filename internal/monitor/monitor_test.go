@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -247,5 +248,83 @@ func TestRedisGone(t *testing.T) {
 	}
 	if s := m.Stalls(); len(s) != 1 || !strings.Contains(s[0], "cannot read shards 0, 1, 2, 3: not read:") {
 		t.Errorf("Stalls() with Redis gone: %q", s)
+	}
+}
+
+// TestRetriedTasksStall: tasks that wait in a retry (their publishes
+// failed: unroutable, nacked, refused) are due and undelivered, so they
+// are late: they are exported with the age of the oldest, make the queue's
+// oldest due age, keep it read every interval, and stall it past
+// StallAfter with nothing pending at all. Unreadable, the shard keeps its
+// retried figures, their age growing. Once confirmed, all goes back to 0.
+func TestRetriedTasksStall(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	reg := prometheus.NewRegistry()
+	var log syncBuf
+	m := New(rdb, Options{
+		Queues: []queuestate.Target{{Name: "q", Shards: 2}}, KeyPrefix: prefix,
+		Interval: time.Second, StallAfter: 10 * time.Second, Sweeping: func(string) bool { return true },
+		Waiting: func(string) []string {
+			return []string{`publishes fail: unroutable: exchange "x" has no queue bound for routing key "y"`}
+		},
+		Registerer: reg, Logger: slog.New(slog.NewTextHandler(&log, nil)),
+	})
+	now := time.Now().UnixMilli()
+	e := "1:gone"
+	for n := 0; n < 3; n++ {
+		e = strconv.FormatInt(now-20_000+int64(n), 10) + ":t" + strconv.Itoa(n)
+		rdb.ZAdd(ctx, k.Inflight(1), redis.Z{Score: float64(now+1_000) + 0.5, Member: e})
+		rdb.HSet(ctx, k.Attempts(1), e, 4)
+		rdb.ZAdd(ctx, k.Retrying(1), redis.Z{Score: float64(now - 20_000 + int64(n)), Member: e})
+	}
+	readNow(ctx, m)
+	readNow(ctx, m)
+	if v := m.queues[0].every; v != time.Second {
+		t.Errorf("read interval %s with retried tasks, want every interval: they are late", v)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_retried_tasks", "q"); v != 3 {
+		t.Errorf("retried tasks %v, want 3", v)
+	}
+	for _, name := range []string{"dispatcher_queue_oldest_retried_age_seconds", "dispatcher_queue_oldest_due_age_seconds"} {
+		if v, _ := gauge(t, reg, name, "q"); v < 20 || v > 25 {
+			t.Errorf("%s = %v, want about 20", name, v)
+		}
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_stalled", "q"); v != 1 {
+		t.Errorf("stalled = %v with tasks retried for 20 s and STALL_AFTER 10s, want 1", v)
+	}
+	stalls := m.Stalls()
+	if len(stalls) != 1 || !strings.Contains(stalls[0], "shards 1 (20s)") || !strings.Contains(stalls[0], "3 retried after failed publishes, the oldest 20") ||
+		!strings.Contains(stalls[0], "unroutable: exchange") {
+		t.Errorf("Stalls() = %q, want the late shard, the retried tasks and the cause", stalls)
+	}
+	if l := log.String(); !strings.Contains(l, "retried=3") || !strings.Contains(l, "oldest_retried_age=20") || !strings.Contains(l, "unroutable") {
+		t.Errorf("stall log:\n%s", l)
+	}
+
+	// Unreadable: the last known retried figures, the age growing.
+	rdb.Rename(ctx, k.Attempts(1), k.Attempts(1)+":saved")
+	rdb.Set(ctx, k.Attempts(1), "oops", 0)
+	time.Sleep(1100 * time.Millisecond)
+	readNow(ctx, m)
+	if v, _ := gauge(t, reg, "dispatcher_queue_oldest_retried_age_seconds", "q"); v < 21 {
+		t.Errorf("oldest retried age %v s with the shard unreadable, want its last known age growing", v)
+	}
+	if v, _ := gauge(t, reg, "dispatcher_queue_retried_tasks", "q"); v != 3 {
+		t.Errorf("retried tasks %v with the shard unreadable, want the last known 3", v)
+	}
+	rdb.Del(ctx, k.Attempts(1))
+
+	// Confirmed at last (the ack removes all three keys' entries).
+	rdb.Del(ctx, k.Inflight(1), k.Retrying(1))
+	readNow(ctx, m)
+	for _, name := range []string{"dispatcher_queue_retried_tasks", "dispatcher_queue_oldest_retried_age_seconds", "dispatcher_queue_oldest_due_age_seconds", "dispatcher_queue_stalled"} {
+		if v, _ := gauge(t, reg, name, "q"); v != 0 {
+			t.Errorf("%s = %v after the retried tasks were confirmed, want 0", name, v)
+		}
 	}
 }

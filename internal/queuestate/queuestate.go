@@ -1,9 +1,10 @@
 // Package queuestate reads what a queue holds in Redis, shard by shard:
-// pending, due, in flight, dead, and how late its oldest due task is. The
-// sweeping instance reads it for its metrics and stall watchdog, and
-// `dispatcher stats` and the status page show it. Each shard costs one
-// small read-only script call: counts only (ZCARD, ZCOUNT) and the first
-// member, never a scan of a big set.
+// pending, due, in flight, retried after failed publishes, dead, and how
+// late its oldest due task (pending or retried) is. The sweeping instance
+// reads it for its metrics and stall watchdog, and `dispatcher stats` and
+// the status page show it. Each shard costs one small read-only script
+// call: counts only (ZCARD, ZCOUNT, HLEN) and first members, never a scan
+// of a big set.
 package queuestate
 
 import (
@@ -24,13 +25,25 @@ import (
 // what is due. It only reads: no-writes lets it run on a replica and on a
 // Redis at maxmemory.
 //
+// Retried tasks are the in-flight entries with a failed publish recorded:
+// the fields of the attempts hash (HLEN, O(1)). The oldest of them by due
+// time is the first of the retrying index (a sorted set by due time, see
+// scanner/scripts.go) that is still in the attempts hash: an entry an
+// older version acked without leaving the index is skipped, at most
+// retryProbe of them, so the read stays O(log n) however many are
+// retried.
+//
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] dead-letter set P:{Q:i}:dead
 // KEYS[4] pause flag P:{Q:i}:paused
+// KEYS[5] attempts hash P:{Q:i}:attempts
+// KEYS[6] retrying set P:{Q:i}:retrying (score = due ms)
 // ARGV[1] the score below which a due time is taken for seconds (10^11)
+// ARGV[2] retryProbe: most index entries looked at for the oldest retried
 // Returns {now_ms, pending, due, earliest_score|"", inflight,
-// inflight_expired, dead, earliest_ms_score|"", paused (1 or 0)}; due counts pending tasks
+// inflight_expired, dead, earliest_ms_score|"", paused (1 or 0), retried,
+// oldest_retried_due|""}; due counts pending tasks
 // with a due time at or before now, inflight_expired in-flight entries
 // whose lease (or retry backoff) ran out, which the next claim takes
 // again. earliest_ms_score is the earliest score of at least ARGV[1]: a
@@ -44,11 +57,27 @@ local msHead = {}
 if head[2] and tonumber(head[2]) < tonumber(ARGV[1]) then
   msHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 end
+local retried = redis.call('HLEN', KEYS[5])
+local oldestRetried = ''
+if retried > 0 then
+  local idx = redis.call('ZRANGE', KEYS[6], 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
+  for i = 1, #idx, 2 do
+    if redis.call('HEXISTS', KEYS[5], idx[i]) == 1 then
+      oldestRetried = idx[i + 1]
+      break
+    end
+  end
+end
 return {now,
   redis.call('ZCARD', KEYS[1]), redis.call('ZCOUNT', KEYS[1], '-inf', now), head[2] or '',
   redis.call('ZCARD', KEYS[2]), redis.call('ZCOUNT', KEYS[2], '-inf', now),
-  redis.call('ZCARD', KEYS[3]), msHead[2] or '', redis.call('GET', KEYS[4]) and 1 or 0}
+  redis.call('ZCARD', KEYS[3]), msHead[2] or '', redis.call('GET', KEYS[4]) and 1 or 0,
+  retried, oldestRetried}
 `)
+
+// retryProbe bounds how many entries of the retrying index a read looks
+// at for one still retried (see readScript).
+const retryProbe = 16
 
 // Shard is what one shard holds.
 type Shard struct {
@@ -60,13 +89,25 @@ type Shard struct {
 	// the next claim hands them out again.
 	Expired int64 `json:"inflight_expired"`
 	Dead    int64 `json:"dead"`
+	// Retried counts in-flight tasks with a failed publish (nack,
+	// unroutable, no confirm, refused) recorded: each waits out its
+	// backoff or is being published again, until the broker confirms it
+	// or it is dead-lettered.
+	Retried int64 `json:"retried"`
+	// OldestRetriedDueMs is the due time of the earliest retried task (ms
+	// since the epoch), 0 if none (or none known: see readScript).
+	OldestRetriedDueMs int64 `json:"oldest_retried_due_ms,omitempty"`
+	// RetriedAge is how long the earliest retried task has been due.
+	RetriedAge        time.Duration `json:"-"`
+	RetriedAgeSeconds float64       `json:"oldest_retried_age_seconds"`
 	// Paused: `dispatcher pause` holds the shard's claims.
 	Paused bool `json:"paused,omitempty"`
 	// NextDueMs is the due time of the earliest pending task (ms since the
 	// epoch), 0 if none is pending.
 	NextDueMs int64 `json:"next_due_ms,omitempty"`
-	// OldestDueAge is how long the earliest pending task has been due, 0
-	// if none is due.
+	// OldestDueAge is how long the earliest task that is due and not yet
+	// delivered has been due, whether it waits in pending or in a retry;
+	// 0 if none is due.
 	OldestDueAge time.Duration `json:"-"`
 	AgeSeconds   float64       `json:"oldest_due_age_seconds"`
 	// Err says why the shard could not be read (a key of the wrong type,
@@ -83,10 +124,16 @@ type Queue struct {
 	Inflight int64   `json:"inflight"`
 	Expired  int64   `json:"inflight_expired"`
 	Dead     int64   `json:"dead"`
+	Retried  int64   `json:"retried"`
 	// OldestDueAge is the largest of the shards': how late the queue's
-	// oldest task that is due and still pending is.
+	// oldest task that is due and not yet delivered (pending or retried)
+	// is.
 	OldestDueAge time.Duration `json:"-"`
 	AgeSeconds   float64       `json:"oldest_due_age_seconds"`
+	// RetriedAge is the largest of the shards': how late the oldest
+	// retried task is.
+	RetriedAge        time.Duration `json:"-"`
+	RetriedAgeSeconds float64       `json:"oldest_retried_age_seconds"`
 	// NextDueMs is the earliest due time of any pending task, 0 if none.
 	NextDueMs int64 `json:"next_due_ms,omitempty"`
 	// Broken counts the shards that could not be read.
@@ -107,7 +154,8 @@ type Queue struct {
 	ReadAt time.Time `json:"read_at"`
 }
 
-// Late lists the shards with a due task still pending, the latest first.
+// Late lists the shards with a due task not yet delivered, the latest
+// first.
 func (q Queue) Late() []Shard {
 	var out []Shard
 	for _, s := range q.Shards {
@@ -138,11 +186,11 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 	sweepers := make([]*redis.StringCmd, len(targets))
 	send := func(pipe redis.Pipeliner, c *call, source bool) {
 		k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
-		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i), k.Paused(c.i)}
+		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i), k.Paused(c.i), k.Attempts(c.i), k.Retrying(c.i)}
 		if source { // after NOSCRIPT: the source, which also caches it
-			c.cmd = readScript.Eval(ctx, pipe, keys, shard.SecondsScoreBelow)
+			c.cmd = readScript.Eval(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe)
 		} else {
-			c.cmd = readScript.EvalSha(ctx, pipe, keys, shard.SecondsScoreBelow)
+			c.cmd = readScript.EvalSha(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe)
 		}
 	}
 	pipe := rdb.Pipeline()
@@ -181,7 +229,8 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 	for n, c := range calls {
 		if redis.HasErrorPrefix(c.cmd.Err(), "WRONGTYPE") {
 			k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
-			why[n] = wrongType(ctx, rdb, k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i))
+			why[n] = wrongType(ctx, rdb, k.Pending(c.i), "zset", k.Inflight(c.i), "zset", k.Dead(c.i), "zset",
+				k.Attempts(c.i), "hash", k.Retrying(c.i), "zset")
 		}
 	}
 
@@ -231,8 +280,8 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	if len(vals) != 9 {
-		return 0, fmt.Errorf("read script returned %d values, want 9", len(vals))
+	if len(vals) != 11 {
+		return 0, fmt.Errorf("read script returned %d values, want 11", len(vals))
 	}
 	ints := make([]int64, len(vals))
 	for n, v := range vals {
@@ -255,6 +304,11 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	now = ints[0]
 	s.Pending, s.Due, s.Inflight, s.Expired, s.Dead = ints[1], ints[2], ints[4], ints[5], ints[6]
 	s.Paused = ints[8] == 1
+	s.Retried = ints[9]
+	if head, _ := vals[10].(string); head != "" && ints[10] > 0 {
+		// A task a producer scheduled in seconds keeps them in its entry.
+		s.OldestRetriedDueMs = dueMs(ints[10])
+	}
 	var dues []int64
 	if head, _ := vals[3].(string); head != "" {
 		dues = append(dues, dueMs(ints[3]))
@@ -262,16 +316,38 @@ func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	if head, _ := vals[7].(string); head != "" {
 		dues = append(dues, ints[7])
 	}
+	var pendingAge time.Duration
 	for _, due := range dues {
 		if s.NextDueMs == 0 || due < s.NextDueMs {
 			s.NextDueMs = due
 		}
 		if due <= now {
-			s.OldestDueAge = max(s.OldestDueAge, time.Duration(now-due)*time.Millisecond)
+			pendingAge = max(pendingAge, time.Duration(now-due)*time.Millisecond)
 		}
 	}
-	s.AgeSeconds = s.OldestDueAge.Seconds()
+	s.RetriedAge = retriedAge(s.OldestRetriedDueMs, now)
+	s.OldestDueAge = max(pendingAge, s.RetriedAge)
+	s.AgeSeconds, s.RetriedAgeSeconds = s.OldestDueAge.Seconds(), s.RetriedAge.Seconds()
 	return now, nil
+}
+
+func retriedAge(dueMs, nowMs int64) time.Duration {
+	if dueMs <= 0 || dueMs > nowMs {
+		return 0
+	}
+	return time.Duration(nowMs-dueMs) * time.Millisecond
+}
+
+// Grow sets the ages of a shard that could not be read from its last
+// known due times and the server clock nowMs, so that they go on growing:
+// a late shard whose primary went away must not look on time.
+func (s *Shard) Grow(nowMs int64) {
+	s.OldestDueAge, s.RetriedAge = 0, retriedAge(s.OldestRetriedDueMs, nowMs)
+	if s.NextDueMs > 0 && s.NextDueMs <= nowMs {
+		s.OldestDueAge = time.Duration(nowMs-s.NextDueMs) * time.Millisecond
+	}
+	s.OldestDueAge = max(s.OldestDueAge, s.RetriedAge)
+	s.AgeSeconds, s.RetriedAgeSeconds = s.OldestDueAge.Seconds(), s.RetriedAge.Seconds()
 }
 
 // dueMs is the due time a score means, in ms: a score in seconds
@@ -289,8 +365,8 @@ func dueMs(score int64) int64 {
 // counts with the figures it carries (none, unless the caller carried its
 // last known ones over).
 func (q *Queue) Sum() {
-	q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, q.Broken, q.Paused = 0, 0, 0, 0, 0, 0, 0
-	q.OldestDueAge, q.NextDueMs = 0, 0
+	q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, q.Retried, q.Broken, q.Paused = 0, 0, 0, 0, 0, 0, 0, 0
+	q.OldestDueAge, q.RetriedAge, q.NextDueMs = 0, 0, 0
 	q.sum()
 }
 
@@ -307,20 +383,26 @@ func (q *Queue) sum() {
 		q.Inflight += s.Inflight
 		q.Expired += s.Expired
 		q.Dead += s.Dead
+		q.Retried += s.Retried
 		q.OldestDueAge = max(q.OldestDueAge, s.OldestDueAge)
 		q.AgeSeconds = q.OldestDueAge.Seconds()
+		q.RetriedAge = max(q.RetriedAge, s.RetriedAge)
+		q.RetriedAgeSeconds = q.RetriedAge.Seconds()
 		if s.NextDueMs > 0 && (q.NextDueMs == 0 || s.NextDueMs < q.NextDueMs) {
 			q.NextDueMs = s.NextDueMs
 		}
 	}
 }
 
-// wrongType names the first of keys that is not a sorted set.
-func wrongType(ctx context.Context, rdb redis.UniversalClient, keys ...string) error {
-	for _, k := range keys {
-		if t, err := rdb.Type(ctx, k).Result(); err == nil && t != "zset" && t != "none" {
-			return fmt.Errorf("WRONGTYPE key %s holds a %s, not a sorted set", k, t)
+// wrongType names the first key that is not of its type; keyTypes are
+// pairs of a key and its Redis type (zset, hash).
+func wrongType(ctx context.Context, rdb redis.UniversalClient, keyTypes ...string) error {
+	names := map[string]string{"zset": "a sorted set", "hash": "a hash"}
+	for n := 0; n+1 < len(keyTypes); n += 2 {
+		k, want := keyTypes[n], keyTypes[n+1]
+		if t, err := rdb.Type(ctx, k).Result(); err == nil && t != want && t != "none" {
+			return fmt.Errorf("WRONGTYPE key %s holds a %s, not %s", k, t, names[want])
 		}
 	}
-	return errors.New("WRONGTYPE a key of the shard is not a sorted set")
+	return errors.New("WRONGTYPE a key of the shard is not of its type")
 }

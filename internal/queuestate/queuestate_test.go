@@ -2,6 +2,8 @@ package queuestate_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -134,4 +136,111 @@ func TestReadConnectionRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "DB index is out of range") {
 		t.Fatalf("Read: %v, want Redis's refusal", err)
 	}
+}
+
+// TestReadRetried: retried tasks (in-flight entries with a failed publish
+// in the attempts hash) are counted, and the oldest of them by due time,
+// read from the retrying index, makes the shard late as a pending task
+// would. An index entry whose attempts field is gone (acked by a version
+// without the index) is skipped; a retried entry the index lacks (failed
+// under such a version) counts, with no age until its next failure.
+func TestReadRetried(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "orders"}
+	tm, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := tm.UnixMilli()
+	stale, old, young := "1:stale", fmt.Sprintf("%d:old", now-90_000), fmt.Sprintf("%d:young", now-5_000)
+	// Shard 0: two retried in their backoff, a stale index entry before
+	// them, and a task pending, due 1 s ago.
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1_000), Member: "p"})
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now+4_000) + 0.5, Member: old}, redis.Z{Score: float64(now+900) + 0.5, Member: young})
+	rdb.HSet(ctx, k.Attempts(0), old, 7, young, 1)
+	rdb.ZAdd(ctx, k.Retrying(0), redis.Z{Score: 1, Member: stale}, redis.Z{Score: float64(now - 90_000), Member: old},
+		redis.Z{Score: float64(now - 5_000), Member: young})
+	// Shard 1: retried under an older version: in the attempts hash only.
+	rdb.ZAdd(ctx, k.Inflight(1), redis.Z{Score: float64(now + 1_000), Member: "2:legacy"})
+	rdb.HSet(ctx, k.Attempts(1), "2:legacy", 1)
+
+	qs, err := queuestate.Read(ctx, rdb, prefix, []queuestate.Target{{Name: "orders", Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := qs[0]
+	s0, s1 := q.Shards[0], q.Shards[1]
+	if s0.Retried != 2 || s0.OldestRetriedDueMs != now-90_000 || s0.Inflight != 2 || s0.Due != 1 {
+		t.Errorf("shard 0: %+v, want 2 retried, the oldest due %d", s0, now-90_000)
+	}
+	if s0.RetriedAge < 90*time.Second || s0.RetriedAge > 92*time.Second || s0.OldestDueAge != s0.RetriedAge {
+		t.Errorf("shard 0: retried age %s, oldest due age %s; want both 90 s: a retried task is late too", s0.RetriedAge, s0.OldestDueAge)
+	}
+	if s1.Retried != 1 || s1.OldestRetriedDueMs != 0 || s1.RetriedAge != 0 || s1.Err != "" {
+		t.Errorf("shard 1: %+v, want 1 retried of unknown age", s1)
+	}
+	if q.Retried != 3 || q.RetriedAge != s0.RetriedAge || q.OldestDueAge != s0.RetriedAge || q.RetriedAgeSeconds < 90 {
+		t.Errorf("queue: %d retried, retried age %s, oldest due age %s", q.Retried, q.RetriedAge, q.OldestDueAge)
+	}
+	if late := q.Late(); len(late) != 1 || late[0].Index != 0 {
+		t.Errorf("late shards %+v, want shard 0", late)
+	}
+
+	// A wrong-type attempts key breaks its shard, named.
+	rdb.Del(ctx, k.Attempts(1))
+	rdb.Set(ctx, k.Attempts(1), "x", 0)
+	qs, err = queuestate.Read(ctx, rdb, prefix, []queuestate.Target{{Name: "orders", Shards: 2}})
+	if err != nil || !strings.Contains(qs[0].Shards[1].Err, "WRONGTYPE key "+k.Attempts(1)+" holds a string, not a hash") {
+		t.Errorf("wrong-type attempts key: %v, shard 1 error %q", err, qs[0].Shards[1].Err)
+	}
+}
+
+// TestReadRetriedCostIsBounded: the read of a shard with many retried
+// tasks runs a fixed number of Redis commands, not one per task.
+func TestReadRetriedCostIsBounded(t *testing.T) {
+	ctx := context.Background()
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	rdb := srv.Client()
+	k := shard.Keys{Prefix: "p", Queue: "q"}
+	calls := func() int64 {
+		info := rdb.Info(ctx, "commandstats").Val()
+		var total int64
+		for _, l := range strings.Split(info, "\n") {
+			if _, rest, ok := strings.Cut(l, ":calls="); ok {
+				n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+				total += n
+			}
+		}
+		return total
+	}
+	var perRead []int64
+	for _, n := range []int{10, 20_000} {
+		rdb.Del(ctx, k.Inflight(0), k.Attempts(0), k.Retrying(0))
+		pipe := rdb.Pipeline()
+		for i := 0; i < n; i++ {
+			e := fmt.Sprintf("%d:t%d", 1_000_000_000_000+i, i)
+			pipe.ZAdd(ctx, k.Inflight(0), redis.Z{Score: 1, Member: e})
+			pipe.HSet(ctx, k.Attempts(0), e, 1)
+			pipe.ZAdd(ctx, k.Retrying(0), redis.Z{Score: float64(1_000_000_000_000 + i), Member: e})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := queuestate.Read(ctx, rdb, "p", []queuestate.Target{{Name: "q", Shards: 1}}); err != nil {
+			t.Fatal(err) // loads the script
+		}
+		before := calls()
+		qs, err := queuestate.Read(ctx, rdb, "p", []queuestate.Target{{Name: "q", Shards: 1}})
+		if err != nil || qs[0].Retried != int64(n) || qs[0].Shards[0].OldestRetriedDueMs != 1_000_000_000_000 {
+			t.Fatalf("%d retried: %+v, %v", n, qs, err)
+		}
+		perRead = append(perRead, calls()-before-1) // less the INFO
+	}
+	if perRead[0] != perRead[1] {
+		t.Errorf("commands per read: %d with 10 retried, %d with 20,000: want the same", perRead[0], perRead[1])
+	}
+	t.Logf("commands per shard read (EVALSHA and the calls in it): %d", perRead[1])
 }

@@ -108,3 +108,23 @@ func TestRenderAxesAndFreshness(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderRetried: a queue whose tasks are retried after failed
+// publishes does not say "on time": it shows how many are retried and how
+// late the oldest is.
+func TestRenderRetried(t *testing.T) {
+	q := monitor.View{
+		State: queuestate.Queue{Name: "orders", Inflight: 5, Retried: 5, RetriedAge: 150 * time.Second, OldestDueAge: 150 * time.Second,
+			Shards: []queuestate.Shard{{Index: 0, Inflight: 5, Retried: 5, RetriedAge: 150 * time.Second, OldestDueAge: 150 * time.Second}}},
+		Swept: true,
+	}
+	var buf bytes.Buffer
+	if err := Render(&buf, Data{Instance: "h:1:ab", Refresh: 2, Queues: []monitor.View{q}}); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	if strings.Contains(page, "on time") || !strings.Contains(page, "publishes retried") ||
+		!strings.Contains(page, `<td><span class="warn">5</span></td><td>`+fmtDur(150*time.Second)+`</td>`) {
+		t.Errorf("page of a queue with 5 tasks retried for 2m30s:\n%s", page)
+	}
+}
