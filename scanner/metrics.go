@@ -142,6 +142,7 @@ func (m *Metrics) layout(queue string, l shard.Layout) {
 	if m != nil {
 		m.shards.WithLabelValues(queue).Set(float64(l.Shards))
 		m.shardsFrom.WithLabelValues(queue).Set(float64(l.From))
+		m.retired.WithLabelValues(queue) // exported at 0 from the start
 		if !l.Changing() {
 			m.left.WithLabelValues(queue).Set(0)
 		}

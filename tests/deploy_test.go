@@ -31,6 +31,7 @@ var wantAlerts = []string{
 	"DispatcherQueueStalled",
 	"DispatcherTasksRetried",
 	"DispatcherPublishesFailing",
+	"DispatcherProducerShardCount",
 	"DispatcherDeadLettersGrowing",
 	"DispatcherBrokerBlocked",
 	"DispatcherBrokerDisconnected",
