@@ -129,6 +129,8 @@ type mMember struct {
 	// won: the conflict rule kept the new count's copy, with this score,
 	// over the latest schedule (0: no).
 	won int64
+	// dispatched: the shard and step of its last dispatch.
+	dispatchedFrom, dispatchedAt int
 	// flagged: a take or undo removed a copy a raw producer wrote after
 	// the batch read it (the known limit), with what.
 	flagged string
@@ -138,6 +140,7 @@ type mBatch struct {
 	b    *batchMove
 	i, j int
 	read int // step at which it was read
+	add  int // step at which step 1 ran
 	next int // step to run: 1 add, 2 take, 3 undo, 4 done
 	dead bool
 }
@@ -162,6 +165,7 @@ type mRun struct {
 	layout   shard.Layout
 	prod     *shard.Producer
 	pending  []map[string]mCopy
+	moving   []map[string]int64 // the moving hashes
 	dead     []map[string]mDead
 	deadWant map[string]string // entry -> reason, every dead letter made
 	members  []*mMember
@@ -243,8 +247,9 @@ func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats) *mRun {
 	r.span = max(r.from, r.to)
 	r.pending = make([]map[string]mCopy, r.span)
 	r.dead = make([]map[string]mDead, r.span)
+	r.moving = make([]map[string]int64, r.span)
 	for i := range r.span {
-		r.pending[i], r.dead[i] = map[string]mCopy{}, map[string]mDead{}
+		r.pending[i], r.dead[i], r.moving[i] = map[string]mCopy{}, map[string]mDead{}, map[string]int64{}
 	}
 	for k := range 6 + rng.IntN(10) {
 		name := "m" + strconv.Itoa(k)
@@ -321,7 +326,7 @@ func (r *mRun) serverNow() int64 {
 func (r *mRun) allKeys() []string {
 	var ks []string
 	for i := range r.span {
-		ks = append(ks, r.keys.Pending(i), r.keys.Dead(i), r.keys.DeadReason(i), r.keys.Pending(i)+":moving")
+		ks = append(ks, r.keys.Pending(i), r.keys.Dead(i), r.keys.DeadReason(i), r.keys.Moving(i))
 	}
 	return append(ks, r.keys.ShardCount(), r.keys.Reshard(), r.keys.Retired(), r.keys.ReshardLock())
 }
@@ -357,6 +362,12 @@ func (r *mRun) copies(m *mMember) string {
 
 func (r *mRun) mAdd(i int, m *mMember, score int64, writer string) {
 	r.pending[i][m.name] = mCopy{score: score, writer: writer, step: r.step}
+}
+
+// goAdd mirrors a write of the layout-aware producer to shard i.
+func (r *mRun) goAdd(i int, m *mMember, score int64) {
+	r.mAdd(i, m, score, wGo)
+	delete(r.moving[i], m.name)
 }
 
 func (r *mRun) scheduled(m *mMember, score int64) {
@@ -465,10 +476,10 @@ func (r *mRun) opSchedule() bool {
 	return true
 }
 
-// goSchedule mirrors the layout-aware Schedule: ZADD on the new shard,
-// then ZREM on the old one.
+// goSchedule mirrors the layout-aware Schedule: ZADD on the new shard
+// (unlisting the member from its moving hash), then ZREM on the old one.
 func (r *mRun) goSchedule(m *mMember, score int64) {
-	r.mAdd(m.new, m, score, wGo)
+	r.goAdd(m.new, m, score)
 	if m.old != m.new {
 		delete(r.pending[m.old], m.name)
 	}
@@ -509,12 +520,13 @@ func (r *mRun) opReschedule() bool {
 		if err != nil {
 			r.fatalf("Reschedule of a member pending in its new shard: %v", err)
 		}
-		r.mAdd(m.new, m, score, wGo)
+		r.goAdd(m.new, m, score)
 		r.scheduled(m, score)
 	case inOld:
 		if err != nil {
 			r.fatalf("Reschedule of a member pending in its old shard: %v", err)
 		}
+		delete(r.moving[m.old], m.name) // the reschedule script on the old shard
 		r.goSchedule(m, score)
 	default:
 		if !errors.Is(err, shard.ErrNotPending) {
@@ -563,6 +575,7 @@ func (r *mRun) opDispatch() bool {
 		}
 		delete(r.pending[i], name)
 		m := r.member(name)
+		m.dispatchedFrom, m.dispatchedAt = i, r.step
 		if c.score == m.latest || c.score == m.won {
 			m.last = "dispatch"
 		}
@@ -638,12 +651,14 @@ func (r *mRun) stepAdd(b *mBatch) {
 		r.fatalf("add: %v", err)
 	}
 	r.note("step 1 (add) on shard %d: %v", b.j, b.b.added)
+	b.add = r.step
 	for k, t := range b.b.ts {
 		var want int64
 		if _, ok := r.pending[b.j][t.member]; !ok {
 			want = 1
 			s, _ := strconv.ParseInt(t.score, 10, 64)
 			r.mAdd(b.j, r.member(t.member), s, wMover)
+			r.moving[b.j][t.member] = s
 		}
 		if b.b.added[k] != want {
 			r.fatalf("add flag of %q: %d, want %d", t.member, b.b.added[k], want)
@@ -667,8 +682,17 @@ func (r *mRun) stepTake(b *mBatch) {
 			want = 1
 			r.removed(b, m, c, "take")
 			delete(r.pending[b.i], t.member)
-			if nc, ok := r.pending[b.j][t.member]; ok && nc.score != s && m.last == "schedule" && m.latest == s {
+			nc, ok := r.pending[b.j][t.member]
+			switch {
+			case m.last != "schedule" || m.latest != s:
+			case ok && nc.score != s:
 				r.won(m, nc.score)
+			case !ok && b.b.added[k] == 0 && m.dispatchedFrom == b.j && m.dispatchedAt > b.add:
+				// The copy step 1 found in the new shard, which won, was
+				// dispatched since.
+				r.note("conflict rule: %q keeps the new count's copy, dispatched since step 1, over its latest schedule %d", m.name, m.latest)
+				r.event("conflict rule: the new count's copy won, and was dispatched during the move")
+				m.last = "dispatch"
 			}
 		default:
 			want = 2
@@ -689,10 +713,15 @@ func (r *mRun) stepUndo(b *mBatch) {
 	r.stats.events["batch outcome: kept the new count's copy"] += int(p.Kept)
 	r.stats.events["batch outcome: raced (undone or left)"] += int(p.Raced)
 	for k, t := range b.b.ts {
-		if b.b.taken[k] == 1 || b.b.added[k] != 1 {
+		if b.b.added[k] != 1 {
 			continue
 		}
 		s, _ := strconv.ParseInt(t.score, 10, 64)
+		listed, ok := r.moving[b.j][t.member]
+		delete(r.moving[b.j], t.member)
+		if b.b.taken[k] == 1 || !ok || listed != s {
+			continue
+		}
 		if c, ok := r.pending[b.j][t.member]; ok && c.score == s {
 			r.removed(b, r.member(t.member), c, "undo")
 			delete(r.pending[b.j], t.member)
@@ -772,6 +801,7 @@ func (r *mRun) pass(horizon time.Duration) {
 			} else {
 				want.Moved++
 				r.pending[m.new][name] = mCopy{score: c.score, writer: wMover, step: r.step}
+				delete(r.moving[m.new], name) // listed by the add, unlisted by the undo step
 			}
 			delete(r.pending[i], name)
 		}
@@ -829,11 +859,12 @@ func (r *mRun) check() {
 	r.t.Helper()
 	pipe := r.rdb.Pipeline()
 	var zs, ds []*redis.ZSliceCmd
-	var rs []*redis.MapStringStringCmd
+	var rs, mv []*redis.MapStringStringCmd
 	for i := range r.span {
 		zs = append(zs, pipe.ZRangeWithScores(r.ctx, r.keys.Pending(i), 0, -1))
 		ds = append(ds, pipe.ZRangeWithScores(r.ctx, r.keys.Dead(i), 0, -1))
 		rs = append(rs, pipe.HGetAll(r.ctx, r.keys.DeadReason(i)))
+		mv = append(mv, pipe.HGetAll(r.ctx, r.keys.Moving(i)))
 	}
 	if _, err := pipe.Exec(r.ctx); err != nil {
 		r.fatalf("read the shards: %v", err)
@@ -873,6 +904,15 @@ func (r *mRun) check() {
 		if len(why) != nwhy {
 			r.fatalf("shard %d: reasons %v, the model's dead letters %v", i, why, r.dead[i])
 		}
+		listed := mv[i].Val()
+		if len(listed) != len(r.moving[i]) {
+			r.fatalf("shard %d: moving hash %v, the model has %v", i, listed, r.moving[i])
+		}
+		for name, s := range r.moving[i] {
+			if listed[name] != strconv.FormatInt(s, 10) {
+				r.fatalf("shard %d: moving hash %v, the model has %v", i, listed, r.moving[i])
+			}
+		}
 	}
 	for _, m := range r.members {
 		where := r.copies(m)
@@ -882,7 +922,7 @@ func (r *mRun) check() {
 				r.lost(m, "(a) LOST: its last operation was a schedule (%d), and it is pending nowhere", m.latest)
 			}
 		case "go-cancel":
-			if where != "pending nowhere" && !r.moving(m) {
+			if where != "pending nowhere" && !r.inMove(m) {
 				r.fatalf("(b) %q was cancelled by the layout-aware producer and no move of it is in progress, but it is pending: %s", m.name, where)
 			}
 		}
@@ -901,9 +941,9 @@ func (r *mRun) lost(m *mMember, format string, args ...any) {
 	m.last = "lost (known limit)"
 }
 
-// moving reports whether a batch that read m is between its step 1 and
+// inMove reports whether a batch that read m is between its step 1 and
 // its step 3 (a dead mover's batch forever).
-func (r *mRun) moving(m *mMember) bool {
+func (r *mRun) inMove(m *mMember) bool {
 	in := func(b *mBatch) bool {
 		if b == nil || b.next < 2 {
 			return false

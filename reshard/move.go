@@ -174,6 +174,7 @@ func (m *Mover) move(ctx context.Context, i, j int, ts []task, p *Progress) erro
 type batchMove struct {
 	rdb      redis.UniversalClient
 	src, dst string
+	moving   string // the destination's moving hash
 	ts       []task
 	args     []any   // score1, member1, ...
 	added    []int64 // addScript's flags
@@ -181,7 +182,9 @@ type batchMove struct {
 }
 
 func (m *Mover) batch(i, j int, ts []task) *batchMove {
-	b := &batchMove{rdb: m.RDB, src: m.Keys.Pending(i), dst: m.Keys.Pending(j), ts: ts, args: make([]any, 0, 2*len(ts))}
+	b := &batchMove{rdb: m.RDB, src: m.Keys.Pending(i), dst: m.Keys.Pending(j), moving: m.Keys.Moving(j), ts: ts,
+		args: make([]any, 0, 2*len(ts)+1)}
+	b.args = append(b.args, movingTTL.Milliseconds())
 	for _, t := range ts {
 		b.args = append(b.args, t.score, t.member)
 	}
@@ -191,7 +194,7 @@ func (m *Mover) batch(i, j int, ts []task) *batchMove {
 // add is step 1, on the destination.
 func (b *batchMove) add(ctx context.Context) error {
 	var err error
-	if b.added, err = addScript.Run(ctx, b.rdb, []string{b.dst}, b.args...).Int64Slice(); err != nil {
+	if b.added, err = addScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, b.args...).Int64Slice(); err != nil {
 		return fmt.Errorf("move %d tasks from %s to %s: add: %w", len(b.ts), b.src, b.dst, err)
 	}
 	return nil
@@ -200,7 +203,7 @@ func (b *batchMove) add(ctx context.Context) error {
 // take is step 2, on the source.
 func (b *batchMove) take(ctx context.Context) error {
 	var err error
-	if b.taken, err = takeScript.Run(ctx, b.rdb, []string{b.src}, b.args...).Int64Slice(); err != nil {
+	if b.taken, err = takeScript.Run(ctx, b.rdb, []string{b.src}, b.args[1:]...).Int64Slice(); err != nil {
 		// Those added are in both shards now, with one score: the next
 		// pass finishes their move.
 		return fmt.Errorf("move %d tasks from %s to %s: remove from the source: %w", len(b.ts), b.src, b.dst, err)
@@ -209,9 +212,11 @@ func (b *batchMove) take(ctx context.Context) error {
 }
 
 // undo is step 3, on the destination: it undoes the adds whose source
-// removal did not happen, and counts the batch's outcome into p.
+// removal did not happen, unlists every add from the moving hash, and
+// counts the batch's outcome into p.
 func (b *batchMove) undo(ctx context.Context, p *Progress) error {
-	var undo []any
+	var args []any
+	undo := 0
 	for k, t := range b.ts {
 		switch {
 		case b.taken[k] == 1 && b.added[k] == 1:
@@ -220,14 +225,19 @@ func (b *batchMove) undo(ctx context.Context, p *Progress) error {
 			p.Kept++
 		default:
 			p.Raced++
-			if b.added[k] == 1 {
-				undo = append(undo, t.score, t.member)
+		}
+		if b.added[k] == 1 {
+			flag := 0
+			if b.taken[k] != 1 {
+				flag = 1
+				undo++
 			}
+			args = append(args, t.score, t.member, flag)
 		}
 	}
-	if len(undo) > 0 {
-		if err := undoScript.Run(ctx, b.rdb, []string{b.dst}, undo...).Err(); err != nil {
-			return fmt.Errorf("undo %d moves to %s raced by producers: %w", len(undo)/2, b.dst, err)
+	if len(args) > 0 {
+		if err := undoScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, args...).Err(); err != nil {
+			return fmt.Errorf("undo %d of %d moves to %s (raced by producers): %w", undo, len(args)/3, b.dst, err)
 		}
 	}
 	return nil
