@@ -713,13 +713,10 @@ func (r *mRun) stepUndo(b *mBatch) {
 	r.stats.events["batch outcome: kept the new count's copy"] += int(p.Kept)
 	r.stats.events["batch outcome: raced (undone or left)"] += int(p.Raced)
 	for k, t := range b.b.ts {
-		if b.b.added[k] != 1 {
-			continue
-		}
 		s, _ := strconv.ParseInt(t.score, 10, 64)
 		listed, ok := r.moving[b.j][t.member]
 		delete(r.moving[b.j], t.member)
-		if b.b.taken[k] == 1 || !ok || listed != s {
+		if b.b.added[k] != 1 || b.b.taken[k] == 1 || !ok || listed != s {
 			continue
 		}
 		if c, ok := r.pending[b.j][t.member]; ok && c.score == s {
@@ -795,6 +792,7 @@ func (r *mRun) pass(horizon time.Duration) {
 			}
 			if nc, ok := r.pending[m.new][name]; ok {
 				want.Kept++
+				delete(r.moving[m.new], name) // unlisted by the undo step
 				if nc.score != c.score && m.last == "schedule" && m.latest == c.score {
 					r.won(m, nc.score)
 				}

@@ -212,8 +212,9 @@ func (b *batchMove) take(ctx context.Context) error {
 }
 
 // undo is step 3, on the destination: it undoes the adds whose source
-// removal did not happen, unlists every add from the moving hash, and
-// counts the batch's outcome into p.
+// removal did not happen, unlists the batch's members from the moving
+// hash (also those a mover that died listed), and counts the batch's
+// outcome into p.
 func (b *batchMove) undo(ctx context.Context, p *Progress) error {
 	var args []any
 	undo := 0
@@ -226,14 +227,12 @@ func (b *batchMove) undo(ctx context.Context, p *Progress) error {
 		default:
 			p.Raced++
 		}
-		if b.added[k] == 1 {
-			flag := 0
-			if b.taken[k] != 1 {
-				flag = 1
-				undo++
-			}
-			args = append(args, t.score, t.member, flag)
+		flag := 0
+		if b.added[k] == 1 && b.taken[k] != 1 {
+			flag = 1
+			undo++
 		}
+		args = append(args, t.score, t.member, flag)
 	}
 	if len(args) > 0 {
 		if err := undoScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, args...).Err(); err != nil {

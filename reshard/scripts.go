@@ -22,7 +22,8 @@ import (
 //     remove what step 1 added, if it is still what step 1 added: the same
 //     score, and still listed in the moving hash. A rescheduled task moves
 //     with its new score on the next pass; a cancelled one stays
-//     cancelled. Every task the batch added is unlisted.
+//     cancelled. Every member of the batch is unlisted (those a mover
+//     that died listed too: one mover runs at a time).
 //
 // The Go producer (shard.Producer) unlists a member, atomically with its
 // write, whenever it writes the member to a shard during a change: a
@@ -47,8 +48,9 @@ import (
 // could undo a task the other had already taken out of the source.
 
 // movingTTL bounds how long the moving hash outlives a mover that died
-// between steps 1 and 3 (its entries are harmless: an undo only looks at
-// the members its own step 1 listed).
+// between steps 1 and 3 (its entries are harmless: an undo removes only
+// what its own step 1 added and listed; the next batch of those members
+// unlists them).
 const movingTTL = time.Hour
 
 // addScript adds pending tasks to the destination shard, each only if its
@@ -100,8 +102,9 @@ end
 return out
 `)
 
-// undoScript unlists the tasks step 1 added from the moving hash and
-// removes from the destination those that step 2 left in the source, each
+// undoScript unlists the batch's members from the moving hash and
+// removes from the destination those that step 1 added and step 2 left in
+// the source, each
 // only if it is still what step 1 added: the same score (a producer on
 // the new M may have rescheduled it since) and still listed (the Go
 // producer, writing it since, unlisted it).

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +37,7 @@ func TestReshardCluster(t *testing.T) {
 	const (
 		from, to  = 16, 64
 		hourAway  = 2000
+		ballast   = 30000 // due in 45 min: a move that lasts through the failover
 		produce   = 20 * time.Second
 		perTick   = 3 // every 10 ms: 300/s
 		dueWithin = 30 * time.Second
@@ -75,14 +77,19 @@ func TestReshardCluster(t *testing.T) {
 		return err == nil && l.Shards == from
 	})
 
-	// 2,000 tasks due in an hour, written with 16 shards.
+	// 2,000 tasks due in an hour, and the ballast, written with 16 shards.
 	later := time.Now().Add(time.Hour).UnixMilli()
 	var far []shard.Task
 	for i := range hourAway {
 		far = append(far, shard.Task{Member: []byte(fmt.Sprintf("hour-%d", i)), Due: time.UnixMilli(later + int64(i))})
 	}
-	if err := prod.ScheduleMany(ctx, far); err != nil {
-		t.Fatal(err)
+	for i := range ballast {
+		far = append(far, shard.Task{Member: []byte(fmt.Sprintf("ballast-%d", i)), Due: time.UnixMilli(later - 15*60*1000 + int64(i))})
+	}
+	for k := 0; k < len(far); k += 1000 {
+		if err := prod.ScheduleMany(ctx, far[k:min(k+1000, len(far))]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	waitReplicated(t, h.rdb)
 
@@ -129,48 +136,70 @@ func TestReshardCluster(t *testing.T) {
 	}()
 
 	// The reshard, with the failover of the primary holding the layout
-	// during it.
+	// (and the mover's lock and record) as soon as the change is recorded,
+	// and the run interrupted (SIGTERM) in the middle of its move: running
+	// it again must be enough.
 	time.Sleep(2 * time.Second)
 	victim := c.PrimaryOf(keys.ShardCount())
 	type run struct {
-		out, errOut string
+		cmd         *exec.Cmd
+		out, errOut bytes.Buffer
 		code        int
 		err         error
+		began       time.Time
 		took        time.Duration
 	}
-	reshard := func(args ...string) run {
-		began := time.Now()
-		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(cctx, binary, append([]string{"reshard"}, args...)...)
-		cmd.Env = childEnv(h.env())
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		r := run{err: cmd.Run()}
+	startReshard := func(args ...string) *run {
+		r := &run{cmd: exec.Command(binary, append([]string{"reshard"}, args...)...), began: time.Now()}
+		r.cmd.Env = childEnv(h.env())
+		r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.errOut
+		if err := r.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	wait := func(r *run) *run {
+		done := make(chan error, 1)
+		go func() { done <- r.cmd.Wait() }()
+		select {
+		case r.err = <-done:
+		case <-time.After(60 * time.Second):
+			_ = r.cmd.Process.Kill()
+			r.err = <-done
+		}
 		var ee *exec.ExitError
 		if errors.As(r.err, &ee) {
 			r.code, r.err = ee.ExitCode(), nil
 		}
-		r.out, r.errOut, r.took = out.String(), errOut.String(), time.Since(began)
+		r.took = time.Since(r.began)
 		return r
 	}
-	firstRun := make(chan run, 1)
-	go func() { firstRun <- reshard("--queue", q.Name, "--shards", fmt.Sprint(to), "--json") }()
-	time.Sleep(50 * time.Millisecond)
-	began := time.Now()
+	reshard := func(args ...string) *run { return wait(startReshard(args...)) }
+	r := startReshard("--queue", q.Name, "--shards", fmt.Sprint(to), "--json")
+	eventually(t, 20*time.Second, "dispatcher reshard to record the change", func() bool {
+		return h.rdb.Exists(ctx, keys.Reshard()).Val() == 1
+	})
+	recorded := time.Now()
+	interrupt := time.AfterFunc(200*time.Millisecond, func() { _ = r.cmd.Process.Signal(syscall.SIGTERM) })
+	defer interrupt.Stop()
 	c.Failover(c.ReplicaOf(victim))
-	t.Logf("primary %s (the layout, the mover's lock and record) failed over in %s", victim.Addr, time.Since(began).Round(time.Millisecond))
-	r := <-firstRun
+	failedOver := time.Since(recorded)
+	wait(r)
 	if r.err != nil {
 		t.Fatalf("dispatcher reshard: %v", r.err)
 	}
-	t.Logf("dispatcher reshard (during the failover): exit %d in %s\n%s%s", r.code, r.took.Round(time.Millisecond), r.out, r.errOut)
+	t.Logf("primary %s (the layout, the mover's lock and record) failed over within %s of the change being recorded; "+
+		"dispatcher reshard, interrupted at 200 ms, ended at %s: exit %d\n%s%s", victim.Addr, failedOver.Round(time.Millisecond),
+		time.Since(recorded).Round(time.Millisecond), r.code, r.out.String(), r.errOut.String())
+	if r.code == 0 {
+		t.Logf("the first run ended before the interruption: running again after a failure was not exercised")
+	}
 	for k := 0; r.code != 0; k++ {
 		if k == 3 {
-			t.Fatalf("dispatcher reshard still fails after the failover: exit %d\n%s%s", r.code, r.out, r.errOut)
+			t.Fatalf("dispatcher reshard still fails: exit %d\n%s%s", r.code, r.out.String(), r.errOut.String())
 		}
 		r = reshard("--queue", q.Name, "--shards", fmt.Sprint(to), "--json")
-		t.Logf("dispatcher reshard run again after it failed: exit %d in %s\n%s%s", r.code, r.took.Round(time.Millisecond), r.out, r.errOut)
+		t.Logf("dispatcher reshard run again: exit %d in %s\n%s%s", r.code, r.took.Round(time.Millisecond), r.out.String(), r.errOut.String())
 	}
 	// Run again after a complete run: it resumes the same change.
 	r = reshard("--queue", q.Name, "--shards", fmt.Sprint(to), "--json")
@@ -179,8 +208,8 @@ func TestReshardCluster(t *testing.T) {
 		Resumed      bool
 		Progress     struct{ Moved, Scanned int64 }
 	}
-	if err := json.Unmarshal([]byte(r.out), &doc); err != nil || r.code != 0 || !doc.Resumed || doc.From != from || doc.Shards != to {
-		t.Errorf("dispatcher reshard run again: exit %d, %+v (%v), want a resumed change %d -> %d\n%s%s", r.code, doc, err, from, to, r.out, r.errOut)
+	if err := json.Unmarshal(r.out.Bytes(), &doc); err != nil || r.code != 0 || !doc.Resumed || doc.From != from || doc.Shards != to {
+		t.Errorf("dispatcher reshard run again: exit %d, %+v (%v), want a resumed change %d -> %d\n%s%s", r.code, doc, err, from, to, r.out.String(), r.errOut.String())
 	}
 	if l, err := shard.ReadLayout(ctx, h.rdb, keys); err != nil || l != (shard.Layout{Shards: to, From: from}) {
 		t.Errorf("layout during the change: %+v, %v", l, err)
@@ -189,7 +218,7 @@ func TestReshardCluster(t *testing.T) {
 	// finish, once the producer has long hashed with 64.
 	time.Sleep(3 * time.Second)
 	r = reshard("finish", "--queue", q.Name, "--json")
-	t.Logf("dispatcher reshard finish: exit %d in %s\n%s%s", r.code, r.took.Round(time.Millisecond), r.out, r.errOut)
+	t.Logf("dispatcher reshard finish: exit %d in %s\n%s%s", r.code, r.took.Round(time.Millisecond), r.out.String(), r.errOut.String())
 	if r.err != nil || r.code != 0 {
 		t.Fatalf("dispatcher reshard finish: exit %d, %v", r.code, r.err)
 	}
@@ -257,7 +286,7 @@ func TestReshardCluster(t *testing.T) {
 	// is left.
 	pipe := h.rdb.Pipeline()
 	type where struct{ now, old *redis.FloatCmd }
-	places := make([]where, hourAway)
+	places := make([]where, len(far))
 	for i, tk := range far {
 		places[i].now = pipe.ZScore(ctx, keys.Pending(shard.Index(tk.Member, to)), string(tk.Member))
 		if j := shard.Index(tk.Member, from); j != shard.Index(tk.Member, to) {
@@ -288,10 +317,10 @@ func TestReshardCluster(t *testing.T) {
 	for i := 0; i < len(cards); i += 4 {
 		pending, inflight, dead, moving = pending+cards[i].Val(), inflight+cards[i+1].Val(), dead+cards[i+2].Val(), moving+cards[i+3].Val()
 	}
-	t.Logf("tasks due in an hour: %d of %d in their shard by %d; left in Redis: pending %d, in flight %d, dead %d, moving hashes %d",
-		hourAway-misplaced, hourAway, to, pending, inflight, dead, moving)
-	if pending != hourAway || inflight != 0 || dead != 0 || moving != 0 {
-		t.Errorf("left pending %d (want the %d due in an hour), in flight %d, dead %d, moving hashes %d", pending, hourAway, inflight, dead, moving)
+	t.Logf("tasks due in an hour (and the ballast, in 45 min): %d of %d in their shard by %d; left in Redis: pending %d, in flight %d, dead %d, moving hashes %d",
+		len(far)-misplaced, len(far), to, pending, inflight, dead, moving)
+	if pending != int64(len(far)) || inflight != 0 || dead != 0 || moving != 0 {
+		t.Errorf("left pending %d (want the %d due in 45 min or more), in flight %d, dead %d, moving hashes %d", pending, len(far), inflight, dead, moving)
 	}
 }
 
