@@ -366,6 +366,13 @@ func (r *mRun) mAdd(i int, m *mMember, score int64, writer string) {
 
 // goAdd mirrors a write of the layout-aware producer to shard i.
 func (r *mRun) goAdd(i int, m *mMember, score int64) {
+	if s, ok := r.moving[i][m.name]; ok {
+		if b := r.batch; b != nil && b.j == i && (b.next == 2 || b.next == 3) {
+			r.event(fmt.Sprintf("layout-aware write unlisted a member a live batch added (same score: %v)", s == score))
+		} else {
+			r.event("layout-aware write unlisted a member a dead mover's batch added")
+		}
+	}
 	r.mAdd(i, m, score, wGo)
 	delete(r.moving[i], m.name)
 }

@@ -22,7 +22,8 @@ import (
 
 // TestReshardCluster changes a queue's shard count from 16 to 64 on a
 // Redis Cluster of three primaries while two dispatchers serve it and a
-// layout-following Go producer schedules about 300 tasks/s due within 30 s,
+// layout-following Go producer (Schedule and ScheduleMany) schedules about
+// 300 tasks/s due within 30 s,
 // with 2,000 tasks due in an hour scheduled before the change. The
 // primary holding the queue's layout (and the mover's lock and record) is
 // failed over (CLUSTER FAILOVER) while `dispatcher reshard` runs; a run
@@ -93,8 +94,8 @@ func TestReshardCluster(t *testing.T) {
 	}
 	waitReplicated(t, h.rdb)
 
-	// The steady producer: it follows the layout (Schedule reads it at most
-	// once a second), retrying a schedule that failed during the failover.
+	// The steady producer: it follows the layout (read at most once a
+	// second), retrying a schedule that failed during the failover.
 	want := map[string]int64{}
 	uncertain := map[string]bool{} // a schedule given up on: it may have been written
 	var wmu sync.Mutex
@@ -107,23 +108,40 @@ func TestReshardCluster(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
-		for n := 0; prodCtx.Err() == nil; {
+		// Every other tick one ScheduleMany of the tick's tasks, else a
+		// Schedule each.
+		for n, ticks := 0, 0; prodCtx.Err() == nil; ticks++ {
 			<-tick.C
+			var tasks []shard.Task
 			for range perTick {
 				n++
-				m := []byte(fmt.Sprintf("steady-%d", n))
-				due := time.Now().Add(time.Duration(rng.Int64N(int64(dueWithin)))).UnixMilli()
-				id := shard.MessageID(m, due)
+				due := time.Now().Add(time.Duration(rng.Int64N(int64(dueWithin))))
+				tasks = append(tasks, shard.Task{Member: []byte(fmt.Sprintf("steady-%d", n)), Due: due})
+			}
+			batches := [][]shard.Task{tasks}
+			if ticks%2 == 0 {
+				batches = [][]shard.Task{tasks[:1], tasks[1:2], tasks[2:]}
+			}
+			for _, b := range batches {
 				for {
-					err := prod.Schedule(ctx, m, time.UnixMilli(due))
-					wmu.Lock()
-					if err == nil {
-						want[id] = due
+					var err error
+					if len(b) == 1 {
+						err = prod.Schedule(ctx, b[0].Member, b[0].Due)
 					} else {
-						prodErrs++
-						if prodCtx.Err() != nil {
+						err = prod.ScheduleMany(ctx, b)
+					}
+					wmu.Lock()
+					for _, tk := range b {
+						id := shard.MessageID(tk.Member, tk.Due.UnixMilli())
+						switch {
+						case err == nil:
+							want[id] = tk.Due.UnixMilli()
+						case prodCtx.Err() != nil:
 							uncertain[id] = true
 						}
+					}
+					if err != nil {
+						prodErrs++
 					}
 					wmu.Unlock()
 					if err == nil || prodCtx.Err() != nil {
