@@ -21,8 +21,9 @@ package reshard
 //     task between a move's steps);
 //   - dead letters appearing in a shard (with a reason or without).
 //
-// After every step the shards' pending sets and dead letters must equal
-// the mirror exactly (every script's flags are predicted too), and:
+// After every step the shards' pending sets, dead letters (with reasons)
+// and moving hashes must equal the mirror exactly (every script's flags
+// and every pass's counts are predicted too), and:
 //
 //	(a) never lost: a member whose last operation was a schedule (a ZADD
 //	    by either raw producer, Schedule, ScheduleMany or a Reschedule that
@@ -64,6 +65,11 @@ package reshard
 // mover that dies after its step 1 leaves the copies it added, so a task
 // cancelled between the batch's read and its step 1 stays pending in its
 // new shard (b is not checked for the members of abandoned batches).
+//
+// Found with it: before the moving hash, an undo removed a copy the
+// layout-aware producer had written since step 1 with the same score (a
+// task scheduled again with the same due), losing the task; see
+// TestMoveKeepsProducerSchedule.
 //
 // Flags: -model.seed=N replays one seed; -model.duration (20 s) bounds the
 // seeds run; -model.steps (300) is the steps per seed; -model.strict.
