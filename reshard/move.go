@@ -158,38 +158,85 @@ func (m *Mover) horizon() time.Duration {
 // move takes tasks from shard i to shard j in the three steps described
 // in scripts.go.
 func (m *Mover) move(ctx context.Context, i, j int, ts []task, p *Progress) error {
-	src, dst := m.Keys.Pending(i), m.Keys.Pending(j)
-	args := make([]any, 0, 2*len(ts))
+	b := m.batch(i, j, ts)
+	if err := b.add(ctx); err != nil {
+		return err
+	}
+	if err := b.take(ctx); err != nil {
+		return err
+	}
+	return b.undo(ctx, p)
+}
+
+// batchMove is one batch's move from shard i to shard j, run a step at a
+// time: add, take, undo (scripts.go). A test interleaves the steps with
+// producers.
+type batchMove struct {
+	rdb      redis.UniversalClient
+	src, dst string
+	moving   string // the destination's moving hash
+	ts       []task
+	args     []any   // score1, member1, ...
+	added    []int64 // addScript's flags
+	taken    []int64 // takeScript's flags
+}
+
+func (m *Mover) batch(i, j int, ts []task) *batchMove {
+	b := &batchMove{rdb: m.RDB, src: m.Keys.Pending(i), dst: m.Keys.Pending(j), moving: m.Keys.Moving(j), ts: ts,
+		args: make([]any, 0, 2*len(ts)+1)}
+	b.args = append(b.args, movingTTL.Milliseconds())
 	for _, t := range ts {
-		args = append(args, t.score, t.member)
+		b.args = append(b.args, t.score, t.member)
 	}
-	added, err := addScript.Run(ctx, m.RDB, []string{dst}, args...).Int64Slice()
-	if err != nil {
-		return fmt.Errorf("move %d tasks from %s to %s: add: %w", len(ts), src, dst, err)
+	return b
+}
+
+// add is step 1, on the destination.
+func (b *batchMove) add(ctx context.Context) error {
+	var err error
+	if b.added, err = addScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, b.args...).Int64Slice(); err != nil {
+		return fmt.Errorf("move %d tasks from %s to %s: add: %w", len(b.ts), b.src, b.dst, err)
 	}
-	taken, err := takeScript.Run(ctx, m.RDB, []string{src}, args...).Int64Slice()
-	if err != nil {
+	return nil
+}
+
+// take is step 2, on the source.
+func (b *batchMove) take(ctx context.Context) error {
+	var err error
+	if b.taken, err = takeScript.Run(ctx, b.rdb, []string{b.src}, b.args[1:]...).Int64Slice(); err != nil {
 		// Those added are in both shards now, with one score: the next
 		// pass finishes their move.
-		return fmt.Errorf("move %d tasks from %s to %s: remove from the source: %w", len(ts), src, dst, err)
+		return fmt.Errorf("move %d tasks from %s to %s: remove from the source: %w", len(b.ts), b.src, b.dst, err)
 	}
-	var undo []any
-	for k, t := range ts {
+	return nil
+}
+
+// undo is step 3, on the destination: it undoes the adds whose source
+// removal did not happen, unlists the batch's members from the moving
+// hash (also those a mover that died listed), and counts the batch's
+// outcome into p.
+func (b *batchMove) undo(ctx context.Context, p *Progress) error {
+	var args []any
+	undo := 0
+	for k, t := range b.ts {
 		switch {
-		case taken[k] == 1 && added[k] == 1:
+		case b.taken[k] == 1 && b.added[k] == 1:
 			p.Moved++
-		case taken[k] == 1:
+		case b.taken[k] == 1:
 			p.Kept++
 		default:
 			p.Raced++
-			if added[k] == 1 {
-				undo = append(undo, t.score, t.member)
-			}
 		}
+		flag := 0
+		if b.added[k] == 1 && b.taken[k] != 1 {
+			flag = 1
+			undo++
+		}
+		args = append(args, t.score, t.member, flag)
 	}
-	if len(undo) > 0 {
-		if err := undoScript.Run(ctx, m.RDB, []string{dst}, undo...).Err(); err != nil {
-			return fmt.Errorf("undo %d moves to %s raced by producers: %w", len(undo)/2, dst, err)
+	if len(args) > 0 {
+		if err := undoScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, args...).Err(); err != nil {
+			return fmt.Errorf("undo %d of %d moves to %s (raced by producers): %w", undo, len(args)/3, b.dst, err)
 		}
 	}
 	return nil

@@ -1,6 +1,10 @@
 package reshard
 
-import "github.com/redis/go-redis/v9"
+import (
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // A move of pending tasks between two shards cannot be atomic on Redis
 // Cluster (the shards' hash tags {Q:i} and {Q:j} name different slots),
@@ -9,43 +13,70 @@ import "github.com/redis/go-redis/v9"
 //
 //  1. addScript, on the destination: add each task unless the member is
 //     already pending there (a producer on the new M wrote it: the new
-//     layout's scheduling wins).
+//     layout's scheduling wins), and list it in the destination's moving
+//     hash (P:{Q:j}:moving, member -> score added).
 //  2. takeScript, on the source: remove each task only if its score is
 //     still the one read. A task rescheduled (another score) or cancelled
 //     (gone) by an old-M producer meanwhile is left alone.
 //  3. undoScript, on the destination: for the tasks step 2 left alone,
-//     remove what step 1 added, if it is still what step 1 added. A
-//     rescheduled task moves with its new score on the next pass; a
-//     cancelled one stays cancelled.
+//     remove what step 1 added, if it is still what step 1 added: the same
+//     score, and still listed in the moving hash. A rescheduled task moves
+//     with its new score on the next pass; a cancelled one stays
+//     cancelled. Every member of the batch is unlisted (those a mover
+//     that died listed too: one mover runs at a time).
+//
+// The Go producer (shard.Producer) unlists a member, atomically with its
+// write, whenever it writes the member to a shard during a change: a
+// schedule that comes after step 1, even with the very score step 1 added
+// (a producer scheduling a task again, or retrying), is then never undone.
+// A producer in another language that writes only ZADD cannot be told
+// apart from step 1's add when it writes the same score: if an old-M
+// producer cancels a task and a new-M producer schedules it again with
+// the same due time, both within one batch's steps, the undo removes it
+// (likewise a raw producer re-adding, with the same due, a task cancelled
+// in the source between steps 1 and 2 has that copy taken). The model
+// test (model_test.go) counts these as its known limit.
 //
 // A process that dies between steps 1 and 2 leaves the task in both
 // shards with one score: the next pass finds it in the destination and
 // removes the source's copy; were both dispatched first, they would carry
-// one message_id, which consumers deduplicate. Only tasks due later than
-// the mover's horizon are moved, so no dispatcher claims one between the
-// steps. One mover runs at a time (the lock): with two, one could undo a
-// task the other had already taken out of the source.
+// one message_id, which consumers deduplicate. A process that dies after
+// step 1 also leaves the copies it added whose source was cancelled
+// meanwhile: those tasks are delivered although cancelled. Only tasks due
+// later than the mover's horizon are moved, so no dispatcher claims one
+// between the steps. One mover runs at a time (the lock): with two, one
+// could undo a task the other had already taken out of the source.
+
+// movingTTL bounds how long the moving hash outlives a mover that died
+// between steps 1 and 3 (its entries are harmless: an undo removes only
+// what its own step 1 added and listed; the next batch of those members
+// unlists them).
+const movingTTL = time.Hour
 
 // addScript adds pending tasks to the destination shard, each only if its
-// member is not pending there.
+// member is not pending there, and lists those it adds in the moving hash.
 //
 // KEYS[1] destination pending shard P:{Q:j}
-// ARGV    score1, member1, score2, member2, ...
+// KEYS[2] destination moving hash P:{Q:j}:moving
+// ARGV[1] the moving hash's TTL (ms)
+// ARGV    then score1, member1, score2, member2, ...
 // Returns one flag per task: 1 added, 0 already pending there.
 var addScript = redis.NewScript(`#!lua flags=allow-oom
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'none' and t ~= 'zset' then
-  return redis.error_reply('WRONGTYPE key ' .. KEYS[1] .. ' holds a ' .. t .. ', not a zset; nothing moved')
+local t, h = redis.call('TYPE', KEYS[1])['ok'], redis.call('TYPE', KEYS[2])['ok']
+if (t ~= 'none' and t ~= 'zset') or (h ~= 'none' and h ~= 'hash') then
+  return redis.error_reply('WRONGTYPE keys ' .. KEYS[1] .. ' / ' .. KEYS[2] .. ' hold the wrong type; nothing moved')
 end
 local out = {}
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   if redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
     out[#out + 1] = 0
   else
     redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
+    redis.call('HSET', KEYS[2], ARGV[i + 1], ARGV[i])
     out[#out + 1] = 1
   end
 end
+if #out > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[1]) end
 return out
 `)
 
@@ -71,21 +102,29 @@ end
 return out
 `)
 
-// undoScript removes from the destination tasks that step 1 added and
-// step 2 left in the source, each only if its score is still the one
-// added (a producer on the new M may have rescheduled it since).
+// undoScript unlists the batch's members from the moving hash and
+// removes from the destination those that step 1 added and step 2 left in
+// the source, each
+// only if it is still what step 1 added: the same score (a producer on
+// the new M may have rescheduled it since) and still listed (the Go
+// producer, writing it since, unlisted it).
 //
 // KEYS[1] destination pending shard P:{Q:j}
-// ARGV    score1, member1, ...
+// KEYS[2] destination moving hash P:{Q:j}:moving
+// ARGV    score1, member1, undo1, ... (undo: 1 remove, 0 only unlist)
 // Returns the number removed.
 var undoScript = redis.NewScript(`#!lua flags=allow-oom
 local n = 0
-for i = 1, #ARGV, 2 do
-  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
-  if s and tonumber(s) == tonumber(ARGV[i]) then
-    redis.call('ZREM', KEYS[1], ARGV[i + 1])
-    n = n + 1
+for i = 1, #ARGV, 3 do
+  local listed = redis.call('HGET', KEYS[2], ARGV[i + 1])
+  if ARGV[i + 2] == '1' and listed and tonumber(listed) == tonumber(ARGV[i]) then
+    local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+    if s and tonumber(s) == tonumber(ARGV[i]) then
+      redis.call('ZREM', KEYS[1], ARGV[i + 1])
+      n = n + 1
+    end
   end
+  if listed then redis.call('HDEL', KEYS[2], ARGV[i + 1]) end
 end
 return n
 `)

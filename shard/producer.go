@@ -122,25 +122,65 @@ func (p *Producer) wakeSoon(dueMs int64) bool {
 // new count, and a copy pending in its shard by the old one is removed
 // (after the ZADD, so that the task is never in neither): scheduling a
 // member again is a reschedule whichever count wrote it first.
+//
+// During a change (and after a shrink, while retired shards are swept),
+// the ZADD is a script that also unlists the member from the shard's
+// moving hash (Keys.Moving), so that a move of the task under way never
+// undoes this schedule.
 func (p *Producer) Schedule(ctx context.Context, member []byte, due time.Time) error {
 	l := p.Layout(ctx)
 	i := Index(member, l.Shards)
-	if err := p.schedule(ctx, i, member, due); err != nil {
+	if err := p.schedule(ctx, i, member, due, moves(l)); err != nil {
 		return err
 	}
 	p.removeOld(ctx, l, member, i)
 	return nil
 }
 
-// schedule adds a task to shard i, with its wake-up.
-func (p *Producer) schedule(ctx context.Context, i int, member []byte, due time.Time) error {
+// moves reports whether tasks may be moved between shards under layout l
+// (during a change, or out of the shards a shrink retired): writes then
+// go through scheduleScript.
+func moves(l Layout) bool { return l.Changing() || l.Retired != 0 }
+
+// scheduleScript is the ZADD of tasks to a pending shard while tasks may
+// be moved between shards: it also unlists each member from the shard's
+// moving hash, so that a move whose first step added the member to this
+// shard does not undo this later write (see reshard/scripts.go).
+//
+// KEYS[1] pending shard P:{Q:i}, KEYS[2] its moving hash P:{Q:i}:moving
+// ARGV    score1, member1, score2, member2, ...
+// Returns the number of members added (as ZADD).
+var scheduleScript = redis.NewScript(`
+local n = 0
+for i = 1, #ARGV, 2 do
+  n = n + redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('HDEL', KEYS[2], ARGV[i + 1])
+end
+return n
+`)
+
+// zadd queues on c (a pipeline) the ZADD of zs to shard i, through
+// scheduleScript when viaScript.
+func (p *Producer) zadd(ctx context.Context, c redis.Pipeliner, i int, viaScript bool, zs ...redis.Z) redis.Cmder {
+	if !viaScript {
+		return c.ZAdd(ctx, p.keys.Pending(i), zs...)
+	}
+	args := make([]any, 0, 2*len(zs))
+	for _, z := range zs {
+		args = append(args, strconv.FormatInt(int64(z.Score), 10), z.Member)
+	}
+	return scheduleScript.Eval(ctx, c, []string{p.keys.Pending(i), p.keys.Moving(i)}, args...)
+}
+
+// schedule adds a task to shard i, with its wake-up; viaScript: see zadd.
+func (p *Producer) schedule(ctx context.Context, i int, member []byte, due time.Time, viaScript bool) error {
 	key := p.keys.Pending(i)
 	dueMs := DueMs(due)
 	z := redis.Z{Score: float64(dueMs), Member: member}
 	wake := p.wakeSoon(dueMs)
 	if wake && p.ordered {
 		pipe := p.rdb.Pipeline()
-		zadd := pipe.ZAdd(ctx, key, z)
+		zadd := p.zadd(ctx, pipe, i, viaScript, z)
 		// The wake-up's own error is ignored: a lost one costs a poll
 		// interval, and a producer whose ACL forbids PUBLISH must still
 		// schedule.
@@ -151,7 +191,13 @@ func (p *Producer) schedule(ctx context.Context, i int, member []byte, due time.
 		}
 		return nil
 	}
-	if err := p.rdb.ZAdd(ctx, key, z).Err(); err != nil {
+	var err error
+	if viaScript {
+		err = scheduleScript.Run(ctx, p.rdb, []string{key, p.keys.Moving(i)}, strconv.FormatInt(dueMs, 10), member).Err()
+	} else {
+		err = p.rdb.ZAdd(ctx, key, z).Err()
+	}
+	if err != nil {
 		return fmt.Errorf("schedule on %s: %w", key, err)
 	}
 	if wake {
@@ -189,12 +235,12 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	type shardAdd struct {
 		i    int
 		wake bool
-		zadd *redis.IntCmd
+		zadd redis.Cmder
 	}
 	adds := make([]shardAdd, 0, len(byShard))
 	pipe := p.rdb.Pipeline()
 	for i, zs := range byShard {
-		a := shardAdd{i: i, wake: p.wakeSoon(earliest[i]), zadd: pipe.ZAdd(ctx, p.keys.Pending(i), zs...)}
+		a := shardAdd{i: i, wake: p.wakeSoon(earliest[i]), zadd: p.zadd(ctx, pipe, i, moves(l), zs...)}
 		if a.wake && p.ordered {
 			pipe.Publish(ctx, p.keys.Wake(), WakeDue(i, earliest[i]))
 		}
@@ -245,15 +291,17 @@ func (p *Producer) removeOld(ctx context.Context, l Layout, member []byte, i int
 
 // rescheduleScript moves a pending member to a new due time, and only if
 // it is still pending, so that a task already dispatched is not scheduled
-// again by accident.
+// again by accident. It unlists the member from the shard's moving hash,
+// as scheduleScript does.
 //
-// KEYS[1] pending shard
+// KEYS[1] pending shard, KEYS[2] its moving hash
 // ARGV[1] new due time (ms)
 // ARGV[2] member
 // Returns 1 if moved, 0 if the member was not pending.
 var rescheduleScript = redis.NewScript(`
 if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
   redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('HDEL', KEYS[2], ARGV[2])
   return 1
 end
 return 0
@@ -268,7 +316,7 @@ func (p *Producer) Reschedule(ctx context.Context, member []byte, due time.Time)
 	l := p.Layout(ctx)
 	for _, i := range l.Indexes(member) {
 		key := p.keys.Pending(i)
-		n, err := rescheduleScript.Run(ctx, p.rdb, []string{key}, strconv.FormatInt(DueMs(due), 10), member).Int()
+		n, err := rescheduleScript.Run(ctx, p.rdb, []string{key, p.keys.Moving(i)}, strconv.FormatInt(DueMs(due), 10), member).Int()
 		if err != nil {
 			return fmt.Errorf("reschedule on %s: %w", key, err)
 		}

@@ -87,6 +87,13 @@ func (k Keys) LastClaim(i int) string { return k.tag(i) + ":claim" }
 // Cluster too. Its value is the ms at which the queue was paused.
 func (k Keys) Paused(i int) string { return k.tag(i) + ":paused" }
 
+// Moving, during a change of the shard count, maps the members a move
+// has added to this shard, not yet confirmed, to the score it added (hash,
+// expiring): the move undoes an add only while its member is still listed,
+// and the Go producer's writes to the shard unlist the member, so that a
+// move never undoes a schedule that came after its add (reshard/scripts.go).
+func (k Keys) Moving(i int) string { return k.tag(i) + ":moving" }
+
 // Rate is the token bucket of the queue's dispatch rate limit (hash).
 func (k Keys) Rate() string { return k.Prefix + ":{" + k.Queue + "}:rate" }
 
