@@ -123,10 +123,8 @@ func (m *Mover) shard(ctx context.Context, l shard.Layout, i int) (Progress, err
 			}
 			groups[j] = append(groups[j], task{score: page[k+1], member: page[k]})
 		}
-		for j, ts := range groups {
-			if err := m.move(ctx, i, j, ts, &p); err != nil {
-				return p, err
-			}
+		if err := m.moveGroups(ctx, i, groups, &p); err != nil {
+			return p, err
 		}
 		if cursor = next; cursor == 0 {
 			break
@@ -155,17 +153,84 @@ func (m *Mover) horizon() time.Duration {
 	return max(m.Horizon, 0)
 }
 
-// move takes tasks from shard i to shard j in the three steps described
-// in scripts.go.
-func (m *Mover) move(ctx context.Context, i, j int, ts []task, p *Progress) error {
-	b := m.batch(i, j, ts)
-	if err := b.add(ctx); err != nil {
-		return err
+// moveGroups moves a page's tasks from shard i to their shards, each
+// step for all destinations in one pipelined round trip: a page's tasks
+// spread over up to the shard count's destinations, and a round trip per
+// destination and step made moving a million tasks take minutes.
+func (m *Mover) moveGroups(ctx context.Context, i int, groups map[int][]task, p *Progress) error {
+	if len(groups) == 0 {
+		return nil
 	}
-	if err := b.take(ctx); err != nil {
-		return err
+	bs := make([]*batchMove, 0, len(groups))
+	for j, ts := range groups {
+		bs = append(bs, m.batch(i, j, ts))
 	}
-	return b.undo(ctx, p)
+	steps := []struct {
+		script *redis.Script
+		call   func(b *batchMove) ([]string, []any)
+		done   func(b *batchMove, c *redis.Cmd) error
+	}{
+		{addScript, func(b *batchMove) ([]string, []any) { return []string{b.dst, b.moving}, b.args }, func(b *batchMove, c *redis.Cmd) (err error) {
+			if b.added, err = c.Int64Slice(); err != nil {
+				return fmt.Errorf("move %d tasks from %s to %s: add: %w", len(b.ts), b.src, b.dst, err)
+			}
+			return nil
+		}},
+		{takeScript, func(b *batchMove) ([]string, []any) { return []string{b.src}, b.args[1:] }, func(b *batchMove, c *redis.Cmd) (err error) {
+			if b.taken, err = c.Int64Slice(); err != nil {
+				// Those added are in both shards now, with one score:
+				// the next pass finishes their move.
+				return fmt.Errorf("move %d tasks from %s to %s: remove from the source: %w", len(b.ts), b.src, b.dst, err)
+			}
+			return nil
+		}},
+		{undoScript, func(b *batchMove) ([]string, []any) { return []string{b.dst, b.moving}, b.undoArgs(p) }, func(b *batchMove, c *redis.Cmd) error {
+			if err := c.Err(); err != nil {
+				return fmt.Errorf("undo moves to %s (raced by producers): %w", b.dst, err)
+			}
+			return nil
+		}},
+	}
+	for _, st := range steps {
+		cmds, err := runPipelined(ctx, m.RDB, st.script, len(bs), func(n int) ([]string, []any) { return st.call(bs[n]) })
+		if err != nil {
+			return err
+		}
+		for n, c := range cmds {
+			if err := st.done(bs[n], c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// runPipelined runs script n times in one pipeline, with the keys and
+// arguments call gives; calls refused with NOSCRIPT (a server that lost
+// its script cache, a new primary) run again with the script's source.
+func runPipelined(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, n int, call func(n int) ([]string, []any)) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, n)
+	pipe := rdb.Pipeline()
+	for k := range n {
+		keys, args := call(k)
+		cmds[k] = script.EvalSha(ctx, pipe, keys, args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var again []int
+	for k, c := range cmds {
+		if c.Err() != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			again = append(again, k)
+		}
+	}
+	if len(again) > 0 {
+		pipe := rdb.Pipeline()
+		for _, k := range again {
+			keys, args := call(k)
+			cmds[k] = script.Eval(ctx, pipe, keys, args...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	return cmds, ctx.Err()
 }
 
 // batchMove is one batch's move from shard i to shard j, run a step at a
@@ -216,8 +281,17 @@ func (b *batchMove) take(ctx context.Context) error {
 // hash (also those a mover that died listed), and counts the batch's
 // outcome into p.
 func (b *batchMove) undo(ctx context.Context, p *Progress) error {
+	args := b.undoArgs(p)
+	if err := undoScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, args...).Err(); err != nil {
+		return fmt.Errorf("undo moves to %s (raced by producers): %w", b.dst, err)
+	}
+	return nil
+}
+
+// undoArgs are undoScript's arguments after steps 1 and 2; it counts the
+// batch's outcome into p.
+func (b *batchMove) undoArgs(p *Progress) []any {
 	var args []any
-	undo := 0
 	for k, t := range b.ts {
 		switch {
 		case b.taken[k] == 1 && b.added[k] == 1:
@@ -230,16 +304,10 @@ func (b *batchMove) undo(ctx context.Context, p *Progress) error {
 		flag := 0
 		if b.added[k] == 1 && b.taken[k] != 1 {
 			flag = 1
-			undo++
 		}
 		args = append(args, t.score, t.member, flag)
 	}
-	if len(args) > 0 {
-		if err := undoScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, args...).Err(); err != nil {
-			return fmt.Errorf("undo %d of %d moves to %s (raced by producers): %w", undo, len(args)/3, b.dst, err)
-		}
-	}
-	return nil
+	return args
 }
 
 // dead moves shard i's misplaced dead letters with their reasons.
