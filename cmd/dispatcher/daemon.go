@@ -295,10 +295,10 @@ func testClock(w io.Writer) (func() time.Time, error) {
 	return func() time.Time { return time.Now().Add(skew) }, nil
 }
 
-// redisLogger routes go-redis's own messages (dial failures, pool and
-// pub/sub trouble) into the daemon's log, in its format and with passwords
-// hidden, each kind at most once per 10 s: a pub/sub connection the server
-// keeps refusing is retried many times a second.
+// redisLogger routes go-redis's own messages (pool and pub/sub trouble)
+// into the daemon's log, in its format and with passwords hidden, each
+// kind at most once per 10 s: a pub/sub connection the server keeps
+// refusing is retried many times a second. Dial failures go to debug.
 type redisLogger struct {
 	log  *slog.Logger
 	mu   *sync.Mutex
@@ -309,7 +309,14 @@ func newRedisLogger(log *slog.Logger) redisLogger {
 	return redisLogger{log: log, mu: &sync.Mutex{}, last: map[string]time.Time{}}
 }
 
-func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if strings.Contains(format, "failed to dial") {
+		// The call that dialled fails with the same error, and its
+		// caller logs it ("waiting for Redis", a scanner's error): at
+		// info level, the line would only repeat it.
+		l.log.DebugContext(ctx, redact.String(fmt.Sprintf(format, v...)))
+		return
+	}
 	l.mu.Lock()
 	if time.Since(l.last[format]) < 10*time.Second {
 		l.mu.Unlock()
