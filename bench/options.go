@@ -132,8 +132,8 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&ceilingWindows, "ceiling-window", "300,1000,3000", "unconfirmed publishes the raw publisher keeps outstanding (list: each is measured, the fastest is the ceiling)")
 	fs.BoolVar(&o.CeilingEach, "ceiling-each", false, "measure the ceiling before every backlog point (default: once per message size)")
 	fs.DurationVar(&stall, "stall", 45*time.Second, "give up on a point when no task arrives for this long")
-	fs.StringVar(&o.JSONPath, "json", "", "write every figure to this JSON file")
-	fs.StringVar(&o.SVGPath, "svg", "", "write the lateness distributions to this SVG file")
+	fs.StringVar(&o.JSONPath, "json", "", "write every figure to this JSON file (not if interrupted)")
+	fs.StringVar(&o.SVGPath, "svg", "", "write the lateness distributions to this SVG file (not if interrupted)")
 	// The defaults are resolved after parsing so that -h never shows a
 	// password from the environment.
 	fs.StringVar(&o.RedisURL, "redis", "", "Redis URL (default $DISPATCHER_REDIS_URL, else redis://localhost:6379/0)")
