@@ -141,7 +141,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.Dispatcher, "dispatcher", "", "dispatcher executable to start (default: this one)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -393,3 +393,36 @@ func parseCount(f string) (int, error) {
 // firstAMQP is the node the consumer and the raw publisher use: the first
 // of the list, the one the dispatchers prefer.
 func (o *Options) firstAMQP() string { return config.SplitAMQPURLs(o.AMQPURL)[0] }
+
+// printFlags is flag.PrintDefaults with each usage wrapped to fit an
+// 80-column terminal.
+func printFlags(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		line := "  -" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintln(fs.Output(), line)
+		if def := f.DefValue; def != "" && def != "false" && def != "0" && def != "0s" {
+			if name == "string" {
+				def = strconv.Quote(def)
+			}
+			usage += " (default " + def + ")"
+		}
+		var b strings.Builder
+		for _, word := range strings.Fields(usage) {
+			if b.Len() > 0 && b.Len()+1+len(word) > 74 {
+				fmt.Fprintf(fs.Output(), "      %s\n", b.String())
+				b.Reset()
+			}
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(word)
+		}
+		if b.Len() > 0 {
+			fmt.Fprintf(fs.Output(), "      %s\n", b.String())
+		}
+	})
+}

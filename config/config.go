@@ -235,6 +235,9 @@ func loadQueue(name string, env map[string]string, tool bool) (Queue, error) {
 		if err != nil {
 			return q, &Error{Var: p + "SHARDS", Value: shards, Reason: "not an integer"}
 		}
+		if tool && n == 0 { // 0 stands for "not set" from here on
+			return q, &Error{Var: p + "SHARDS", Value: shards, Reason: fmt.Sprintf("must be 1 to %d", shard.MaxShards)}
+		}
 		q.Shards = n
 	case !tool:
 		return q, &Error{Var: p + "SHARDS", Reason: "required, not set"}

@@ -207,8 +207,14 @@ func TestVersionAndHelp(t *testing.T) {
 	}
 	// Every command's help, as registered.
 	for _, c := range newRootCmd(streams{}).Commands() {
-		if c.Name() == "bench" || c.Hidden {
-			continue // its own flag set, checked in package bench
+		if c.Name() == "bench" { // its own flags, Go flag style; help on stderr
+			_, errOut, code := runCLI(t, "bench", "-h")
+			for _, l := range strings.Split(errOut, "\n") {
+				if code != exitOK || len([]rune(l)) > 80 {
+					t.Errorf("dispatcher bench -h: exit %d, a line of %d columns: %q", code, len([]rune(l)), l)
+				}
+			}
+			continue
 		}
 		help(c.Name())
 		for _, sub := range c.Commands() {
