@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
@@ -300,5 +302,82 @@ func TestRedisLoggerLeavesDialFailuresToTheCaller(t *testing.T) {
 	l.Printf(ctx, "redis: discarding bad PubSub connection: %v", errors.New("EOF"))
 	if !strings.Contains(buf.String(), "level=WARN") || !strings.Contains(buf.String(), "PubSub") {
 		t.Errorf("other go-redis messages no longer logged: %q", buf.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe to read while a command writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Issue 22 item 4, seeing a task arrive: tail prints what reaches the
+// queue's exchange and routing key, takes nothing from a consumer's
+// queue, and says what is wrong when the exchange is missing.
+func TestTail(t *testing.T) {
+	cliEnv(t, map[string]string{"DISPATCHER_AMQP_URL": testenv.AMQPURL(t)})
+	exchange := testenv.Name(t)
+	conn := testenv.AMQP(t)
+	consumer := testenv.Consumer(t, conn, exchange, "jobs") // declares the exchange
+
+	if _, errOut, code := runCLI(t, "tail", "--queue", "jobs"); code != exitSettings || !strings.Contains(errOut, "--exchange") {
+		t.Errorf("tail without an exchange: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, "tail", "--queue", "jobs", "--exchange", exchange+"-missing"); code != exitFailure || !strings.Contains(errOut, "does not exist") {
+		t.Errorf("tail on a missing exchange: exit %d, %q", code, errOut)
+	}
+
+	var out, errOut lockedBuffer
+	done := make(chan int)
+	go func() {
+		done <- runWith([]string{"tail", "--queue", "jobs", "--exchange", exchange, "--count", "1", "--timeout", "20s", "--json"}, nil, &out, &errOut)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(errOut.String(), "waiting for tasks"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("tail did not bind: %q", errOut.String())
+		}
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	due := time.Now().UnixMilli()
+	if err := ch.Publish(exchange, "jobs", false, false, amqp.Publishing{MessageId: "abc-1", Body: []byte("hi"),
+		Headers: amqp.Table{"x-due-ms": due}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != exitOK || !strings.Contains(out.String(), `"message_id":"abc-1"`) || !strings.Contains(out.String(), `"body":"hi"`) ||
+			!strings.Contains(out.String(), fmt.Sprintf(`"due_ms":%d`, due)) {
+			t.Errorf("tail --count 1: exit %d, %q %q", code, out.String(), errOut.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("tail did not stop after --count 1")
+	}
+	select {
+	case d := <-consumer:
+		if d.MessageId != "abc-1" {
+			t.Errorf("the consumer got %q", d.MessageId)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the consumer's queue lost the task to tail")
+	}
+	// --timeout before --count: exit 1.
+	if _, errOut, code := runCLI(t, "tail", "--queue", "jobs", "--exchange", exchange, "--count", "1", "--timeout", "300ms"); code != exitFailure || !strings.Contains(errOut, "0 of 1 tasks arrived") {
+		t.Errorf("tail timing out: exit %d, %q", code, errOut)
 	}
 }
