@@ -83,7 +83,8 @@ run)
 	export DISPATCHER_QUEUE_DEFAULT_SHARDS="${DISPATCHER_QUEUE_DEFAULT_SHARDS:-16}"
 	export DISPATCHER_QUEUE_DEFAULT_EXCHANGE="${DISPATCHER_QUEUE_DEFAULT_EXCHANGE:-tasks}"
 	export DISPATCHER_HTTP_ADDR="${DISPATCHER_HTTP_ADDR-127.0.0.1:9090}"
-	log "running; stop with Ctrl-C"
+	log "running; stop with Ctrl-C. To schedule a task and see it arrive, run in another terminal"
+	log "the three lines of README.md's quick start (./bin/dispatcher schedule, tail, stats)"
 	exec ./bin/dispatcher
 	;;
 test)

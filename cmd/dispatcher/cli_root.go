@@ -18,9 +18,11 @@ type streams struct {
 	stdout, stderr io.Writer
 }
 
-// commands are the subcommands of dispatcher, in the order --help lists
-// them. A new command is a file cli_<name>.go with a constructor added
-// here.
+// commands are the subcommands of dispatcher (--help lists them by
+// name). A new command is a file cli_<name>.go whose constructor is added
+// here: it parses its flags with cobra and returns usageErrorf, failure or
+// settingsError, which runWith turns into one line on stderr and the exit
+// code.
 var commands = []func(streams) *cobra.Command{
 	newScheduleCmd,
 	newCancelCmd,
