@@ -58,7 +58,8 @@ func readmeBlock(t *testing.T, marker string) (quickStart, block string) {
 // README's first-task lines verbatim, as a newcomer pastes them in a
 // second terminal: the task is scheduled, seen arriving with its
 // message_id, and stats shows the queue. The environment only isolates
-// the run (key prefix, no HTTP port, the test servers).
+// the run (key prefix, no HTTP port, the test Redis and a private
+// RabbitMQ node).
 func TestREADMEFirstTask(t *testing.T) {
 	quickStart, lines := readmeBlock(t, firstTaskMarker)
 	if !strings.Contains(quickStart, "scripts/dev.sh run") {
@@ -72,8 +73,10 @@ func TestREADMEFirstTask(t *testing.T) {
 	rdb := testenv.Redis(t)
 	testenv.CleanRedis(t, rdb, prefix)
 	base := childEnv(map[string]string{
-		"DISPATCHER_REDIS_URL":  testenv.RedisURL(t),
-		"DISPATCHER_AMQP_URL":   testenv.AMQPURL(t),
+		"DISPATCHER_REDIS_URL": testenv.RedisURL(t),
+		// A node of the tests' own: exchange tasks with key default is the
+		// dev set-up's, which someone's scripts/dev.sh run may be using.
+		"DISPATCHER_AMQP_URL":   testenv.PrivateRabbit(t).AMQPURL(),
 		"DISPATCHER_KEY_PREFIX": prefix,
 	})
 
