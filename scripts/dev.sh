@@ -78,7 +78,9 @@ case "$cmd" in
 run)
 	ensure_services
 	log "building ./bin/dispatcher"
-	go build -o bin/dispatcher ./cmd/dispatcher
+	# dispatcher --version: the checkout's commit (see cmd/dispatcher/cli_version.go)
+	go build -ldflags "-X main.buildVersion=$(git describe --always --dirty --tags 2>/dev/null || echo devel)" \
+		-o bin/dispatcher ./cmd/dispatcher
 	export DISPATCHER_QUEUES="${DISPATCHER_QUEUES:-default}"
 	export DISPATCHER_QUEUE_DEFAULT_SHARDS="${DISPATCHER_QUEUE_DEFAULT_SHARDS:-16}"
 	export DISPATCHER_QUEUE_DEFAULT_EXCHANGE="${DISPATCHER_QUEUE_DEFAULT_EXCHANGE:-tasks}"
