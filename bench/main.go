@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 )
 
 // Exit codes, as the daemon's.
@@ -33,7 +34,7 @@ const (
 func Main(args []string, stdout, stderr io.Writer) int {
 	// go-redis would log every failed dial before the error it returns,
 	// which the bench reports.
-	redis.SetLogger(quietRedis{})
+	redis.SetLogger(redisconn.Quiet{})
 	opt, err := parseOptions(args, stderr)
 	if errors.Is(err, errHelp) {
 		return exitOK
@@ -112,11 +113,6 @@ func writeReports(opt *Options, rep *Report, interrupted bool) error {
 	}
 	return errors.Join(errs...)
 }
-
-// quietRedis drops go-redis's own log lines.
-type quietRedis struct{}
-
-func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // run measures the points in order; it stops at the first error (an
 // interrupt, a server that went away), keeping what was measured.

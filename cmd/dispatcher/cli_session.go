@@ -16,6 +16,7 @@ import (
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/admin"
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -26,13 +27,6 @@ type session struct {
 	stdout io.Writer
 	json   bool
 }
-
-// quietRedis drops go-redis's own log lines: a command reports the
-// error the call returns, once, and go-redis would print each failed
-// dial of its pool before it.
-type quietRedis struct{}
-
-func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // openSession loads the commands' settings (see config.LoadTool; queues
 // are those the command names) and opens Redis. Settings errors exit 2.
@@ -45,7 +39,7 @@ func openSession(s streams, asJSON bool, queues ...string) (*session, error) {
 	if err != nil {
 		return nil, settingsError(err)
 	}
-	redis.SetLogger(quietRedis{})
+	redis.SetLogger(redisconn.Quiet{})
 	return &session{cfg: cfg, rdb: ropt.NewClient(), stdout: s.stdout, json: asJSON}, nil
 }
 

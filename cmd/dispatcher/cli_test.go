@@ -268,6 +268,7 @@ func TestBinaryVersionAndOneLineErrors(t *testing.T) {
 		{"stats"},
 		{"schedule", "--queue", "q", "--in", "1m", "x"},
 		{"pause", "--queue", "q"},
+		{"bench", "-redis", unreachable, "-mode", "rate", "-rate", "100", "-duration", "2s"},
 	} {
 		cmd := exec.Command(bin, args...)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DISPATCHER_REDIS_URL=" + unreachable,
