@@ -16,7 +16,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 )
 
 // Exit codes, as the daemon's.
@@ -29,6 +32,9 @@ const (
 // Main runs `dispatcher bench` with args (after "bench") and returns the
 // exit code: tables on stdout, progress on stderr.
 func Main(args []string, stdout, stderr io.Writer) int {
+	// go-redis would log every failed dial before the error it returns,
+	// which the bench reports.
+	redis.SetLogger(redisconn.Quiet{})
 	opt, err := parseOptions(args, stderr)
 	if errors.Is(err, errHelp) {
 		return exitOK
@@ -74,19 +80,38 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if len(rep.Failures) > 0 {
 		code = exitFailure
 	}
-	if opt.JSONPath != "" {
-		if err := writeJSON(opt.JSONPath, rep); err != nil {
-			fmt.Fprintf(stderr, "dispatcher bench: %v\n", err)
-			code = exitFailure
-		}
-	}
-	if opt.SVGPath != "" {
-		if err := writeSVG(opt.SVGPath, rep); err != nil {
-			fmt.Fprintf(stderr, "dispatcher bench: %v\n", err)
-			code = exitFailure
-		}
+	if err := writeReports(opt, rep, ctx.Err() != nil); err != nil {
+		fmt.Fprintf(stderr, "dispatcher bench: %v\n", err)
+		code = exitFailure
 	}
 	return code
+}
+
+// writeReports writes the -json and -svg files of a run that ran to its
+// end, its failures included; an interrupted run (Ctrl-C, SIGTERM) leaves
+// them as they were, since they may be a tracked report its stub would
+// replace. The tables on stdout show what it measured.
+func writeReports(opt *Options, rep *Report, interrupted bool) error {
+	var paths []string
+	for _, p := range []string{opt.JSONPath, opt.SVGPath} {
+		if p != "" {
+			paths = append(paths, p)
+		}
+	}
+	if len(paths) == 0 {
+		return nil
+	}
+	if interrupted {
+		return fmt.Errorf("interrupted: %s not written, left as they were", strings.Join(paths, " and "))
+	}
+	var errs []error
+	if opt.JSONPath != "" {
+		errs = append(errs, writeJSON(opt.JSONPath, rep))
+	}
+	if opt.SVGPath != "" {
+		errs = append(errs, writeSVG(opt.SVGPath, rep))
+	}
+	return errors.Join(errs...)
 }
 
 // run measures the points in order; it stops at the first error (an

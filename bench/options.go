@@ -132,8 +132,8 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&ceilingWindows, "ceiling-window", "300,1000,3000", "unconfirmed publishes the raw publisher keeps outstanding (list: each is measured, the fastest is the ceiling)")
 	fs.BoolVar(&o.CeilingEach, "ceiling-each", false, "measure the ceiling before every backlog point (default: once per message size)")
 	fs.DurationVar(&stall, "stall", 45*time.Second, "give up on a point when no task arrives for this long")
-	fs.StringVar(&o.JSONPath, "json", "", "write every figure to this JSON file")
-	fs.StringVar(&o.SVGPath, "svg", "", "write the lateness distributions to this SVG file")
+	fs.StringVar(&o.JSONPath, "json", "", "write every figure to this JSON file (not if interrupted)")
+	fs.StringVar(&o.SVGPath, "svg", "", "write the lateness distributions to this SVG file (not if interrupted)")
 	// The defaults are resolved after parsing so that -h never shows a
 	// password from the environment.
 	fs.StringVar(&o.RedisURL, "redis", "", "Redis URL (default $DISPATCHER_REDIS_URL, else redis://localhost:6379/0)")
@@ -141,7 +141,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.Dispatcher, "dispatcher", "", "dispatcher executable to start (default: this one)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -393,3 +393,36 @@ func parseCount(f string) (int, error) {
 // firstAMQP is the node the consumer and the raw publisher use: the first
 // of the list, the one the dispatchers prefer.
 func (o *Options) firstAMQP() string { return config.SplitAMQPURLs(o.AMQPURL)[0] }
+
+// printFlags is flag.PrintDefaults with each usage wrapped to fit an
+// 80-column terminal.
+func printFlags(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		line := "  -" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintln(fs.Output(), line)
+		if def := f.DefValue; def != "" && def != "false" && def != "0" && def != "0s" {
+			if name == "string" {
+				def = strconv.Quote(def)
+			}
+			usage += " (default " + def + ")"
+		}
+		var b strings.Builder
+		for _, word := range strings.Fields(usage) {
+			if b.Len() > 0 && b.Len()+1+len(word) > 74 {
+				fmt.Fprintf(fs.Output(), "      %s\n", b.String())
+				b.Reset()
+			}
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(word)
+		}
+		if b.Len() > 0 {
+			fmt.Fprintf(fs.Output(), "      %s\n", b.String())
+		}
+	})
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/xml"
 	"fmt"
 	"math"
-	"os"
 	"strings"
 )
 
@@ -67,7 +66,7 @@ func panels(rep *Report) []panel {
 }
 
 func writeSVG(path string, rep *Report) error {
-	if err := os.WriteFile(path, renderSVG(panels(rep)), 0o644); err != nil {
+	if err := writeFile(path, renderSVG(panels(rep))); err != nil {
 		return fmt.Errorf("write SVG: %w", err)
 	}
 	return nil

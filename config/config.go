@@ -28,6 +28,9 @@ import (
 const Prefix = "DISPATCHER"
 
 // Settings are the instance-wide settings. The desc tags feed --help.
+// required:"daemon" (DISPATCHER_QUEUES): envconfig leaves it alone, as the
+// commands run without it (LoadTool); Load requires it and --help shows it
+// required.
 type Settings struct {
 	RedisURL         string        `envconfig:"DISPATCHER_REDIS_URL" default:"redis://localhost:6379/0" desc:"Redis URL: redis:// or rediss:// (one server), redis+cluster:// (Redis Cluster: seed nodes as host and addr=), redis+sentinel:// (Sentinel: sentinels as host and addr=, master_name= required), each also rediss+...; the password in it is never logged"`
 	AMQPURL          string        `envconfig:"DISPATCHER_AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL (amqp:// or amqps://), or the comma-separated URLs of one cluster's nodes (schemes may be mixed): the dispatcher connects to one and, when it is lost or refuses, goes on to the next; the password in it is never logged"`
@@ -39,9 +42,9 @@ type Settings struct {
 	AMQPCertFile     string        `envconfig:"DISPATCHER_AMQP_CERT_FILE" default:"" desc:"PEM client certificate for amqps://, with DISPATCHER_AMQP_KEY_FILE"`
 	AMQPKeyFile      string        `envconfig:"DISPATCHER_AMQP_KEY_FILE" default:"" desc:"PEM private key of DISPATCHER_AMQP_CERT_FILE"`
 	KeyPrefix        string        `envconfig:"DISPATCHER_KEY_PREFIX" default:"dq" desc:"prefix P of every Redis key: shard i of queue Q is P:{Q:i}"`
-	Queues           []string      `envconfig:"DISPATCHER_QUEUES" required:"true" desc:"comma-separated queue names this instance serves"`
+	Queues           []string      `envconfig:"DISPATCHER_QUEUES" required:"daemon" desc:"comma-separated queue names this instance serves"`
 	Lease            time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again (at least 1s)"`
-	HTTPAddr         string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; a port alone (:9090) binds 127.0.0.1 only, 0.0.0.0:9090 every IPv4 interface; empty turns it off"`
+	HTTPAddr         string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of the status page (/, a page for people) and of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; a port alone (:9090) binds 127.0.0.1 only, 0.0.0.0:9090 every IPv4 interface; empty turns it off"`
 	BatchSize        int           `envconfig:"DISPATCHER_BATCH_SIZE" default:"500" desc:"most tasks taken from one shard in one claim (1 to 10000)"`
 	Pipeline         int           `envconfig:"DISPATCHER_PIPELINE" default:"4" desc:"claimed batches per queue being published at once (1 to 64)"`
 	PollInterval     time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often the queue's sweeping instance looks at every shard for newly scheduled tasks; known due times are waited for exactly"`
@@ -62,6 +65,20 @@ type Settings struct {
 
 	// QueueSettings holds one entry per name in Queues, in that order.
 	QueueSettings []Queue `ignored:"true"`
+	// Extra holds the queues a command named that are not in Queues
+	// (LoadTool only).
+	Extra []Queue `ignored:"true"`
+}
+
+// Queue returns the settings of the queue named, from QueueSettings or
+// Extra.
+func (s *Settings) Queue(name string) (Queue, bool) {
+	for _, q := range append(s.QueueSettings[:len(s.QueueSettings):len(s.QueueSettings)], s.Extra...) {
+		if q.Name == name {
+			return q, true
+		}
+	}
+	return Queue{}, false
 }
 
 // Queue are the settings of one queue, read from DISPATCHER_QUEUE_<NAME>_*.
@@ -133,14 +150,28 @@ func DefaultConfirmTimeout(lease time.Duration) time.Duration {
 	return min(10*time.Second, lease/3)
 }
 
-// Load reads and validates the settings from the process environment.
-// It does not touch the network.
-func Load() (*Settings, error) {
+// Load reads and validates the daemon's settings from the process
+// environment. It does not touch the network.
+func Load() (*Settings, error) { return load(nil, false) }
+
+// LoadTool reads and validates the settings of a command (schedule,
+// stats, ...) from the process environment: as Load, but DISPATCHER_QUEUES
+// and each queue's SHARDS and EXCHANGE may be left out (a command reads
+// the shard count recorded in Redis, and publishes nothing). The queues
+// named are loaded too, so their DISPATCHER_QUEUE_<NAME>_* variables count
+// as known; when DISPATCHER_QUEUES is set, the caller checks that they are
+// among them. A queue's Shards is 0 where not set.
+func LoadTool(named ...string) (*Settings, error) { return load(named, true) }
+
+func load(named []string, tool bool) (*Settings, error) {
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, Prefix+"_") {
 			env[k] = v
 		}
+	}
+	if _, ok := env[Prefix+"_QUEUES"]; !ok && !tool {
+		return nil, &Error{Var: Prefix + "_QUEUES", Reason: "required, not set"}
 	}
 	var s Settings
 	// Full variable names are in the tags and the prefix is empty, so
@@ -166,13 +197,24 @@ func Load() (*Settings, error) {
 		seen[EnvName(name)] = name
 	}
 	for _, name := range s.Queues {
-		q, err := loadQueue(name, env)
+		q, err := loadQueue(name, env, tool)
 		if err != nil {
 			return nil, err
 		}
 		s.QueueSettings = append(s.QueueSettings, q)
 	}
-	if err := s.Validate(); err != nil {
+	for _, name := range named {
+		if seen[EnvName(name)] != "" || !shard.ValidQueueName(name) {
+			continue // loaded already, or refused by the command
+		}
+		seen[EnvName(name)] = name
+		q, err := loadQueue(name, env, tool)
+		if err != nil {
+			return nil, err
+		}
+		s.Extra = append(s.Extra, q)
+	}
+	if err := s.validate(tool); err != nil {
 		return nil, err
 	}
 	if err := checkUnknown(env, &s); err != nil {
@@ -181,19 +223,26 @@ func Load() (*Settings, error) {
 	return &s, nil
 }
 
-func loadQueue(name string, env map[string]string) (Queue, error) {
+// loadQueue reads one queue's variables; with tool, SHARDS (then 0) and
+// EXCHANGE may be missing.
+func loadQueue(name string, env map[string]string, tool bool) (Queue, error) {
 	p := QueuePrefix(name) + "_"
 	q := Queue{Name: name}
 	shards, ok := env[p+"SHARDS"]
-	if !ok {
+	switch {
+	case ok:
+		n, err := strconv.Atoi(strings.TrimSpace(shards))
+		if err != nil {
+			return q, &Error{Var: p + "SHARDS", Value: shards, Reason: "not an integer"}
+		}
+		if tool && n == 0 { // 0 stands for "not set" from here on
+			return q, &Error{Var: p + "SHARDS", Value: shards, Reason: fmt.Sprintf("must be 1 to %d", shard.MaxShards)}
+		}
+		q.Shards = n
+	case !tool:
 		return q, &Error{Var: p + "SHARDS", Reason: "required, not set"}
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(shards))
-	if err != nil {
-		return q, &Error{Var: p + "SHARDS", Value: shards, Reason: "not an integer"}
-	}
-	q.Shards = n
-	if q.Exchange, ok = env[p+"EXCHANGE"]; !ok {
+	if q.Exchange, ok = env[p+"EXCHANGE"]; !ok && !tool {
 		return q, &Error{Var: p + "EXCHANGE", Reason: "required, not set (empty means the default exchange)"}
 	}
 	if v, ok := env[p+"MAX_RATE"]; ok && strings.TrimSpace(v) != "" {
@@ -232,9 +281,12 @@ func translate(err error, env map[string]string) error {
 }
 
 // Validate rejects settings that would misbehave later.
-func (s *Settings) Validate() error {
+func (s *Settings) Validate() error { return s.validate(false) }
+
+// validate is Validate; with tool, queues and shard counts may be missing.
+func (s *Settings) validate(tool bool) error {
 	v := func(name string) string { return Prefix + "_" + name }
-	if len(s.Queues) == 0 {
+	if len(s.Queues) == 0 && !tool {
 		return &Error{Var: v("QUEUES"), Reason: "no queue given"}
 	}
 	if err := validRedisURL(s.RedisURL); err != nil {
@@ -312,9 +364,11 @@ func (s *Settings) Validate() error {
 	default:
 		return &Error{Var: v("LOG_FORMAT"), Value: s.LogFormat, Reason: "want text or json"}
 	}
-	for _, q := range s.QueueSettings {
+	for _, q := range append(s.QueueSettings[:len(s.QueueSettings):len(s.QueueSettings)], s.Extra...) {
 		p := QueuePrefix(q.Name) + "_"
-		if q.Shards < 1 || q.Shards > shard.MaxShards {
+		if tool && q.Shards == 0 {
+			// not set: the command reads the count recorded in Redis
+		} else if q.Shards < 1 || q.Shards > shard.MaxShards {
 			return &Error{Var: p + "SHARDS", Value: strconv.Itoa(q.Shards), Reason: fmt.Sprintf("must be 1 to %d", shard.MaxShards)}
 		}
 		if len(q.Exchange) > 255 {
@@ -466,7 +520,7 @@ func checkUnknown(env map[string]string, s *Settings) error {
 	for _, v := range vars(Prefix, &Settings{}) {
 		known[v.Key] = true
 	}
-	for _, q := range s.QueueSettings {
+	for _, q := range append(s.QueueSettings[:len(s.QueueSettings):len(s.QueueSettings)], s.Extra...) {
 		for _, v := range vars(QueuePrefix(q.Name), &Queue{}) {
 			known[v.Key] = true
 		}

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
-	"text/tabwriter"
+	"strings"
 
 	"github.com/dispatcher/dispatcher/internal/redact"
 )
@@ -34,38 +34,55 @@ func vars(prefix string, spec any) []Var {
 		if text := f.Tag.Get("defaultText"); text != "" { // derived from other settings
 			def = text
 		}
-		out = append(out, Var{Key: key, Default: def, Desc: f.Tag.Get("desc"), Required: f.Tag.Get("required") == "true"})
+		out = append(out, Var{Key: key, Default: def, Desc: f.Tag.Get("desc"), Required: f.Tag.Get("required") == "true" || f.Tag.Get("required") == "daemon"})
 	}
 	return out
 }
 
-// Usage prints every variable with its default and meaning.
+// Usage prints every variable with its default and meaning, in lines
+// that fit an 80-column terminal.
 func Usage(w io.Writer) {
-	fmt.Fprintln(w, "dispatcher moves due tasks from sharded Redis sorted sets to RabbitMQ.")
-	fmt.Fprintln(w, "\nUsage: dispatcher            run until SIGTERM or SIGINT")
-	fmt.Fprintln(w, "       dispatcher --help     print this")
-	fmt.Fprintln(w, "       dispatcher stats [--queue Q] [--json]")
-	fmt.Fprintln(w, "                             what the queues hold, per shard, read from Redis")
-	fmt.Fprintln(w, "       dispatcher schedule|cancel|dead|pause|resume --help")
-	fmt.Fprintln(w, "                             schedule or cancel a task, list, requeue or purge dead letters, hold a queue")
-	fmt.Fprintln(w, "       dispatcher bench -h   measure throughput, lateness and cost on your Redis and broker")
-	fmt.Fprintln(w, "\nSettings come from the environment:")
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VARIABLE\tDEFAULT\tMEANING")
+	fmt.Fprintln(w, "Settings come from the environment:")
 	print := func(vs []Var) {
 		for _, v := range vs {
 			def := v.Default
 			switch {
 			case v.Required:
-				def = "(required)"
+				def = "required"
 			case def == "":
-				def = `""`
+				def = `default ""`
+			default:
+				def = "default " + redact.URL(def)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Key, redact.URL(def), v.Desc)
+			fmt.Fprintf(w, "\n%s (%s)\n", v.Key, def)
+			for _, l := range wrap(v.Desc, 76) {
+				fmt.Fprintf(w, "    %s\n", l)
+			}
 		}
 	}
 	print(vars(Prefix, &Settings{}))
 	print(vars(Prefix+"_QUEUE_<NAME>", &Queue{}))
-	tw.Flush()
-	fmt.Fprintln(w, "\n<NAME> is the queue name upper-cased, every character outside A-Z 0-9 written as _.")
+	fmt.Fprintln(w, "\n<NAME> is the queue name upper-cased, every character outside A-Z 0-9")
+	fmt.Fprintln(w, "written as _.")
+}
+
+// wrap breaks s into lines of at most width bytes at spaces (a longer
+// word gets a line of its own).
+func wrap(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		if line != "" && len(line)+1+len(word) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += word
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }

@@ -78,12 +78,15 @@ case "$cmd" in
 run)
 	ensure_services
 	log "building ./bin/dispatcher"
-	go build -o bin/dispatcher ./cmd/dispatcher
+	# dispatcher --version: the checkout's commit (see cmd/dispatcher/cli_version.go)
+	go build -ldflags "-X main.buildVersion=$(git describe --always --dirty --tags 2>/dev/null || echo devel)" \
+		-o bin/dispatcher ./cmd/dispatcher
 	export DISPATCHER_QUEUES="${DISPATCHER_QUEUES:-default}"
 	export DISPATCHER_QUEUE_DEFAULT_SHARDS="${DISPATCHER_QUEUE_DEFAULT_SHARDS:-16}"
 	export DISPATCHER_QUEUE_DEFAULT_EXCHANGE="${DISPATCHER_QUEUE_DEFAULT_EXCHANGE:-tasks}"
 	export DISPATCHER_HTTP_ADDR="${DISPATCHER_HTTP_ADDR-127.0.0.1:9090}"
-	log "running; stop with Ctrl-C"
+	log "running; stop with Ctrl-C. To schedule a task and see it arrive, run in another terminal"
+	log "the three lines of README.md's quick start (./bin/dispatcher schedule, tail, stats)"
 	exec ./bin/dispatcher
 	;;
 test)

@@ -18,8 +18,12 @@ import (
 
 // Queue is one queue's keys and shard count.
 type Queue struct {
-	Keys   shard.Keys
+	Keys shard.Keys
+	// Shards is how many shards to act on: during a change of the shard
+	// count, those of both counts (Layout.Span).
 	Shards int
+	// Layout, if set, says which shards a member's dead letters may be in.
+	Layout shard.Layout
 }
 
 // Pause sets every shard's pause flag (its value: when, in ms): the claim
@@ -101,14 +105,20 @@ func DeadList(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx 
 
 // DeadOf returns the dead letters of one member (every scheduling of it).
 func DeadOf(ctx context.Context, rdb redis.UniversalClient, q Queue, member []byte) ([]Dead, error) {
-	all, err := DeadList(ctx, rdb, q, shard.Index(member, q.Shards))
-	if err != nil {
-		return nil, err
+	indexes := []int{shard.Index(member, q.Shards)}
+	if q.Layout.Shards != 0 {
+		indexes = q.Layout.Indexes(member)
 	}
 	var out []Dead
-	for _, d := range all {
-		if d.Member == string(member) {
-			out = append(out, d)
+	for _, i := range indexes {
+		all, err := DeadList(ctx, rdb, q, i)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range all {
+			if d.Member == string(member) {
+				out = append(out, d)
+			}
 		}
 	}
 	return out, nil

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// bodyHelp says how a BODY argument is read, for schedule and cancel.
+const bodyHelp = `BODY is the task's bytes; - reads them from stdin, dropping one trailing
+newline (as echo adds) unless --raw. A body starting with - goes after --.`
+
+func newScheduleCmd(s streams) *cobra.Command {
+	var queue, in, at string
+	var asJSON, raw, past bool
+	cmd := &cobra.Command{
+		Use:   "schedule --queue Q (--in 10m | --at TIME) (BODY | -)",
+		Short: "schedule a task, as a producer does",
+		Long: `Schedules a task on queue Q, due in a duration (--in) or at an RFC 3339
+time (--at), as a producer does: ZADD to its shard, and a wake-up.
+` + bodyHelp + `
+A due time in the past is refused unless --past (the task would go out at
+once).
+
+Needs DISPATCHER_REDIS_URL only (default redis://localhost:6379/0): the
+queue's shard count is read from Redis, where the dispatcher records it.
+
+Exit status: 0 scheduled, 1 Redis failed, 2 bad arguments or settings.`,
+		Example: `  dispatcher schedule --queue default --in 10s 'hello'
+  dispatcher schedule --queue default --at 2026-12-24T18:00:00Z 'hi'
+  echo '{"order":42}' | dispatcher schedule --queue orders --in 1h -`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			now := time.Now()
+			var due time.Time
+			switch {
+			case (in == "") == (at == ""):
+				return usageErrorf("give one of --in (a duration, e.g. 10m) or --at (RFC 3339, e.g. 2026-11-23T18:00:00Z)")
+			case in != "":
+				d, err := time.ParseDuration(in)
+				if err != nil {
+					return usageErrorf("--in %q: not a duration (use Go syntax such as 90s, 10m, 2h)", in)
+				}
+				due = now.Add(d)
+			default:
+				t, err := time.Parse(time.RFC3339Nano, at)
+				if err != nil {
+					return usageErrorf("--at %q: not an RFC 3339 time (e.g. 2026-11-23T18:00:00Z)", at)
+				}
+				due = t
+			}
+			if due.Before(now) && !past {
+				return usageErrorf("due %s, %s ago: add --past to schedule it due at once",
+					due.UTC().Format(time.RFC3339), now.Sub(due).Round(time.Second))
+			}
+			if len(args) != 1 {
+				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
+			}
+			se, err := openSession(s, asJSON, queue)
+			if err != nil {
+				return err
+			}
+			defer se.close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			q, err := se.queue(ctx, queue, true)
+			if err != nil {
+				return err
+			}
+			body, err := readBody(args[0], s.stdin, se.cfg.MaxMessageBytes, raw)
+			if err != nil {
+				return err
+			}
+			if len(body) > se.cfg.MaxMessageBytes {
+				return usageErrorf("the body is over DISPATCHER_MAX_MESSAGE_BYTES=%d bytes: it would go straight to the dead letters", se.cfg.MaxMessageBytes)
+			}
+			p, err := shard.NewProducer(se.rdb, se.cfg.KeyPrefix, q.Name, q.Shards)
+			if err != nil {
+				return failure(err)
+			}
+			if err := p.Schedule(ctx, body, due); err != nil {
+				return se.redisFailure(err)
+			}
+			res := map[string]any{"queue": q.Name, "shard": shard.Index(body, q.Shards), "due_ms": due.UnixMilli(),
+				"message_id": shard.MessageID(body, due.UnixMilli())}
+			se.print(res, func(w io.Writer) {
+				fmt.Fprintf(w, "scheduled on %s shard %d, due %s, message_id %s\n", q.Name, res["shard"],
+					due.UTC().Format("2006-01-02 15:04:05.000Z"), res["message_id"])
+			})
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	queueFlag(fs, &queue)
+	fs.StringVar(&in, "in", "", "due in this `duration` (Go syntax: 90s, 10m, 2h)")
+	fs.StringVar(&at, "at", "", "due at this `time` (RFC 3339: 2026-11-23T18:00:00Z)")
+	fs.BoolVar(&past, "past", false, "accept a due time in the past: the task goes out at once")
+	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
+	jsonFlag(fs, &asJSON)
+	return cmd
+}
+
+func newCancelCmd(s streams) *cobra.Command {
+	var queue string
+	var asJSON, raw bool
+	cmd := &cobra.Command{
+		Use:   "cancel --queue Q (BODY | -)",
+		Short: "cancel a pending task by its body",
+		Long: `Cancels the task with this body on queue Q while it is still pending
+(ZREM from its shard). A task claimed already cannot be cancelled.
+` + bodyHelp + `
+
+Exit status: 0 cancelled, 1 not pending or Redis failed, 2 bad arguments
+or settings.`,
+		Example: `  dispatcher cancel --queue default 'hello'`,
+		Args:    cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
+			}
+			se, err := openSession(s, asJSON, queue)
+			if err != nil {
+				return err
+			}
+			defer se.close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			q, err := se.queue(ctx, queue, true)
+			if err != nil {
+				return err
+			}
+			body, err := readBody(args[0], s.stdin, se.cfg.MaxMessageBytes, raw)
+			if err != nil {
+				return err
+			}
+			p, err := shard.NewProducer(se.rdb, se.cfg.KeyPrefix, q.Name, q.Shards)
+			if err != nil {
+				return failure(err)
+			}
+			ok, err := p.Cancel(ctx, body)
+			if err != nil {
+				return se.redisFailure(err)
+			}
+			se.print(map[string]any{"queue": q.Name, "cancelled": ok}, func(w io.Writer) {
+				if ok {
+					fmt.Fprintln(w, "cancelled")
+				}
+			})
+			if !ok {
+				return failure(fmt.Errorf("not pending on %s (never scheduled, cancelled, or already claimed): nothing changed", q.Name))
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	queueFlag(fs, &queue)
+	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
+	jsonFlag(fs, &asJSON)
+	return cmd
+}

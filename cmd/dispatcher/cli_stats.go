@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/dispatcher/dispatcher/internal/queuestate"
+	"github.com/dispatcher/dispatcher/internal/redisconn"
+)
+
+func newStatsCmd(s streams) *cobra.Command {
+	var queues []string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats [--queue Q]... [--json]",
+		Short: "what the queues hold, per shard, read from Redis",
+		Long: `Reads what the queues hold from Redis: per queue and shard, the tasks
+pending, due, in flight (and those whose lease ran out), dead-lettered, how
+late the oldest due task is (pending or retried), how many tasks are
+retried after failed publishes and how late the oldest of them is, when the
+next one is due, and which instance sweeps the queue. A shard that cannot
+be read is shown as broken with its error.
+
+The queues are those given with --queue, else DISPATCHER_QUEUES, else every
+queue whose shard count is recorded in Redis. Each queue's shard count is
+the one recorded in Redis (during a change of it, the shards of both
+counts); a DISPATCHER_QUEUE_<NAME>_SHARDS that differs gets a warning.
+
+Exit status: 0 read (broken shards are shown, not an error), 1 no shard
+could be read, 2 bad arguments or settings.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageErrorf("unexpected argument %q", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			se, err := openSession(s, asJSON, queues...)
+			if err != nil {
+				return err
+			}
+			defer se.close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			names := queues
+			if len(names) == 0 {
+				names = se.cfg.Queues
+			}
+			if len(names) == 0 {
+				if names, err = recordedQueues(ctx, se.rdb, se.cfg.KeyPrefix); err != nil {
+					return se.redisFailure(err)
+				}
+				if len(names) == 0 {
+					return settingsError(fmt.Errorf("no queue has its shard count recorded under %s:{*}:shards, and DISPATCHER_QUEUES is not set: give --queue", se.cfg.KeyPrefix))
+				}
+			}
+			var targets []queuestate.Target
+			for _, name := range names {
+				q, err := se.queue(ctx, name, false)
+				if err != nil {
+					return err
+				}
+				targets = append(targets, queuestate.Target{Name: q.Name, Shards: se.layouts[q.Name].Span()})
+			}
+			states, err := queuestate.Read(ctx, se.rdb, se.cfg.KeyPrefix, targets)
+			if err != nil {
+				return se.redisFailure(err)
+			}
+			for n := range states {
+				l := se.layouts[states[n].Name]
+				states[n].Layout = &l
+			}
+			se.print(map[string]any{"queues": states}, func(w io.Writer) { writeStats(w, states) })
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVarP(&queues, "queue", "q", nil, "only queue `Q`; may be repeated")
+	jsonFlag(cmd.Flags(), &asJSON)
+	return cmd
+}
+
+// recordedQueues are the queues whose shard count is recorded under
+// prefix, sorted; on a cluster, every primary is scanned.
+func recordedQueues(ctx context.Context, rdb redis.UniversalClient, prefix string) ([]string, error) {
+	head, tail := prefix+":{", "}:shards"
+	var mu sync.Mutex // a cluster's primaries are scanned at once
+	var out []string
+	err := redisconn.ForEachPrimary(ctx, rdb, func(ctx context.Context, _ string, c *redis.Client) error {
+		it := c.Scan(ctx, 0, globEscape(head)+"*"+tail, 1000).Iterator()
+		for it.Next(ctx) {
+			q := strings.TrimSuffix(strings.TrimPrefix(it.Val(), head), tail)
+			mu.Lock()
+			if !slices.Contains(out, q) {
+				out = append(out, q)
+			}
+			mu.Unlock()
+		}
+		return it.Err()
+	})
+	slices.Sort(out)
+	return out, err
+}
+
+// globEscape escapes the characters SCAN MATCH reads as a pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// writeStats prints the human table: per queue a line of sums, then a line
+// per shard; after it, who sweeps each queue and why broken shards are.
+func writeStats(w io.Writer, states []queuestate.Queue) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "QUEUE\tSHARD\tPENDING\tDUE\tIN FLIGHT\tLEASE RAN OUT\tDEAD\tOLDEST DUE AGE\tRETRIED\tOLDEST RETRIED AGE\tNEXT DUE (UTC)\t")
+	var notes []string
+	for _, q := range states {
+		fmt.Fprintf(tw, "%s\tall\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, age(q.OldestDueAge), q.Retried, age(q.RetriedAge), nextDue(q.NextDueMs))
+		for _, s := range q.Shards {
+			if s.Err != "" {
+				fmt.Fprintf(tw, "%s\t%d\tBROKEN\t\t\t\t\t\t\t\t\t\n", q.Name, s.Index)
+				notes = append(notes, fmt.Sprintf("queue %s shard %d is broken: %s", q.Name, s.Index, s.Err))
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, s.Index, s.Pending, s.Due, s.Inflight, s.Expired, s.Dead, age(s.OldestDueAge), s.Retried, age(s.RetriedAge), nextDue(s.NextDueMs))
+		}
+		if l := q.Layout; l != nil && l.Changing() {
+			notes = append(notes, fmt.Sprintf("queue %s is changing its shard count from %d to %d (shards 0..%d served): `dispatcher reshard status --queue %s`",
+				q.Name, l.From, l.Shards, l.Span()-1, q.Name))
+		}
+		sweeper := q.Sweeper
+		switch {
+		case q.SweeperErr != "":
+			sweeper = "an instance not known (cannot read the role: " + q.SweeperErr + ")"
+		case sweeper == "":
+			sweeper = "no instance (none running, or the role is changing hands)"
+		}
+		notes = append(notes, fmt.Sprintf("queue %s is swept by %s", q.Name, sweeper))
+		if q.Retried > 0 {
+			notes = append(notes, fmt.Sprintf("queue %s has %d tasks retried after failed publishes (the oldest %s late): the instances' logs and /readyz name the cause",
+				q.Name, q.Retried, age(q.RetriedAge)))
+		}
+		if q.Paused > 0 {
+			notes = append(notes, fmt.Sprintf("queue %s is PAUSED (%d of %d shards): nothing is claimed until `dispatcher resume --queue %s`", q.Name, q.Paused, len(q.Shards), q.Name))
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
+}
+
+func age(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func nextDue(ms int64) string {
+	if ms == 0 {
+		return "-"
+	}
+	return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04:05.000")
+}
