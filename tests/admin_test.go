@@ -179,18 +179,28 @@ func TestScheduleCancelAndDeadLetters(t *testing.T) {
 		"unknown command \"show\"":           {"dead", "show", "--queue", "ops"},
 		"flag provided but not defined":      {"cancel", "--queue", "ops", "--force", "x"},
 		"--shard 9: queue ops has shards 0":  {"dead", "list", "--queue", "ops", "--shard", "9"},
-		"shard count":                        {"pause", "--queue", "ops"}, // with SHARDS=5, below
 	}
 	for want, args := range bad {
-		e := env
-		if want == "shard count" {
-			e = maps.Clone(env)
-			e[config.QueuePrefix("ops")+"_SHARDS"] = "5"
-		}
-		_, errOut, code := runCLI(t, e, args...)
+		_, errOut, code := runCLI(t, env, args...)
 		if code != 2 || !strings.Contains(errOut, want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 			t.Errorf("dispatcher %s: exit %d, %q; want 2 and one line saying %q", strings.Join(args[:min(len(args), 4)], " "), code, errOut, want)
 		}
+	}
+	// A shard count configured otherwise than recorded: the recorded one
+	// is used (Redis is the truth), with a one-line warning naming both.
+	e := maps.Clone(env)
+	e[config.QueuePrefix("ops")+"_SHARDS"] = "5"
+	if _, errOut, code := runCLI(t, e, "pause", "--queue", "ops"); code != 0 ||
+		!strings.Contains(errOut, "DISPATCHER_QUEUE_OPS_SHARDS=5, but queue ops has 4 shards recorded") {
+		t.Errorf("pause with SHARDS=5, 4 recorded: exit %d, %q", code, errOut)
+	}
+	for i := 0; i < 5; i++ {
+		if paused := h.rdb.Exists(ctx, k.Paused(i)).Val() == 1; paused != (i < 4) {
+			t.Errorf("shard %d paused: %v; want the 4 recorded shards paused", i, paused)
+		}
+	}
+	if _, errOut, code := runCLI(t, env, "resume", "--queue", "ops"); code != 0 {
+		t.Errorf("resume: exit %d, %q", code, errOut)
 	}
 	big := strings.Repeat("x", 1001)
 	if err := h.rdb.ZScore(ctx, k.Pending(shard.Index([]byte(big), 4)), big).Err(); err != redis.Nil {

@@ -93,8 +93,7 @@ func TestPermanentRedisRefusals(t *testing.T) {
 		{"db out of range", url("default:def-s3cr3tPW@", "99"), "ERR DB index is out of range", ""},
 		{"wrong password", url("default:wrong-s3cr3tPW@", "0"), "WRONGPASS", ""},
 		{"no password", url("", "0"), "NOAUTH", ""},
-		// stats reads with a script, where the refusal is worded otherwise.
-		{"user without GET", url("noget:noget-s3cr3tPW@", "0"), "NOPERM", "can't run this command"},
+		{"user without GET", url("noget:noget-s3cr3tPW@", "0"), "NOPERM", ""},
 	}
 	for _, c := range cases {
 		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {

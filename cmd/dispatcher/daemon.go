@@ -307,7 +307,7 @@ func startChecks(ctx context.Context, rdb redis.UniversalClient, cfg *config.Set
 		keys := shard.Keys{Prefix: cfg.KeyPrefix, Queue: q.Name}
 		l, err := shard.EnsureLayout(ctx, rdb, keys, q.Shards)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, redisconn.Refused("", err))
 			continue
 		}
 		layouts[n] = l
