@@ -161,6 +161,14 @@ func (m *Mover) moveGroups(ctx context.Context, i int, groups map[int][]task, p 
 	if len(groups) == 0 {
 		return nil
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// Once begun, a page's three steps run to their end even if ctx ends
+	// (SIGTERM), so that a stop leaves no task in two shards; only a
+	// process that dies does, which the next pass mends.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	bs := make([]*batchMove, 0, len(groups))
 	for j, ts := range groups {
 		bs = append(bs, m.batch(i, j, ts))
