@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -217,17 +218,5 @@ func (w *wakeups) keyspacePattern(ctx context.Context) string {
 	if c, ok := w.rdb.(*redis.Client); ok {
 		db = c.Options().DB
 	}
-	return "__keyspace@" + strconv.Itoa(db) + "__:" + globEscape(w.keys.Prefix+":{"+w.keys.Queue+":") + "*}"
-}
-
-// globEscape escapes the characters Redis's pattern matching treats specially.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return "__keyspace@" + strconv.Itoa(db) + "__:" + redisconn.GlobEscape(w.keys.Prefix+":{"+w.keys.Queue+":") + "*}"
 }

@@ -64,19 +64,13 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 		cmd.Use, cmd.Short = "purge --queue Q [--shard i] --yes (--all | BODY...)", "forget dead letters for good"
 	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		se, err := openSession(s, asJSON, queue)
+		se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 30*time.Second)
 		if err != nil {
 			return err
 		}
-		defer se.close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-		defer cancel()
-		q, err := se.queue(ctx, queue, true)
-		if err != nil {
-			return err
-		}
-		if shardIdx < -1 || shardIdx >= q.Shards {
-			return usageErrorf("--shard %d: queue %s has shards 0 to %d", shardIdx, q.Name, q.Shards-1)
+		defer done()
+		if span := se.adminQueue(q).Shards; shardIdx < -1 || shardIdx >= span {
+			return usageErrorf("--shard %d: queue %s has shards 0 to %d", shardIdx, q.Name, span-1)
 		}
 		aq := se.adminQueue(q)
 		if verb == "list" {

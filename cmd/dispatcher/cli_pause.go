@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"time"
@@ -40,17 +39,11 @@ Exit status: 0 done, 1 Redis failed, 2 bad arguments or settings.`
 		return nil
 	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		se, err := openSession(s, asJSON, queue)
+		se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
 		if err != nil {
 			return err
 		}
-		defer se.close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-		defer cancel()
-		q, err := se.queue(ctx, queue, true)
-		if err != nil {
-			return err
-		}
+		defer done()
 		if pause {
 			err = admin.Pause(ctx, se.rdb, se.adminQueue(q), time.Now().UnixMilli())
 		} else {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"time"
@@ -61,17 +60,11 @@ Exit status: 0 scheduled, 1 Redis failed, 2 bad arguments or settings.`,
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
 			}
-			se, err := openSession(s, asJSON, queue)
+			se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
 			if err != nil {
 				return err
 			}
-			defer se.close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			q, err := se.queue(ctx, queue, true)
-			if err != nil {
-				return err
-			}
+			defer done()
 			body, err := readBody(args[0], s.stdin, se.cfg.MaxMessageBytes, raw)
 			if err != nil {
 				return err
@@ -123,17 +116,11 @@ or settings.`,
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
 			}
-			se, err := openSession(s, asJSON, queue)
+			se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
 			if err != nil {
 				return err
 			}
-			defer se.close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			q, err := se.queue(ctx, queue, true)
-			if err != nil {
-				return err
-			}
+			defer done()
 			body, err := readBody(args[0], s.stdin, se.cfg.MaxMessageBytes, raw)
 			if err != nil {
 				return err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
 
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/admin"
@@ -57,6 +58,23 @@ func openSession(s streams, asJSON bool, queues ...string) (*session, error) {
 }
 
 func (se *session) close() { se.rdb.Close() }
+
+// openQueue is openSession for a command on one queue: it resolves the
+// queue (session.queue, recording a configured count not yet recorded)
+// under a context of timeout, which done ends with the session.
+func openQueue(cmd *cobra.Command, s streams, asJSON bool, queue string, timeout time.Duration) (
+	se *session, q config.Queue, ctx context.Context, done func(), err error) {
+	if se, err = openSession(s, asJSON, queue); err != nil {
+		return nil, q, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+	done = func() { cancel(); se.close() }
+	if q, err = se.queue(ctx, queue, true); err != nil {
+		done()
+		return nil, q, nil, nil, err
+	}
+	return se, q, ctx, done, nil
+}
 
 // redisFailure is a failed Redis call: exit 1, naming the server.
 func (se *session) redisFailure(err error) error {

@@ -95,7 +95,7 @@ func recordedQueues(ctx context.Context, rdb redis.UniversalClient, prefix strin
 	var mu sync.Mutex // a cluster's primaries are scanned at once
 	var out []string
 	err := redisconn.ForEachPrimary(ctx, rdb, func(ctx context.Context, _ string, c *redis.Client) error {
-		it := c.Scan(ctx, 0, globEscape(head)+"*"+tail, 1000).Iterator()
+		it := c.Scan(ctx, 0, redisconn.GlobEscape(head)+"*"+tail, 1000).Iterator()
 		for it.Next(ctx) {
 			q := strings.TrimSuffix(strings.TrimPrefix(it.Val(), head), tail)
 			mu.Lock()
@@ -108,18 +108,6 @@ func recordedQueues(ctx context.Context, rdb redis.UniversalClient, prefix strin
 	})
 	slices.Sort(out)
 	return out, err
-}
-
-// globEscape escapes the characters SCAN MATCH reads as a pattern.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // writeStats prints the human table: per queue a line of sums, then a line

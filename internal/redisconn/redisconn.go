@@ -200,3 +200,16 @@ func NodeOf(ctx context.Context, rdb redis.UniversalClient, key string) string {
 	}
 	return c.Options().Addr
 }
+
+// GlobEscape escapes the characters Redis's pattern matching (SCAN MATCH,
+// PSUBSCRIBE) reads as a pattern.
+func GlobEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
