@@ -79,6 +79,9 @@ func moveAll(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l 
 	var total Progress
 	for pass := 1; ; pass++ {
 		p, err := m.Pass(ctx, l, 0, l.Span())
+		// Again after each pass: a wake-up lost (a failover, a dispatcher
+		// reconnecting) would leave an instance to its layout poll.
+		Notify(ctx, rdb, keys)
 		total.add(p)
 		total.Near, total.Retiring = p.Near, p.Retiring
 		if rerr := record(ctx, rdb, keys, p); rerr != nil && err == nil {
