@@ -17,7 +17,7 @@ import (
 // included (ACLs check those too): nothing else is granted to its user.
 const dispatcherCommands = "+ping +evalsha +eval +script|load +time +type " +
 	"+zadd +zrem +zrange +zrangebyscore +zremrangebyrank +zscore +zcard +zcount +hmget +hlen " +
-	"+hexists +hdel +hincrby +hset +get +set +setnx +del +pexpire +incrby " +
+	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +get +set +setnx +del +pexpire +incrby " +
 	"+publish +subscribe +unsubscribe +psubscribe +punsubscribe"
 
 // tlsACLServer starts a private Redis that speaks TLS only (custom CA,
