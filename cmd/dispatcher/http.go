@@ -37,7 +37,9 @@ type status struct {
 	pub      *publisher.Publisher
 	mon      *monitor.Monitor
 	refusals func() []string // why Redis refuses the scripts, if it does
-	page     statuspage.Data // the page's fixed part: instance, URLs, ...
+	// recurring reads the served queues' recurring schedules.
+	recurring func(context.Context) []statuspage.Recurring
+	page      statuspage.Data // the page's fixed part: instance, URLs, ...
 }
 
 // startHTTP serves /healthz (the process runs), /readyz (Redis and the
@@ -221,6 +223,9 @@ func (st status) pageData(ctx context.Context) statuspage.Data {
 	d.Queues = st.mon.Views(ctx)
 	d.Stalls = st.mon.Stalls()
 	d.Lateness = lateness(st.reg)
+	if st.recurring != nil {
+		d.Recurring = st.recurring(ctx)
+	}
 	return d
 }
 

@@ -61,6 +61,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runDead(args[1:], stdout, stderr)
 		case "reshard":
 			return runReshard(args[1:], stdout, stderr)
+		case "recurring":
+			return runRecurring(args[1:], stdout, stderr)
 		case "pause", "resume":
 			return runPause(args[1:], stdout, stderr, args[0] == "pause")
 		default:
@@ -204,7 +206,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals,
-			page: statuspage.Data{
+			recurring: recurringView(rdb, cfg), page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
 				Broker: statuspage.Broker{URL: redact.URLs(strings.Join(nodes, ","))},
 				Redis:  statuspage.Redis{URL: redact.URL(cfg.RedisURL), Mode: string(ropt.Mode)},
@@ -224,6 +226,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
+	startRecurring(ctx, &scanners, rdb, cfg, byQueue, reg, log)
 	log.Info("dispatching", "instance", instance, "queues", cfg.Queues, "redis", redact.URL(cfg.RedisURL), "redis_mode", ropt.Mode, "amqp", redact.URLs(strings.Join(nodes, ",")), "amqp_node_order", cfg.AMQPNodeOrder)
 	logShardPlacement(ctx, rdb, cfg, log)
 

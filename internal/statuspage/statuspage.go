@@ -38,6 +38,16 @@ type Data struct {
 	// Lateness is this instance's dispatch lateness per queue, from its
 	// histogram.
 	Lateness map[string][]Bucket
+	// Recurring lists the served queues' recurring schedules.
+	Recurring []Recurring
+}
+
+// Recurring is one recurring schedule as the page shows it.
+type Recurring struct {
+	Queue, Name, Cron, TZ, CatchUp, Source string
+	Paused                                 bool
+	NextMs, LastMs                         int64 // 0: none yet
+	Error                                  string
 }
 
 // Broker is the broker's state as this instance sees it.
