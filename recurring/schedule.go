@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -76,7 +77,10 @@ var parser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron
 // Schedule is a parsed Def: its occurrences, and what to do with missed ones.
 type Schedule struct {
 	Def
-	cron  cron.Schedule
+	cron cron.Schedule
+	// wall, for an expression with fixed hours, is it read on the wall
+	// clock (in UTC, which has no DST): see next.
+	wall  *cron.SpecSchedule
 	loc   *time.Location
 	grace time.Duration
 }
@@ -106,11 +110,28 @@ func Parse(d Def) (*Schedule, error) {
 	if len(d.Cron) >= 3 && (d.Cron[:3] == "TZ=" || len(d.Cron) >= 8 && d.Cron[:8] == "CRON_TZ=") {
 		return nil, bad("cron %q: give the zone as tz, not in the expression", d.Cron)
 	}
+	if every, ok := strings.CutPrefix(d.Cron, "@every "); ok {
+		// robfig rounds a delay down to whole seconds, and up to 1s:
+		// refuse what it would silently change.
+		if dur, err := time.ParseDuration(strings.TrimSpace(every)); err == nil && (dur < MinInterval || dur%time.Second != 0) {
+			return nil, bad("cron %q: @every takes whole seconds, at least %s", d.Cron, MinInterval)
+		}
+	}
 	c, err := parser.Parse(d.Cron)
 	if err != nil {
 		return nil, bad("cron %q: %v", d.Cron, err)
 	}
 	s := &Schedule{Def: d, cron: c, loc: loc, grace: DefaultGrace}
+	if spec, ok := c.(*cron.SpecSchedule); ok {
+		at := *spec
+		at.Location = loc
+		s.cron = &at
+		if spec.Hour&allHours != allHours {
+			w := *spec
+			w.Location = time.UTC
+			s.wall = &w
+		}
+	}
 	if d.Grace != "" {
 		g, err := time.ParseDuration(d.Grace)
 		if err != nil || g < 0 {
@@ -139,14 +160,66 @@ func Parse(d Def) (*Schedule, error) {
 	return s, nil
 }
 
+// allHours is the hour field of an expression that runs every hour.
+const allHours = 1<<24 - 1
+
 // next is the first occurrence strictly after t, truncated to the ms (the
 // contract's score), or the zero time if there is none.
+//
+// Daylight saving time, as cron (Vixie/ISC) does it: an expression whose
+// hour field is every hour, and @every, run by elapsed time, so an hourly
+// job runs in both passes of a repeated hour and not in an hour that was
+// skipped. An expression with fixed hours (a daily 02:30) runs once per
+// wall-clock time it names: once in a repeated hour (the first pass), and
+// at the moment of the jump for a time a spring-forward skips (02:30 in
+// Europe/Berlin on the last Sunday of March runs at 03:00 CEST). robfig's
+// parser reads the expression; its Next alone would run a daily 02:30
+// twice on the autumn day and not at all on the spring day.
 func (s *Schedule) next(t time.Time) time.Time {
-	n := s.cron.Next(t.In(s.loc))
-	if n.IsZero() {
-		return n
+	if s.wall == nil {
+		n := s.cron.Next(t.In(s.loc))
+		if n.IsZero() {
+			return n
+		}
+		return n.Truncate(time.Millisecond)
 	}
-	return n.Truncate(time.Millisecond)
+	base := naive(t.In(s.loc))
+	for range 10_000 {
+		w := s.wall.Next(base)
+		if w.IsZero() {
+			return w
+		}
+		if at := instant(w, s.loc); at.After(t) {
+			return at.Truncate(time.Millisecond)
+		}
+		base = w // a wall time of the repeated hour's first pass, or one a jump folded onto an earlier one
+	}
+	return time.Time{}
+}
+
+// naive is t's wall-clock reading as a UTC time.
+func naive(t time.Time) time.Time {
+	return time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
+}
+
+// instant is the first instant loc's clock shows the wall time w (given
+// as UTC), or, if a jump forward skips it, the instant of the jump.
+func instant(w time.Time, loc *time.Location) time.Time {
+	var first time.Time
+	for _, probe := range []time.Duration{-24 * time.Hour, 24 * time.Hour} {
+		_, off := w.Add(probe).In(loc).Zone()
+		at := w.Add(-time.Duration(off) * time.Second)
+		if naive(at.In(loc)).Equal(w) && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	if !first.IsZero() {
+		return first
+	}
+	// Skipped: the zone period that starts after the jump begins at it.
+	_, before := w.Add(-24 * time.Hour).In(loc).Zone()
+	start, _ := w.Add(-time.Duration(before) * time.Second).In(loc).ZoneBounds()
+	return start
 }
 
 // NextAfter is the first occurrence strictly after t.
@@ -180,22 +253,22 @@ func (s *Schedule) following(cursor, now time.Time) (time.Time, int) {
 		}
 		return missed[len(missed)-MaxCatchUp], 1 // at least one skipped
 	case CatchUpSkip:
-		f := s.next(now)
-		return f, s.between(n, f)
-	default: // latest
-		last := n
-		for t := s.next(n); !t.IsZero() && !t.After(now); t = s.next(t) {
-			last = t
+		// The first one after now in the cursor's sequence (keeps an
+		// @every schedule's phase).
+		f, k := n, 0
+		for ; !f.IsZero() && !f.After(now) && k < 1_000_000; k++ {
+			f = s.next(f)
 		}
-		return last, s.between(n, last)
+		if k == 1_000_000 {
+			f = s.next(now)
+		}
+		return f, k
+	default: // latest
+		last, k := n, 0
+		for t := s.next(n); !t.IsZero() && !t.After(now) && k < 1_000_000; t = s.next(t) {
+			last = t
+			k++
+		}
+		return last, k
 	}
-}
-
-// between counts the occurrences in [from, to), at most 1e6.
-func (s *Schedule) between(from, to time.Time) int {
-	k := 0
-	for t := from; !t.IsZero() && t.Before(to) && k < 1_000_000; t = s.next(t) {
-		k++
-	}
-	return k
 }
