@@ -1,0 +1,441 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dispatcher/dispatcher/recurring"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// occurrence is one delivery of a recurring task.
+type occurrence struct {
+	body string
+	due  int64 // x-due-ms
+	id   string
+	at   time.Time // received
+}
+
+// drain reads deliveries of queue until quiet passes with none, or
+// timeout.
+func (h *harness) drain(queue string, quiet, timeout time.Duration) []occurrence {
+	h.t.Helper()
+	var out []occurrence
+	deadline := time.After(timeout)
+	for {
+		select {
+		case d := <-h.got[queue]:
+			due, ok := headerInt(d.Headers["x-due-ms"])
+			if !ok {
+				h.t.Fatalf("delivery without x-due-ms: %v", d.Headers)
+			}
+			out = append(out, occurrence{body: string(d.Body), due: due, id: d.MessageId, at: time.Now()})
+		case <-time.After(quiet):
+			return out
+		case <-deadline:
+			return out
+		}
+	}
+}
+
+// byBody groups occurrences by body, each group sorted by due time.
+func byBody(os []occurrence) map[string][]occurrence {
+	out := map[string][]occurrence{}
+	for _, o := range os {
+		out[o.body] = append(out[o.body], o)
+	}
+	for _, v := range out {
+		sort.Slice(v, func(i, j int) bool { return v[i].due < v[j].due })
+	}
+	return out
+}
+
+// sweeperProc returns the process that holds the queue's sweeper role.
+func (h *harness) sweeperProc(queue string, procs []*proc) *proc {
+	h.t.Helper()
+	var found *proc
+	eventually(h.t, 10*time.Second, "a sweeper", func() bool {
+		v, _ := h.rdb.Get(context.Background(), shard.Keys{Prefix: h.prefix, Queue: queue}.Sweeper()).Result()
+		for _, p := range procs {
+			if p.running() && strings.Contains(v, fmt.Sprintf(":%d:", p.cmd.Process.Pid)) {
+				found = p
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// TestRecurringEverySecondThreeInstances runs `@every 1s` for 20 s on three
+// instances, SIGKILLs the sweeper after 5 s and SIGSTOPs the next sweeper
+// for 6 s at 10 s: every occurrence from the first to the last is
+// delivered, none before its due time, and an occurrence arrives twice only
+// where a lease expired (claimed by the killed or the stopped instance).
+func TestRecurringEverySecondThreeInstances(t *testing.T) {
+	q := queueSpec{Name: "jobs", Shards: 4}
+	h := newHarness(t, q)
+	h.extra["DISPATCHER_LEASE"] = "2s"
+	var procs []*proc
+	for range 3 {
+		procs = append(procs, h.start())
+	}
+	env := h.env()
+	body := `{"job":"tick"}`
+	if out, errOut, code := runCLI(t, env, "recurring", "add", "--queue", "jobs", "--name", "tick", "--cron", "@every 1s", body); code != 0 {
+		t.Fatalf("recurring add: %d %s %s", code, out, errOut)
+	}
+	began := time.Now()
+	var faults []time.Time // when an instance holding tasks went away
+	time.Sleep(5 * time.Second)
+	killed := h.sweeperProc("jobs", procs)
+	killed.signal(syscall.SIGKILL)
+	faults = append(faults, time.Now())
+	time.Sleep(5 * time.Second)
+	stopped := h.sweeperProc("jobs", procs)
+	stopped.signal(syscall.SIGSTOP)
+	faults = append(faults, time.Now())
+	time.Sleep(6 * time.Second)
+	stopped.signal(syscall.SIGCONT)
+	faults = append(faults, time.Now())
+	time.Sleep(time.Until(began.Add(20 * time.Second)))
+	if out, errOut, code := runCLI(t, env, "recurring", "pause", "--queue", "jobs", "--name", "tick"); code != 0 {
+		t.Fatalf("recurring pause: %d %s %s", code, out, errOut)
+	}
+	paused := time.Now()
+	got := h.drain("jobs", 4*time.Second, 30*time.Second)
+
+	occ := byBody(got)[body]
+	if len(occ) == 0 {
+		t.Fatal("nothing delivered")
+	}
+	seen := map[int64]int{}
+	var early []string
+	for _, o := range occ {
+		seen[o.due]++
+		if o.id != shard.MessageID([]byte(body), o.due) {
+			t.Errorf("message_id %s for due %d", o.id, o.due)
+		}
+		if o.at.UnixMilli() < o.due {
+			early = append(early, fmt.Sprintf("due %d received %d", o.due, o.at.UnixMilli()))
+		}
+	}
+	first, last := occ[0].due, occ[len(occ)-1].due
+	var gaps []string
+	for d := first; d <= last; d += 1000 {
+		if seen[d] == 0 {
+			gaps = append(gaps, time.UnixMilli(d).UTC().Format("15:04:05.000"))
+		}
+	}
+	var dups []string
+	for d, n := range seen {
+		if n < 2 {
+			continue
+		}
+		near := false
+		for _, f := range faults {
+			if d >= f.Add(-3*time.Second).UnixMilli() && d <= f.Add(3*time.Second).UnixMilli() {
+				near = true
+			}
+		}
+		if !near {
+			dups = append(dups, fmt.Sprintf("%s x%d", time.UnixMilli(d).UTC().Format("15:04:05.000"), n))
+		}
+	}
+	t.Logf("%d deliveries of %d occurrences from %s to %s (added %s, paused %s), duplicates %d",
+		len(occ), len(seen), time.UnixMilli(first).UTC().Format("15:04:05"), time.UnixMilli(last).UTC().Format("15:04:05"),
+		began.UTC().Format("15:04:05.000"), paused.UTC().Format("15:04:05.000"), len(occ)-len(seen))
+	if first > began.Add(2*time.Second).UnixMilli() {
+		t.Errorf("first occurrence %s, more than 2 s after the schedule was added", time.UnixMilli(first).UTC())
+	}
+	if last < paused.Add(-2*time.Second).UnixMilli() {
+		t.Errorf("last occurrence %s, more than 2 s before the schedule was paused at %s", time.UnixMilli(last).UTC(), paused.UTC())
+	}
+	if len(gaps) > 0 {
+		t.Errorf("occurrences never delivered: %v", gaps)
+	}
+	if len(early) > 0 {
+		t.Errorf("delivered before due: %v", early)
+	}
+	if len(dups) > 0 {
+		t.Errorf("delivered twice away from a kill or stop: %v", dups)
+	}
+}
+
+// TestRecurringDSTEndToEnd: a daily 02:30 Europe/Berlin schedule whose
+// last occurrence ran on 2026-03-27, with the "all" catch-up policy,
+// delivers every day's occurrence since through real servers, and their
+// x-due-ms and message_id are those computed: on 29 March (02:30 does not
+// exist) at 03:00 CEST, on 25 October (02:30 twice) once, at 02:30 CEST.
+func TestRecurringDSTEndToEnd(t *testing.T) {
+	q := queueSpec{Name: "daily", Shards: 8}
+	h := newHarness(t, q)
+	ctx := context.Background()
+	keys := shard.Keys{Prefix: h.prefix, Queue: q.Name}
+	st := recurring.NewStore(h.rdb, keys)
+	def := recurring.Def{Queue: q.Name, Name: "berlin", Cron: "30 2 * * *", TZ: "Europe/Berlin", Body: "report", CatchUp: recurring.CatchUpAll, Source: "cli"}
+	s, err := recurring.Parse(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Put(ctx, def); err != nil {
+		t.Fatal(err)
+	}
+	defs, _, _ := st.Defs(ctx)
+	// As if the last occurrence had run on 27 March: the state a
+	// materialiser leaves (docs/recurring.md).
+	cursor := time.Date(2026, 3, 27, 1, 30, 0, 0, time.UTC)
+	i := shard.Index([]byte(def.Body), q.Shards)
+	h.rdb.HSet(ctx, keys.RecurringState(i), def.Name, fmt.Sprintf("%d:%d:", defs[0].Rev, cursor.UnixMilli()))
+	// The occurrences computed, up to a day ahead of now (the last one is
+	// due in the future and stays pending).
+	var want []int64
+	now := time.Now()
+	for t := s.NextAfter(cursor); t.Before(now); t = s.NextAfter(t) {
+		want = append(want, t.UnixMilli())
+	}
+	h.start()
+	got := h.drain(q.Name, 3*time.Second, 60*time.Second)
+	occ := byBody(got)[def.Body]
+	var dues []int64
+	for _, o := range occ {
+		dues = append(dues, o.due)
+		if o.id != shard.MessageID([]byte(def.Body), o.due) {
+			t.Errorf("message_id %s for due %d", o.id, o.due)
+		}
+	}
+	if fmt.Sprint(dues) != fmt.Sprint(want) {
+		t.Fatalf("delivered %d occurrences, want %d:\n got %v\nwant %v", len(dues), len(want), dues, want)
+	}
+	for _, check := range []string{"2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z", "2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"} {
+		c, _ := time.Parse(time.RFC3339, check)
+		if time.Now().After(c) {
+			found := false
+			for _, d := range dues {
+				found = found || d == c.UnixMilli()
+			}
+			if !found {
+				t.Errorf("no occurrence at %s", check)
+			}
+		}
+	}
+	// 25 October 00:30Z and 01:30Z are both 02:30 in Berlin: only the first.
+	for _, d := range dues {
+		if d == time.Date(2026, 10, 25, 1, 30, 0, 0, time.UTC).UnixMilli() {
+			t.Error("02:30 ran twice on 25 October")
+		}
+	}
+	t.Logf("%d daily occurrences delivered, %s to %s", len(dues), time.UnixMilli(dues[0]).UTC(), time.UnixMilli(dues[len(dues)-1]).UTC())
+	// The next one is pending, due at the next 02:30 Berlin.
+	next := s.NextAfter(now)
+	eventually(t, 5*time.Second, "the next occurrence pending", func() bool {
+		sc, err := h.rdb.ZScore(ctx, keys.Pending(i), def.Body).Result()
+		return err == nil && int64(sc) == next.UnixMilli()
+	})
+}
+
+// TestRecurringOutagePolicies stops the only instance across at least
+// five occurrences of three `@every 2s` schedules (grace 1s), one per
+// catch-up policy, then starts it again: "all" fires every missed one,
+// "latest" only the most recent, "skip" none.
+func TestRecurringOutagePolicies(t *testing.T) {
+	q := queueSpec{Name: "outage", Shards: 4}
+	h := newHarness(t, q)
+	env := h.env()
+	for _, p := range []string{"all", "latest", "skip"} {
+		if out, errOut, code := runCLI(t, env, "recurring", "add", "--queue", q.Name, "--name", p, "--cron", "@every 2s",
+			"--grace", "1s", "--catchup", p, "body-"+p); code != 0 {
+			t.Fatalf("recurring add: %d %s %s", code, out, errOut)
+		}
+	}
+	p := h.start()
+	time.Sleep(5 * time.Second)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	down := time.Now()
+	time.Sleep(11 * time.Second) // five occurrences and a bit
+	up := time.Now()
+	h.start()
+	time.Sleep(5 * time.Second)
+	got := byBody(h.drain(q.Name, 3*time.Second, 30*time.Second))
+	// missed: due while nothing ran, more than the grace before the restart.
+	for _, p := range []string{"all", "latest", "skip"} {
+		occ := got["body-"+p]
+		var missedFired, before, after int
+		var dues []string
+		for _, o := range occ {
+			dues = append(dues, time.UnixMilli(o.due).UTC().Format("05.000"))
+			switch {
+			case o.due <= down.UnixMilli():
+				before++
+			case o.due < up.Add(-time.Second).UnixMilli():
+				missedFired++
+			default:
+				after++
+			}
+		}
+		missed := int((up.Add(-time.Second).Sub(down)) / (2 * time.Second))
+		t.Logf("%s: %d before the stop, %d of about %d missed fired, %d after: %v", p, before, missedFired, missed, after, dues)
+		if before < 2 || after < 2 {
+			t.Errorf("%s: %d before the stop and %d after the restart, want at least 2 each", p, before, after)
+		}
+		switch p {
+		case "all":
+			if missedFired < 4 {
+				t.Errorf("all: %d missed occurrences fired, want every one (at least 4)", missedFired)
+			}
+			for i := 1; i < len(occ); i++ {
+				if occ[i].due-occ[i-1].due != 2000 {
+					t.Errorf("all: gap from %d to %d", occ[i-1].due, occ[i].due)
+				}
+			}
+		case "latest":
+			if missedFired != 1 {
+				t.Errorf("latest: %d missed occurrences fired, want 1", missedFired)
+			}
+		case "skip":
+			if missedFired != 0 {
+				t.Errorf("skip: %d missed occurrences fired, want none", missedFired)
+			}
+		}
+	}
+}
+
+// writeFile writes a schedule file atomically (as an editor or a
+// ConfigMap does).
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRecurringFileEdited edits the schedule file under a running
+// instance: an added schedule starts, a changed one follows its new body,
+// a removed one stops, and a schedule added from the CLI is left alone.
+func TestRecurringFileEdited(t *testing.T) {
+	q := queueSpec{Name: "files", Shards: 4}
+	h := newHarness(t, q)
+	path := filepath.Join(t.TempDir(), "recurring.json")
+	writeFile(t, path, `{"schedules": [
+  {"queue": "files", "name": "a", "cron": "@every 1s", "body": "A"},
+  {"queue": "files", "name": "b", "cron": "@every 1s", "body": "B"}
+]}`)
+	h.extra["DISPATCHER_RECURRING_FILE"] = path
+	env := h.env()
+	if out, errOut, code := runCLI(t, env, "recurring", "add", "--queue", "files", "--name", "cli", "--cron", "@every 1s", "CLI"); code != 0 {
+		t.Fatalf("recurring add: %d %s %s", code, out, errOut)
+	}
+	p := h.start()
+	got := byBody(h.drain(q.Name, 10*time.Second, 4*time.Second))
+	for _, b := range []string{"A", "B", "CLI"} {
+		if len(got[b]) < 2 {
+			t.Fatalf("before the edit: %d occurrences of %s, want at least 2", len(got[b]), b)
+		}
+	}
+	writeFile(t, path, `{"schedules": [
+  {"queue": "files", "name": "b", "cron": "@every 1s", "body": "B2"},
+  {"queue": "files", "name": "c", "cron": "*/1 * * * * *", "body": "C"}
+]}`)
+	edited := time.Now()
+	eventually(t, 10*time.Second, "the edit applied", func() bool { return strings.Contains(p.out.String(), "added=1 changed=1 removed=1") })
+	applied := time.Now()
+	t.Logf("applied %s after the edit", applied.Sub(edited).Round(time.Millisecond))
+	time.Sleep(2 * time.Second) // what was pending before may still go out
+	got = byBody(h.drain(q.Name, 10*time.Second, 5*time.Second))
+	if n := len(got["A"]) + len(got["B"]); n > 0 {
+		t.Errorf("removed or changed schedules still fire: A %d, B %d", len(got["A"]), len(got["B"]))
+	}
+	for _, b := range []string{"B2", "C", "CLI"} {
+		if len(got[b]) < 3 {
+			t.Errorf("after the edit: %d occurrences of %s, want at least 3", len(got[b]), b)
+		}
+	}
+	out, _, _ := runCLI(t, env, "recurring", "list", "--queue", "files")
+	for _, want := range []string{"b ", "c ", "cli "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("recurring list lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\"A\"") {
+		t.Errorf("recurring list still has a:\n%s", out)
+	}
+	t.Logf("recurring list:\n%s", out)
+}
+
+// TestRecurringBadInput: a schedule file with an invalid cron expression,
+// an unknown zone and a queue the instance does not serve, beside a good
+// schedule: one error line naming each bad one, the good one fires, and
+// ordinary tasks are dispatched as ever. The CLI refuses the same input
+// with one line and exit code 2.
+func TestRecurringBadInput(t *testing.T) {
+	q := queueSpec{Name: "mixed", Shards: 4}
+	h := newHarness(t, q)
+	path := filepath.Join(t.TempDir(), "recurring.json")
+	writeFile(t, path, `{"schedules": [
+  {"queue": "mixed", "name": "good", "cron": "@every 1s", "body": "good"},
+  {"queue": "mixed", "name": "badcron", "cron": "0 25 * * *", "body": "x"},
+  {"queue": "mixed", "name": "badzone", "cron": "0 9 * * *", "tz": "Europe/Atlantis", "body": "y"},
+  {"queue": "elsewhere", "name": "notserved", "cron": "0 9 * * *", "body": "z"}
+]}`)
+	h.extra["DISPATCHER_RECURRING_FILE"] = path
+	env := h.env()
+	for _, args := range [][]string{
+		{"--name", "badcron", "--cron", "0 25 * * *", "x"},
+		{"--name", "badzone", "--cron", "0 9 * * *", "--tz", "Europe/Atlantis", "y"},
+	} {
+		out, errOut, code := runCLI(t, env, append([]string{"recurring", "add", "--queue", "mixed"}, args...)...)
+		if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "mixed/"+args[1]) {
+			t.Errorf("recurring add %v: exit %d, stdout %q, stderr %q; want exit 2 and one line naming it", args, code, out, errOut)
+		}
+	}
+	_, errOut, code := runCLI(t, env, "recurring", "add", "--queue", "elsewhere", "--name", "n", "--cron", "@daily", "z")
+	if code != 2 || !strings.Contains(errOut, `"elsewhere"`) {
+		t.Errorf("recurring add to a queue not served: exit %d, %q", code, errOut)
+	}
+	p := h.start()
+	prod := h.producer(q.Name)
+	due := time.Now().Add(2 * time.Second)
+	if err := prod.Schedule(context.Background(), []byte("one-off"), due); err != nil {
+		t.Fatal(err)
+	}
+	got := byBody(h.drain(q.Name, 10*time.Second, 5*time.Second))
+	if len(got["good"]) < 3 {
+		t.Errorf("the good schedule fired %d times, want at least 3", len(got["good"]))
+	}
+	if len(got["one-off"]) != 1 || got["one-off"][0].due != due.UnixMilli() {
+		t.Errorf("the ordinary task: %v", got["one-off"])
+	}
+	for _, b := range []string{"x", "y", "z"} {
+		if len(got[b]) > 0 {
+			t.Errorf("bad schedule's body %s delivered", b)
+		}
+	}
+	logs := p.out.String()
+	for _, name := range []string{"mixed/badcron", "mixed/badzone", "elsewhere/notserved"} {
+		var lines []string
+		for _, l := range strings.Split(logs, "\n") {
+			if strings.Contains(l, name) {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) != 1 || !strings.Contains(lines[0], "level=ERROR") {
+			t.Errorf("%s: want one error line, got %d:\n%s", name, len(lines), strings.Join(lines, "\n"))
+		} else {
+			t.Logf("%s", lines[0])
+		}
+	}
+}
