@@ -439,3 +439,83 @@ func TestRecurringBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestRecurringAcrossReshard runs eight `@every 1s` schedules on two
+// instances while the queue grows from 4 to 16 shards and shrinks back to
+// 4, each change finished: the schedules' states follow their bodies'
+// shards, and every occurrence is delivered once.
+func TestRecurringAcrossReshard(t *testing.T) {
+	q := queueSpec{Name: "grow", Shards: 4}
+	h := newHarness(t, q)
+	p1, p2 := h.start(), h.start()
+	env := h.env()
+	var bodies []string
+	moved := 0
+	for k := range 8 {
+		b := fmt.Sprintf("every-second-%d", k)
+		bodies = append(bodies, b)
+		if shard.Index([]byte(b), 4) != shard.Index([]byte(b), 16) {
+			moved++
+		}
+		if out, errOut, code := runCLI(t, env, "recurring", "add", "--queue", q.Name, "--name", fmt.Sprintf("s%d", k), "--cron", "@every 1s", b); code != 0 {
+			t.Fatalf("recurring add: %d %s %s", code, out, errOut)
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no body changes shard: pick others")
+	}
+	began := time.Now()
+	for _, step := range [][]string{
+		{"reshard", "--queue", q.Name, "--shards", "16"},
+		{"reshard", "finish", "--queue", q.Name},
+		{"reshard", "--queue", q.Name, "--shards", "4"},
+		{"reshard", "finish", "--queue", q.Name},
+	} {
+		time.Sleep(3 * time.Second)
+		if out, errOut, code := runCLI(t, env, step...); code != 0 {
+			t.Fatalf("%v: %d %s %s", step, code, out, errOut)
+		}
+	}
+	time.Sleep(3 * time.Second)
+	for k := range bodies {
+		if _, _, code := runCLI(t, env, "recurring", "pause", "--queue", q.Name, "--name", fmt.Sprintf("s%d", k)); code != 0 {
+			t.Fatal("pause failed")
+		}
+	}
+	got := byBody(h.drain(q.Name, 3*time.Second, 60*time.Second))
+	for _, b := range bodies {
+		occ := got[b]
+		if len(occ) < 10 {
+			t.Errorf("%s: %d occurrences in %s", b, len(occ), time.Since(began).Round(time.Second))
+			continue
+		}
+		seen := map[int64]int{}
+		for _, o := range occ {
+			seen[o.due]++
+		}
+		var gaps, dups []string
+		for d := occ[0].due; d <= occ[len(occ)-1].due; d += 1000 {
+			switch seen[d] {
+			case 0:
+				gaps = append(gaps, time.UnixMilli(d).UTC().Format("05.000"))
+			case 1:
+			default:
+				dups = append(dups, time.UnixMilli(d).UTC().Format("05.000"))
+			}
+		}
+		if len(gaps) > 0 || len(dups) > 0 {
+			t.Errorf("%s (shard %d of 4, %d of 16): missing %v, twice %v", b, shard.Index([]byte(b), 4), shard.Index([]byte(b), 16), gaps, dups)
+		}
+	}
+	logs := p1.out.String() + p2.out.String()
+	if n := strings.Count(logs, "recurring schedule's state moved"); n < 2*moved {
+		t.Errorf("states moved %d times, want %d (there and back)", n, 2*moved)
+	}
+	t.Logf("%d schedules, %d of them change shard; %d occurrences each on average", len(bodies), moved, func() int {
+		n := 0
+		for _, b := range bodies {
+			n += len(got[b])
+		}
+		return n / len(bodies)
+	}())
+}
