@@ -48,6 +48,8 @@ func Usage(w io.Writer) {
 	fmt.Fprintln(w, "                             what the queues hold, per shard, read from Redis")
 	fmt.Fprintln(w, "       dispatcher schedule|cancel|dead|pause|resume --help")
 	fmt.Fprintln(w, "                             schedule or cancel a task, list, requeue or purge dead letters, hold a queue")
+	fmt.Fprintln(w, "       dispatcher recurring add|list|remove|pause|resume|check --help")
+	fmt.Fprintln(w, "                             recurring tasks: cron schedules, one task per occurrence")
 	fmt.Fprintln(w, "       dispatcher bench -h   measure throughput, lateness and cost on your Redis and broker")
 	fmt.Fprintln(w, "\nSettings come from the environment:")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

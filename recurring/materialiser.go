@@ -78,7 +78,7 @@ const idleCheck = 250 * time.Millisecond
 // Run materialises until ctx ends.
 func (m *Materialiser) Run(ctx context.Context) error {
 	var nextRev time.Time
-	errDelay := time.Duration(0)
+	errDelay, lastErr := time.Duration(0), ""
 	for {
 		if !m.opt.Sweeping() {
 			if m.rev != -1 {
@@ -98,13 +98,16 @@ func (m *Materialiser) Run(ctx context.Context) error {
 					return nil
 				}
 				errDelay = min(max(2*errDelay, 100*time.Millisecond), 5*time.Second)
-				m.log.Warn("cannot read the recurring schedules; trying again", "err", err, "in", errDelay)
+				if err.Error() != lastErr { // once per kind: Redis may refuse for minutes
+					lastErr = err.Error()
+					m.log.Warn("cannot read the recurring schedules; trying again", "err", err, "every", "5s")
+				}
 				if !sleep(ctx, errDelay) {
 					return nil
 				}
 				continue
 			}
-			errDelay = 0
+			errDelay, lastErr = 0, ""
 		}
 		for _, e := range m.entries {
 			if ctx.Err() != nil {

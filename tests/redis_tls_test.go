@@ -16,7 +16,7 @@ import (
 // dispatcherCommands is what the daemon runs on Redis, scripts' own calls
 // included (ACLs check those too): nothing else is granted to its user.
 const dispatcherCommands = "+ping +evalsha +eval +script|load +time +type " +
-	"+zadd +zrem +zrange +zrangebyscore +zremrangebyrank +zscore +zcard +zcount +hmget " +
+	"+zadd +zrem +zrange +zrangebyscore +zremrangebyrank +zscore +zcard +zcount +hmget +hget +hgetall " +
 	"+hexists +hdel +hincrby +hset +get +set +setnx +del +pexpire +incrby " +
 	"+publish +subscribe +unsubscribe +psubscribe +punsubscribe"
 
