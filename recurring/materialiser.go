@@ -42,6 +42,7 @@ type Materialiser struct {
 	log     *slog.Logger
 	entries map[string]*entry
 	rev     int64 // revision the entries were read at; -1: read them
+	active  bool  // materialising: this instance sweeps the queue
 }
 
 // entry is one schedule as the materialiser keeps it.
@@ -81,8 +82,8 @@ func (m *Materialiser) Run(ctx context.Context) error {
 	errDelay, lastErr := time.Duration(0), ""
 	for {
 		if !m.opt.Sweeping() {
-			if m.rev != -1 {
-				m.entries, m.rev = map[string]*entry{}, -1
+			if m.active {
+				m.entries, m.rev, m.active = map[string]*entry{}, -1, false
 				m.opt.Metrics.forgetQueue(m.opt.Keys.Queue)
 			}
 			if !sleep(ctx, idleCheck) {
@@ -157,6 +158,10 @@ func (m *Materialiser) refresh(ctx context.Context) error {
 	sts, err := m.store.Statuses(ctx)
 	if err != nil {
 		return err
+	}
+	if !m.active && len(defs)+len(bad) > 0 {
+		m.active = true
+		m.log.Info("materialising the queue's recurring schedules (this instance sweeps it)", "schedules", len(defs)+len(bad))
 	}
 	seen := map[string]bool{}
 	for _, d := range defs {
