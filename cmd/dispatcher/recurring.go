@@ -212,12 +212,24 @@ func (c *cli) checkFile(fs *flag.FlagSet) int {
 func (c *cli) listRecurring(ctx context.Context, queues []string) int {
 	var all []recurring.Entry
 	for _, q := range queues {
-		es, err := recurring.NewStore(c.rdb, shard.Keys{Prefix: c.cfg.KeyPrefix, Queue: q}).List(ctx)
+		keys := shard.Keys{Prefix: c.cfg.KeyPrefix, Queue: q}
+		es, err := recurring.NewStore(c.rdb, keys).List(ctx)
 		if err != nil {
 			return c.fail(err)
 		}
+		// Only the queue's sweeping instance materialises: with none, no
+		// schedule of the queue goes on, and the list must say so.
+		served := c.rdb.Get(ctx, keys.Sweeper()).Err() == nil
 		for _, e := range es {
 			e.Queue = q
+			if !served {
+				if e.Status == nil {
+					e.Status = &recurring.Status{Home: -1}
+				}
+				if e.Status.Error == "" {
+					e.Status.Error = fmt.Sprintf("no instance serves queue %s (no sweeper): nothing is materialised", q)
+				}
+			}
 			all = append(all, e)
 		}
 	}
