@@ -3,6 +3,8 @@ package tests
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -248,7 +250,8 @@ func TestRecurringDSTEndToEnd(t *testing.T) {
 // TestRecurringOutagePolicies stops the only instance across at least
 // five occurrences of three `@every 2s` schedules (grace 1s), one per
 // catch-up policy, then starts it again: "all" fires every missed one,
-// "latest" only the most recent, "skip" none.
+// "latest" only the most recent, "skip" none. (Under every policy the
+// occurrence that was already pending at the stop is delivered late.)
 func TestRecurringOutagePolicies(t *testing.T) {
 	q := queueSpec{Name: "outage", Shards: 4}
 	h := newHarness(t, q)
@@ -266,7 +269,7 @@ func TestRecurringOutagePolicies(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	down := time.Now()
-	time.Sleep(11 * time.Second) // five occurrences and a bit
+	time.Sleep(13 * time.Second) // the pending one and five more, and a bit
 	p2 := h.start()
 	// When the restarted instance began to materialise: occurrences due
 	// since the stop and by then were missed.
@@ -290,7 +293,10 @@ func TestRecurringOutagePolicies(t *testing.T) {
 		for _, o := range occ {
 			dues = append(dues, time.UnixMilli(o.due).UTC().Format("05.000"))
 			switch {
-			case o.due <= down.UnixMilli():
+			// The occurrence after the last one delivered was already
+			// pending when the instance stopped: an ordinary task, delivered
+			// late when it is back, whatever the policy.
+			case o.due <= down.UnixMilli()+2000:
 				before++
 			case o.due <= resumed.UnixMilli():
 				missedFired++
@@ -301,7 +307,7 @@ func TestRecurringOutagePolicies(t *testing.T) {
 		missed := 0 // occurrences in the schedule's phase due after the stop, by the restart
 		if len(occ) > 0 {
 			for d := occ[0].due; d <= resumed.UnixMilli(); d += 2000 {
-				if d > down.UnixMilli() {
+				if d > down.UnixMilli()+2000 {
 					missed++
 				}
 			}
@@ -366,6 +372,8 @@ func TestRecurringFileEdited(t *testing.T) {
   {"queue": "files", "name": "b", "cron": "@every 1s", "body": "B"}
 ]}`)
 	h.extra["DISPATCHER_RECURRING_FILE"] = path
+	addr := testenv.FreeAddr(t)
+	h.extra["DISPATCHER_HTTP_ADDR"] = addr
 	env := h.env()
 	if out, errOut, code := runCLI(t, env, "recurring", "add", "--queue", "files", "--name", "cli", "--cron", "@every 1s", "CLI"); code != 0 {
 		t.Fatalf("recurring add: %d %s %s", code, out, errOut)
@@ -404,6 +412,34 @@ func TestRecurringFileEdited(t *testing.T) {
 	if strings.Contains(out, "\"A\"") {
 		t.Errorf("recurring list still has a:\n%s", out)
 	}
+	// Metrics and the status page, on the sweeping (only) instance.
+	series := func(name, sched string) string {
+		return fmt.Sprintf(`%s{queue="files",schedule=%q}`, name, sched)
+	}
+	for _, sched := range []string{"b", "c", "cli"} {
+		next, ok := tryMetric(addr, series("dispatcher_recurring_next_due_timestamp_seconds", sched))
+		if !ok || next < float64(time.Now().Add(-5*time.Second).Unix()) {
+			t.Errorf("%s: next due metric %v %v", sched, next, ok)
+		}
+		if v, ok := tryMetric(addr, series("dispatcher_recurring_failing", sched)); !ok || v != 0 {
+			t.Errorf("%s: failing metric %v %v", sched, v, ok)
+		}
+		if v, ok := tryMetric(addr, series("dispatcher_recurring_paused", sched)); !ok || v != 0 {
+			t.Errorf("%s: paused metric %v %v", sched, v, ok)
+		}
+	}
+	if _, ok := tryMetric(addr, series("dispatcher_recurring_paused", "a")); ok {
+		t.Error("the removed schedule still has metrics")
+	}
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(page), "Recurring schedules") || !strings.Contains(string(page), "<td>cli</td>") {
+		t.Errorf("the status page lacks the schedules")
+	}
 	t.Logf("recurring list:\n%s", out)
 }
 
@@ -437,6 +473,13 @@ func TestRecurringBadInput(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, `"elsewhere"`) {
 		t.Errorf("recurring add to a queue not served: exit %d, %q", code, errOut)
 	}
+	// Before any instance runs, the list says nothing is materialised.
+	if _, _, code := runCLI(t, env, "recurring", "add", "--queue", "mixed", "--name", "viacli", "--cron", "@every 1s", "viacli"); code != 0 {
+		t.Fatal("recurring add failed")
+	}
+	if out, _, _ := runCLI(t, env, "recurring", "list"); !strings.Contains(out, "FAILING: no instance serves queue mixed") {
+		t.Errorf("recurring list with no instance running:\n%s", out)
+	}
 	p := h.start()
 	prod := h.producer(q.Name)
 	due := time.Now().Add(2 * time.Second)
@@ -444,8 +487,11 @@ func TestRecurringBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := byBody(h.drain(q.Name, 10*time.Second, 5*time.Second))
-	if len(got["good"]) < 3 {
-		t.Errorf("the good schedule fired %d times, want at least 3", len(got["good"]))
+	if len(got["good"]) < 3 || len(got["viacli"]) < 3 {
+		t.Errorf("the good schedules fired %d and %d times, want at least 3", len(got["good"]), len(got["viacli"]))
+	}
+	if out, _, _ := runCLI(t, env, "recurring", "list"); strings.Contains(out, "FAILING") {
+		t.Errorf("recurring list with an instance running:\n%s", out)
 	}
 	if len(got["one-off"]) != 1 || got["one-off"][0].due != due.UnixMilli() {
 		t.Errorf("the ordinary task: %v", got["one-off"])
