@@ -258,7 +258,9 @@ func (m *Materialiser) step(ctx context.Context, e *entry) {
 	cands := candidates(body, l, e.home)
 	r, err := m.read(ctx, e, cands)
 	if err != nil {
-		m.redisError(e, err)
+		if ctx.Err() == nil { // stopping: nothing to report
+			m.redisError(e, err)
+		}
 		return
 	}
 	rev := e.def.Rev
@@ -434,7 +436,9 @@ func (m *Materialiser) run(ctx context.Context, e *entry, i int, expect, next, d
 	keys := []string{m.opt.Keys.Pending(i), m.opt.Keys.RecurringState(i)}
 	res, err := stepScript.Run(ctx, m.rdb, keys, e.def.Name, e.def.Body, expect, next, due).Slice()
 	if err != nil {
-		m.redisError(e, fmt.Errorf("materialise on %s: %w", keys[0], err))
+		if ctx.Err() == nil {
+			m.redisError(e, fmt.Errorf("materialise on %s: %w", keys[0], err))
+		}
 		return -1
 	}
 	return res[0].(int64)
