@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,8 +42,9 @@ type Materialiser struct {
 	store   *Store
 	log     *slog.Logger
 	entries map[string]*entry
-	rev     int64 // revision the entries were read at; -1: read them
-	active  bool  // materialising: this instance sweeps the queue
+	rev     int64        // revision the entries were read at; -1: read them
+	active  bool         // materialising: this instance sweeps the queue
+	raced   atomic.Int64 // steps another instance's step overtook (tests)
 }
 
 // entry is one schedule as the materialiser keeps it.
@@ -384,6 +386,7 @@ func (m *Materialiser) step(ctx context.Context, e *entry) {
 		e.wakeAt = time.Now().Add(m.backoff(e))
 		return
 	default:
+		m.raced.Add(1)
 		e.wakeAt = time.Now().Add(10 * time.Millisecond)
 		return
 	}
