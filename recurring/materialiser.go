@@ -352,9 +352,15 @@ func (m *Materialiser) step(ctx context.Context, e *entry) {
 			if ms(at).After(now) {
 				e.busy = 0
 				e.wakeAt = r.local(ms(at)).Add(5 * time.Millisecond)
-			} else {
-				e.wakeAt = time.Now().Add(m.backoff(e))
+				return
 			}
+			// Late, but not past the next occurrence's due time while that
+			// is ahead (so a short stall does not make it late too).
+			d := m.backoff(e)
+			if until := e.sched.NextAfter(ms(st.cursor)).Sub(now) - 50*time.Millisecond; until > 20*time.Millisecond && until < d {
+				d = until
+			}
+			e.wakeAt = time.Now().Add(d)
 			return
 		}
 		lastMs = st.cursor
@@ -427,9 +433,10 @@ func maxTime(a, b time.Time) time.Time {
 
 // backoff is how long to wait before looking again at a schedule whose
 // occurrence is overdue but still pending (the queue is paused or late):
-// 20 ms doubling to 1 s.
+// 20 ms doubling to 5 s, so that a paused queue's schedules cost a read
+// each per 5 s.
 func (m *Materialiser) backoff(e *entry) time.Duration {
-	e.busy = min(max(2*e.busy, 20*time.Millisecond), time.Second)
+	e.busy = min(max(2*e.busy, 20*time.Millisecond), 5*time.Second)
 	return e.busy
 }
 
