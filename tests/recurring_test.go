@@ -176,10 +176,11 @@ func TestRecurringEverySecondThreeInstances(t *testing.T) {
 }
 
 // TestRecurringDSTEndToEnd: a daily 02:30 Europe/Berlin schedule whose
-// last occurrence ran on 2026-03-27, with the "all" catch-up policy,
-// delivers every day's occurrence since through real servers, and their
-// x-due-ms and message_id are those computed: on 29 March (02:30 does not
-// exist) at 03:00 CEST, on 25 October (02:30 twice) once, at 02:30 CEST.
+// last occurrence ran two days before the latest spring-forward (29 March
+// in 2026), with the "all" catch-up policy, delivers every day's
+// occurrence since through real servers, and their x-due-ms and message_id
+// are those computed: on the spring day (02:30 does not exist) at 03:00
+// CEST, on the autumn day (02:30 twice) once, at 02:30 CEST.
 func TestRecurringDSTEndToEnd(t *testing.T) {
 	q := queueSpec{Name: "daily", Shards: 8}
 	h := newHarness(t, q)
@@ -197,7 +198,19 @@ func TestRecurringDSTEndToEnd(t *testing.T) {
 	defs, _, _ := st.Defs(ctx)
 	// As if the last occurrence had run on 27 March: the state a
 	// materialiser leaves (docs/recurring.md).
-	cursor := time.Date(2026, 3, 27, 1, 30, 0, 0, time.UTC)
+	// The most recent spring-forward at least two days ago (Europe/Berlin:
+	// the last Sunday of March, 01:00 UTC), so that the catch-up crosses it
+	// and, from November on, the autumn change too, whenever the test runs.
+	lastSunday := func(y int, m time.Month) time.Time {
+		d := time.Date(y, m+1, 0, 1, 0, 0, 0, time.UTC) // the month's last day, 01:00 UTC
+		return d.AddDate(0, 0, -int(d.Weekday()))
+	}
+	y := time.Now().Year()
+	if time.Now().Before(lastSunday(y, time.March).AddDate(0, 0, 2)) {
+		y--
+	}
+	spring, autumn := lastSunday(y, time.March), lastSunday(y, time.October)
+	cursor := spring.AddDate(0, 0, -2).Add(30 * time.Minute) // 02:30 CET two days before
 	i := shard.Index([]byte(def.Body), q.Shards)
 	h.rdb.HSet(ctx, keys.RecurringState(i), def.Name, fmt.Sprintf("%d:%d:", defs[0].Rev, cursor.UnixMilli()))
 	// The occurrences computed, up to a day ahead of now (the last one is
@@ -220,22 +233,26 @@ func TestRecurringDSTEndToEnd(t *testing.T) {
 	if fmt.Sprint(dues) != fmt.Sprint(want) {
 		t.Fatalf("delivered %d occurrences, want %d:\n got %v\nwant %v", len(dues), len(want), dues, want)
 	}
-	for _, check := range []string{"2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z", "2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"} {
-		c, _ := time.Parse(time.RFC3339, check)
+	for _, c := range []time.Time{
+		spring.AddDate(0, 0, -1).Add(30 * time.Minute), // 02:30 CET the day before
+		spring, // 02:30 does not exist: at the jump, 03:00 CEST = 01:00 UTC
+		spring.AddDate(0, 0, 1).Add(-30 * time.Minute), // 02:30 CEST the day after
+		autumn.Add(-30 * time.Minute),                  // 02:30 happens twice: once, the first (CEST)
+		autumn.AddDate(0, 0, 1).Add(30 * time.Minute),  // 02:30 CET the day after
+	} {
 		if time.Now().After(c) {
 			found := false
 			for _, d := range dues {
 				found = found || d == c.UnixMilli()
 			}
 			if !found {
-				t.Errorf("no occurrence at %s", check)
+				t.Errorf("no occurrence at %s", c)
 			}
 		}
 	}
-	// 25 October 00:30Z and 01:30Z are both 02:30 in Berlin: only the first.
 	for _, d := range dues {
-		if d == time.Date(2026, 10, 25, 1, 30, 0, 0, time.UTC).UnixMilli() {
-			t.Error("02:30 ran twice on 25 October")
+		if d == autumn.Add(30*time.Minute).UnixMilli() {
+			t.Errorf("02:30 ran twice on %s", autumn.Format("2006-01-02"))
 		}
 	}
 	t.Logf("%d daily occurrences delivered, %s to %s", len(dues), time.UnixMilli(dues[0]).UTC(), time.UnixMilli(dues[len(dues)-1]).UTC())
