@@ -62,6 +62,7 @@ type Settings struct {
 	StallAfter       time.Duration `envconfig:"DISPATCHER_STALL_AFTER" default:"30s" desc:"a queue whose oldest due task (pending, or retried after a failed publish) has waited longer than this counts as stalled: the sweeping instance logs it at error level with what it waits on, /readyz reports it and dispatcher_queue_stalled is 1"`
 	LogLevel         string        `envconfig:"DISPATCHER_LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat        string        `envconfig:"DISPATCHER_LOG_FORMAT" default:"text" desc:"text or json"`
+	RecurringFile    string        `envconfig:"DISPATCHER_RECURRING_FILE" default:"" desc:"JSON file of recurring schedules (docs/recurring.md) for the queues this instance serves: applied to Redis at start and whenever its content changes (read every 2s); schedules it added and no longer lists are removed; empty: none"`
 
 	// QueueSettings holds one entry per name in Queues, in that order.
 	QueueSettings []Queue `ignored:"true"`

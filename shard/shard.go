@@ -126,3 +126,22 @@ func (k Keys) Sweeper() string { return k.Prefix + ":{" + k.Queue + "}:sweeper" 
 // Wake is the pub/sub channel on which producers and instances wake the
 // queue's dispatchers (see WakeDue, WakeBusy, WakeLead).
 func (k Keys) Wake() string { return k.Prefix + ":{" + k.Queue + "}:wake" }
+
+// Recurring holds the queue's recurring schedules (hash: name -> JSON
+// definition; package recurring).
+func (k Keys) Recurring() string { return k.Prefix + ":{" + k.Queue + "}:recurring" }
+
+// RecurringRev counts changes to the queue's recurring schedules (string):
+// instances read it to notice a change, and each definition carries the
+// value of its last change.
+func (k Keys) RecurringRev() string { return k.Prefix + ":{" + k.Queue + "}:recurring:rev" }
+
+// RecurringStatus holds what the materialiser last did per schedule (hash:
+// name -> JSON: last and next occurrence, error, the shard its state is in).
+func (k Keys) RecurringStatus() string { return k.Prefix + ":{" + k.Queue + "}:recurring:status" }
+
+// RecurringState records, per schedule whose body hashes to shard i, the
+// last occurrence materialised (hash: name -> "<rev>:<due_ms>:<flag>"). It
+// carries the shard's hash tag so that the script that ZADDs an occurrence
+// checks and moves it atomically, on Redis Cluster too.
+func (k Keys) RecurringState(i int) string { return k.tag(i) + ":recurring" }

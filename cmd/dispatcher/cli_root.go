@@ -32,6 +32,7 @@ var commands = []func(streams) *cobra.Command{
 	newPauseCmd,
 	newResumeCmd,
 	newReshardCmd,
+	newRecurringCmd,
 	newBenchCmd,
 }
 

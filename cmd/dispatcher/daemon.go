@@ -155,6 +155,7 @@ func runDaemon(stderr io.Writer) int {
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot, counts: counts, failures: publishFailures(scs),
+			recurring: recurringView(rdb, cfg),
 			page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
 				Broker: statuspage.Broker{URL: redact.URLs(strings.Join(nodes, ","))},
@@ -207,6 +208,7 @@ func runDaemon(stderr io.Writer) int {
 	}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
+	startRecurring(ctx, &scanners, rdb, cfg, byQueue, reg, log)
 	// One line when Redis is lost and one when it is back, for the process.
 	outages := &redisconn.Watcher{Client: rdb, Logger: log.With("component", "redis")}
 	scanners.Add(1)

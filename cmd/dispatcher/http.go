@@ -43,7 +43,9 @@ type status struct {
 	// failures say why publishes failed lately and were kept for retry,
 	// per queue ("queue orders: publishes fail, ...").
 	failures func() []string
-	page     statuspage.Data // the page's fixed part: instance, URLs, ...
+	// recurring reads the served queues' recurring schedules.
+	recurring func(context.Context) []statuspage.Recurring
+	page      statuspage.Data // the page's fixed part: instance, URLs, ...
 }
 
 // startHTTP serves /healthz (the process runs), /readyz (Redis and the
@@ -263,6 +265,9 @@ func (st status) pageData(ctx context.Context) statuspage.Data {
 	d.Stalls = st.mon.Stalls()
 	d.Lateness = lateness(st.reg)
 	d.Counts = st.counts.counts()
+	if st.recurring != nil {
+		d.Recurring = st.recurring(ctx)
+	}
 	return d
 }
 

@@ -49,6 +49,8 @@ type Data struct {
 	// second, oldest first: what it published per second and the errors
 	// it met come from them.
 	Counts map[string][]Count
+	// Recurring lists the served queues' recurring schedules.
+	Recurring []Recurring
 }
 
 // Count is one sample of a queue's counters on this instance (cumulative,
@@ -57,6 +59,14 @@ type Count struct {
 	At        time.Time
 	Published float64            // tasks the broker confirmed
 	Errors    map[string]float64 // by kind (redis, wrongtype, nack, ...)
+}
+
+// Recurring is one recurring schedule as the page shows it.
+type Recurring struct {
+	Queue, Name, Cron, TZ, CatchUp, Source string
+	Paused                                 bool
+	NextMs, LastMs                         int64 // 0: none yet
+	Error                                  string
 }
 
 // Broker is the broker's state as this instance sees it.

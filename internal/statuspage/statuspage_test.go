@@ -128,3 +128,25 @@ func TestRenderRetried(t *testing.T) {
 		t.Errorf("page of a queue with 5 tasks retried for 2m30s:\n%s", page)
 	}
 }
+
+// TestRenderRecurring: the recurring schedules' table shows each one's
+// state, last and next occurrence; a failing one shows why, escaped.
+func TestRenderRecurring(t *testing.T) {
+	var b strings.Builder
+	err := Render(&b, Data{Recurring: []Recurring{
+		{Queue: "orders", Name: "nightly", Cron: "0 9 * * *", TZ: "Europe/Berlin", CatchUp: "latest", Source: "file",
+			LastMs: 1_800_000_000_000, NextMs: 1_800_086_400_000},
+		{Queue: "orders", Name: "held", Cron: "@every 30s", CatchUp: "skip", Source: "cli", Paused: true},
+		{Queue: "orders", Name: "blocked", Cron: "@hourly", CatchUp: "all", Error: "a task with the same body <b>"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	for _, want := range []string{"Recurring schedules", "nightly", "Europe/Berlin", "2027-01-15 08:00:00.000Z", "2027-01-16 08:00:00.000Z",
+		`<span class="warn">paused</span>`, "failing: a task with the same body &lt;b&gt;"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+}

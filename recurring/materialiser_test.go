@@ -1,0 +1,293 @@
+package recurring
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func newKeys(t *testing.T, rdb *redis.Client, m int) shard.Keys {
+	t.Helper()
+	keys := shard.Keys{Prefix: testenv.Name(t), Queue: "q"}
+	testenv.CleanRedis(t, rdb, keys.Prefix)
+	if err := rdb.Set(context.Background(), keys.ShardCount(), m, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// TestStepScript: the materialising script is a compare-and-set on the
+// state, and refuses to ZADD a body that is pending (a second ZADD would
+// reschedule it); run twice, as after a lost reply, it changes nothing
+// the second time.
+func TestStepScript(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	keys := newKeys(t, rdb, 1)
+	k := []string{keys.Pending(0), keys.RecurringState(0)}
+	run := func(expect, next, due string) []any {
+		t.Helper()
+		res, err := stepScript.Run(ctx, rdb, k, "s", "body", expect, next, due).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := run("", "1:1000:", "1000"); res[0] != int64(1) {
+		t.Fatalf("first: %v", res)
+	}
+	// The same call again (go-redis retrying after a lost reply, or a
+	// second instance that read the same state): the state moved on.
+	if res := run("", "1:1000:", "1000"); res[0] != int64(0) || res[1] != "1:1000:" {
+		t.Fatalf("again: %v", res)
+	}
+	// Occurrence 1000 still pending: 2000 must wait.
+	if res := run("1:1000:", "1:2000:", "2000"); res[0] != int64(2) || res[1] != "1000" {
+		t.Fatalf("busy: %v", res)
+	}
+	if sc := rdb.ZScore(ctx, k[0], "body").Val(); sc != 1000 {
+		t.Fatalf("score %v: the pending occurrence was rescheduled", sc)
+	}
+	rdb.ZRem(ctx, k[0], "body") // claimed
+	if res := run("1:1000:", "1:2000:", "2000"); res[0] != int64(1) {
+		t.Fatalf("next: %v", res)
+	}
+	if sc := rdb.ZScore(ctx, k[0], "body").Val(); sc != 2000 {
+		t.Fatalf("score %v", sc)
+	}
+	if v := rdb.HGet(ctx, k[1], "s").Val(); v != "1:2000:" {
+		t.Fatalf("state %q", v)
+	}
+}
+
+// TestRetireScript: retiring cancels the occurrence if it has not left
+// pending (the floor is then 0: nothing of it was delivered), and keeps
+// its due time as the floor if it has (it is delivered; a fresh start must
+// come after it).
+func TestRetireScript(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	keys := newKeys(t, rdb, 1)
+	k := []string{keys.Pending(0), keys.RecurringState(0)}
+	rdb.HSet(ctx, k[1], "s", "3:5000:")
+	rdb.ZAdd(ctx, k[0], redis.Z{Score: 5000, Member: "body"})
+	res, err := retireScript.Run(ctx, rdb, k, "s", "body", "3:5000:", 4).Slice()
+	if err != nil || res[0] != int64(1) || res[1] != int64(1) {
+		t.Fatalf("retire pending: %v %v", res, err)
+	}
+	if rdb.Exists(ctx, k[0]).Val() != 0 || rdb.HGet(ctx, k[1], "s").Val() != "4:0:r" {
+		t.Fatalf("after: pending %d, state %q", rdb.ZCard(ctx, k[0]).Val(), rdb.HGet(ctx, k[1], "s").Val())
+	}
+	// Claimed already; a one-off task with the same body at another score is
+	// not the occurrence and stays.
+	rdb.HSet(ctx, k[1], "s", "4:6000:")
+	rdb.ZAdd(ctx, k[0], redis.Z{Score: 9999, Member: "body"})
+	res, err = retireScript.Run(ctx, rdb, k, "s", "body", "4:6000:", 5).Slice()
+	if err != nil || res[0] != int64(1) || res[1] != int64(0) {
+		t.Fatalf("retire claimed: %v %v", res, err)
+	}
+	if rdb.ZScore(ctx, k[0], "body").Val() != 9999 || rdb.HGet(ctx, k[1], "s").Val() != "5:6000:r" {
+		t.Fatal("the one-off task or the floor")
+	}
+	// A stale expectation changes nothing.
+	if res, _ := retireScript.Run(ctx, rdb, k, "s", "body", "4:6000:", 6).Slice(); res[0] != int64(0) {
+		t.Fatalf("stale: %v", res)
+	}
+}
+
+// claimer stands in for the dispatchers: it takes what is due within the
+// look-ahead out of pending, as the claim script does, and records each
+// scheduling it took.
+func claimer(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, m int, took map[string]map[int64]int, mu *sync.Mutex) {
+	for ctx.Err() == nil {
+		now := time.Now().Add(100 * time.Millisecond).UnixMilli()
+		for i := range m {
+			zs, _ := rdb.ZRangeByScoreWithScores(ctx, keys.Pending(i), &redis.ZRangeBy{Min: "-inf", Max: fmt.Sprint(now)}).Result()
+			for _, z := range zs {
+				if rdb.ZRem(ctx, keys.Pending(i), z.Member).Val() == 1 {
+					mu.Lock()
+					b := z.Member.(string)
+					if took[b] == nil {
+						took[b] = map[int64]int{}
+					}
+					took[b][int64(z.Score)]++
+					mu.Unlock()
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestMaterialisersRace runs three materialisers that all think they
+// sweep the queue (a stalled sweeper waking up beside its successor) over
+// five `@every 1s` schedules for 6 s: every occurrence is scheduled once.
+func TestMaterialisersRace(t *testing.T) {
+	rdb := testenv.Redis(t)
+	race(t, rdb, newKeys(t, rdb, 4))
+}
+
+// TestMaterialisersRaceOnCluster is the same on a private Redis Cluster
+// (3 primaries): each script touches one slot (the state beside the
+// body's shard, the definitions beside the queue's other keys), so none is
+// refused with CROSSSLOT.
+func TestMaterialisersRaceOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	c := testenv.StartRedisCluster(t, testenv.ClusterOptions{})
+	rdb := c.Client()
+	keys := shard.Keys{Prefix: "rc", Queue: "q"}
+	if err := rdb.Set(context.Background(), keys.ShardCount(), 4, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	race(t, rdb, keys)
+}
+
+func race(t *testing.T, rdb redis.UniversalClient, keys shard.Keys) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st := NewStore(rdb, keys)
+	for k := range 5 {
+		if _, err := st.Put(ctx, Def{Queue: "q", Name: fmt.Sprint("s", k), Cron: "@every 1s", Body: fmt.Sprint("b", k)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := map[string]map[int64]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); claimer(ctx, rdb, keys, 4, took, &mu) }()
+	var ms []*Materialiser
+	for range 3 {
+		m := New(rdb, Options{Keys: keys, Sweeping: func() bool { return true }, Logger: quiet,
+			Layout: func() shard.Layout { return shard.Layout{Shards: 4} }, RevPoll: 100 * time.Millisecond})
+		ms = append(ms, m)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = m.Run(ctx) }()
+	}
+	time.Sleep(6 * time.Second)
+	cancel()
+	wg.Wait()
+	raced := int64(0)
+	for _, m := range ms {
+		raced += m.raced.Load()
+	}
+	t.Logf("%d steps overtaken by another materialiser's", raced)
+	if raced == 0 {
+		t.Error("the materialisers never raced: the test proves nothing")
+	}
+	for k := range 5 {
+		b := fmt.Sprint("b", k)
+		var first, last int64
+		for d, n := range took[b] {
+			if n != 1 {
+				t.Errorf("%s at %d scheduled %d times", b, d, n)
+			}
+			if first == 0 || d < first {
+				first = d
+			}
+			last = max(last, d)
+		}
+		if len(took[b]) < 4 {
+			t.Errorf("%s: %d occurrences", b, len(took[b]))
+		}
+		for d := first; d <= last; d += 1000 {
+			if took[b][d] == 0 {
+				t.Errorf("%s: occurrence %d missing", b, d)
+			}
+		}
+	}
+	sts, err := st.Statuses(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range sts {
+		if s.Error != "" {
+			t.Errorf("%s: %s", name, s.Error)
+		}
+	}
+}
+
+// TestStoreChanges: an unchanged Put costs no revision; a changed body
+// cancels the old body's pending occurrence; a paused schedule
+// materialises nothing and resumes after now; Remove cancels what is
+// pending.
+func TestStoreChanges(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	keys := newKeys(t, rdb, 4)
+	st := NewStore(rdb, keys)
+	d := Def{Queue: "q", Name: "s", Cron: "@daily", Body: "old", Source: "cli"}
+	if ch, err := st.Put(ctx, d); !ch || err != nil {
+		t.Fatal(ch, err)
+	}
+	rev, _ := st.Rev(ctx)
+	if ch, _ := st.Put(ctx, d); ch {
+		t.Fatal("an equal Put changed something")
+	}
+	if r, _ := st.Rev(ctx); r != rev {
+		t.Fatalf("rev %d -> %d", rev, r)
+	}
+	m := New(rdb, Options{Keys: keys, Sweeping: func() bool { return true }, Logger: quiet, Layout: func() shard.Layout { return shard.Layout{Shards: 4} }})
+	step := func() {
+		t.Helper()
+		if err := m.refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 { // a migration or retirement takes a step of its own
+			m.step(ctx, m.entries["s"])
+		}
+	}
+	step()
+	oldShard := shard.Index([]byte("old"), 4)
+	if rdb.ZScore(ctx, keys.Pending(oldShard), "old").Err() != nil {
+		t.Fatal("the first occurrence is not pending")
+	}
+	d.Body = "new"
+	if _, err := st.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if rdb.ZScore(ctx, keys.Pending(oldShard), "old").Err() != redis.Nil {
+		t.Fatal("the old body's occurrence is still pending")
+	}
+	step()
+	newShard := shard.Index([]byte("new"), 4)
+	if rdb.ZScore(ctx, keys.Pending(newShard), "new").Err() != nil {
+		t.Fatal("the new body's occurrence is not pending")
+	}
+	if _, err := st.SetPaused(ctx, "s", true); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	if rdb.ZScore(ctx, keys.Pending(newShard), "new").Err() != redis.Nil {
+		t.Fatal("paused, the occurrence is still pending")
+	}
+	if _, err := st.SetPaused(ctx, "s", false); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	if rdb.ZScore(ctx, keys.Pending(newShard), "new").Err() != nil {
+		t.Fatal("resumed, no occurrence pending")
+	}
+	if _, err := st.Remove(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if rdb.ZScore(ctx, keys.Pending(newShard), "new").Err() != redis.Nil {
+		t.Fatal("removed, the occurrence is still pending")
+	}
+	if l, _ := st.List(ctx); len(l) != 0 {
+		t.Fatalf("list after remove: %v", l)
+	}
+}
