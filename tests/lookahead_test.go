@@ -370,11 +370,14 @@ func TestLookaheadSIGTERMOtherInstanceTakesOver(t *testing.T) {
 		// Handed back: every entry's score leaves its lease deadline
 		// (0, or the other instance's new claim) well before it.
 		var s laState
-		eventually(t, 10*time.Second, "every held task handed back", func() bool {
+		// A stop puts held tasks back into pending, from where the other
+		// instance claims them again: wait for that (reading in between
+		// could find them pending, none in flight).
+		eventually(t, 10*time.Second, "every held task handed back and claimed again", func() bool {
 			s = h.laState(h.queues[0])
-			for e, score := range s.inflight {
-				if score == held.inflight[e] {
-					return false
+			for e, old := range held.inflight {
+				if score, ok := s.inflight[e]; !ok || score == old {
+					return len(rec.all()) > 0 // some went out: stop waiting, the checks below say what happened
 				}
 			}
 			return true
