@@ -80,7 +80,7 @@ the latest (default), all of them, or skip them.
 Exit status: 0 saved, 1 Redis failed, 2 bad arguments or schedule.`,
 		Example: `  dispatcher recurring add --queue reports --name nightly \
     --cron '0 2 * * *' --tz Europe/Berlin '{"report":"daily"}'`,
-		Args:    cobra.ArbitraryArgs,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
