@@ -366,6 +366,15 @@ func (m *Materialiser) step(ctx context.Context, e *entry) {
 		lastMs = st.cursor
 		next, skipped = e.sched.following(ms(st.cursor), now)
 	} else {
+		if has && st.flag == frozen && st.rev == rev {
+			// The state was moved away from the body's shard by this
+			// instance's layout: an instance on a newer shard count moved
+			// it. Starting afresh here would revive it beside the moved
+			// one, and an occurrence would go out twice; wait for this
+			// instance's layout to catch up (LayoutPoll) instead.
+			e.wakeAt = time.Now().Add(time.Second)
+			return
+		}
 		// A fresh start: a new schedule, or one whose definition changed,
 		// resumed, or whose state was retired. It must stay after every
 		// occurrence a state here says was delivered.

@@ -156,6 +156,25 @@ type Lock struct {
 	ttl   time.Duration
 	stop  chan struct{}
 	done  chan struct{}
+	lost  chan struct{} // closed once the lock may be another's
+}
+
+// ErrLockLost: the mover's lock was lost (a renewal found another holder,
+// or none succeeded for most of its TTL): moving on could race another
+// mover, so the move stops.
+var ErrLockLost = errors.New("the mover's lock was lost (Redis too slow, or the process paused, for its TTL)")
+
+// Guard returns ctx, cancelled with ErrLockLost once the lock is lost.
+func (l *Lock) Guard(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-l.lost:
+			cancel(ErrLockLost)
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
 }
 
 // LockTTL is how long a mover that died holds the lock.
@@ -175,7 +194,8 @@ func TryLock(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, na
 		holder, _ = rdb.Get(ctx, keys.ReshardLock()).Result()
 		return nil, holder, nil
 	}
-	l = &Lock{rdb: rdb, key: keys.ReshardLock(), token: token, ttl: LockTTL, stop: make(chan struct{}), done: make(chan struct{})}
+	l = &Lock{rdb: rdb, key: keys.ReshardLock(), token: token, ttl: LockTTL, stop: make(chan struct{}), done: make(chan struct{}),
+		lost: make(chan struct{})}
 	go l.renew()
 	return l, "", nil
 }
@@ -184,14 +204,25 @@ func (l *Lock) renew() {
 	defer close(l.done)
 	t := time.NewTicker(l.ttl / 3)
 	defer t.Stop()
+	renewed := time.Now()
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), l.ttl/3)
-			_ = lockScript.Run(ctx, l.rdb, []string{l.key}, l.token, l.ttl.Milliseconds()).Err()
+			held, err := lockScript.Run(ctx, l.rdb, []string{l.key}, l.token, l.ttl.Milliseconds()).Int()
 			cancel()
+			switch {
+			case err == nil && held == 1:
+				renewed = time.Now()
+				continue
+			case err == nil || time.Since(renewed) > l.ttl*2/3:
+				// Another holds it, or it may have expired unrenewed.
+				close(l.lost)
+				<-l.stop
+				return
+			}
 		}
 	}
 }

@@ -133,11 +133,12 @@ func TestShrinkAndRetired(t *testing.T) {
 		t.Fatalf("second SweepRetired: %d, %v", n, err)
 	}
 
-	// Growing back past the retired count forgets it.
-	if _, _, err := reshard.Reshard(ctx, rdb, k, 16, reshard.Options{Name: "test"}); err != nil {
+	// Growing back past the retired count forgets it. (No dispatcher runs
+	// here: tasks due now are moved too, which finishing waits for.)
+	if _, _, err := reshard.Reshard(ctx, rdb, k, 16, reshard.Options{Name: "test", Horizon: -1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := reshard.Close(ctx, rdb, k, reshard.Options{Name: "test"}); err != nil {
+	if _, _, err := reshard.Close(ctx, rdb, k, reshard.Options{Name: "test", Horizon: -1}); err != nil {
 		t.Fatal(err)
 	}
 	if l, err := shard.ReadLayout(ctx, rdb, k); err != nil || l != (shard.Layout{Shards: 16}) {
@@ -181,4 +182,55 @@ func TestLockOneMover(t *testing.T) {
 		t.Fatalf("after unlock: %v", err)
 	}
 	l2.Unlock(ctx)
+}
+
+// TestLockLostStopsTheMove: a mover whose lock another took over (its
+// renewal finds another holder) has its guarded context cancelled with
+// ErrLockLost, so it stops before racing the other mover.
+func TestLockLostStopsTheMove(t *testing.T) {
+	ctx := context.Background()
+	rdb, k := setup(t, 4)
+	l, _, err := reshard.TryLock(ctx, rdb, k, "first")
+	if err != nil || l == nil {
+		t.Fatalf("lock: %v", err)
+	}
+	defer l.Unlock(ctx)
+	guarded, stop := l.Guard(ctx)
+	defer stop()
+	rdb.Set(ctx, k.ReshardLock(), "second/xyz", reshard.LockTTL) // the lock expired and another took it
+	select {
+	case <-guarded.Done():
+		if !errors.Is(context.Cause(guarded), reshard.ErrLockLost) {
+			t.Fatalf("cause %v, want ErrLockLost", context.Cause(guarded))
+		}
+	case <-time.After(reshard.LockTTL / 2):
+		t.Fatal("the guarded context outlived the lock")
+	}
+	if got := rdb.Get(ctx, k.ReshardLock()).Val(); got != "second/xyz" {
+		t.Fatalf("the lost lock's renewal overwrote the new holder's: %q", got)
+	}
+}
+
+// TestCloseAfterGrowthWaitsForNearTasks: after a growth, producers cancel
+// by the new count only, so finishing waits while a task due soon (not
+// moved: a dispatcher sends it where it is) is outside its new shard.
+func TestCloseAfterGrowthWaitsForNearTasks(t *testing.T) {
+	ctx := context.Background()
+	rdb, k := setup(t, 4)
+	m := "near"
+	for shard.Index([]byte(m), 4) == shard.Index([]byte(m), 8) {
+		m += "x"
+	}
+	rdb.ZAdd(ctx, k.Pending(shard.Index([]byte(m), 4)), redis.Z{Score: float64(time.Now().Add(5 * time.Second).UnixMilli()), Member: m})
+	if _, _, err := reshard.Reshard(ctx, rdb, k, 8, reshard.Options{Name: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := reshard.Close(ctx, rdb, k, reshard.Options{Name: "test", Wait: 1500 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "1 pending tasks due soon are outside their shard by 8") {
+		t.Fatalf("close with a task due soon in its old shard: %v", err)
+	}
+	rdb.ZRem(ctx, k.Pending(shard.Index([]byte(m), 4)), m) // dispatched
+	if _, _, err := reshard.Close(ctx, rdb, k, reshard.Options{Name: "test"}); err != nil {
+		t.Fatalf("close once it was dispatched: %v", err)
+	}
 }

@@ -2,7 +2,9 @@ package reshard
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,19 +66,26 @@ func Close(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, opt 
 
 // moveAll holds the lock and runs passes until one moves nothing; with
 // drain, also until the retiring shards are empty.
-func moveAll(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l shard.Layout, opt Options, drain bool) (Progress, error) {
+func moveAll(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l shard.Layout, opt Options, drain bool) (total Progress, err error) {
 	lock, err := waitLock(ctx, rdb, keys, opt)
 	if err != nil {
 		return Progress{}, err
 	}
 	defer lock.Unlock(context.WithoutCancel(ctx))
+	outer := ctx
+	ctx, stop := lock.Guard(ctx)
+	defer stop()
+	defer func() {
+		if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) && outer.Err() == nil {
+			err = fmt.Errorf("queue %s: %w; run it again", keys.Queue, cause)
+		}
+	}()
 	m := &Mover{RDB: rdb, Keys: keys, Horizon: opt.Horizon}
 	wait := opt.Wait
 	if wait == 0 {
 		wait = m.horizon() + 2*time.Minute
 	}
 	deadline := time.Now().Add(wait)
-	var total Progress
 	for pass := 1; ; pass++ {
 		p, err := m.Pass(ctx, l, 0, l.Span())
 		// Again after each pass: a wake-up lost (a failover, a dispatcher
@@ -91,17 +100,27 @@ func moveAll(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l 
 			return total, err
 		}
 		moved := p.Moved + p.Kept + p.Raced + p.DeadMoved
-		if moved == 0 && (!drain || p.Retiring == 0) {
+		// Finishing waits until no task is left where only the old count
+		// puts it: after a growth too, since producers then cancel and
+		// reschedule by the new count only.
+		if moved == 0 && (!drain || p.Retiring+p.Near == 0) {
 			opt.report(pass, p, "")
 			return total, nil
 		}
 		waiting := ""
 		if moved == 0 {
-			if time.Now().After(deadline) {
-				return total, fmt.Errorf("queue %s: shards %d..%d still hold %d tasks (pending due soon, in flight or dead) after %s; is a dispatcher serving the queue?",
-					keys.Queue, l.Shards, l.From-1, p.Retiring, wait)
+			var left []string
+			if p.Retiring > 0 {
+				left = append(left, fmt.Sprintf("shards %d..%d still hold %d tasks (pending due soon, in flight or dead)", l.Shards, l.From-1, p.Retiring))
 			}
-			waiting = fmt.Sprintf("%d tasks left in shards %d..%d (due soon or in flight): waiting for them to be dispatched", p.Retiring, l.Shards, l.From-1)
+			if p.Near > 0 {
+				left = append(left, fmt.Sprintf("%d pending tasks due soon are outside their shard by %d", p.Near, l.Shards))
+			}
+			if time.Now().After(deadline) {
+				return total, fmt.Errorf("queue %s: %s after %s: is a dispatcher serving the queue, or a producer still writing with %d shards?",
+					keys.Queue, strings.Join(left, "; "), wait, l.From)
+			}
+			waiting = strings.Join(left, "; ") + ": waiting for them to be dispatched"
 			select {
 			case <-ctx.Done():
 				return total, ctx.Err()
@@ -161,6 +180,8 @@ func SweepRetired(ctx context.Context, rdb redis.UniversalClient, keys shard.Key
 		return 0, err
 	}
 	defer lock.Unlock(context.WithoutCancel(ctx))
+	ctx, stop := lock.Guard(ctx)
+	defer stop()
 	m := &Mover{RDB: rdb, Keys: keys, Horizon: -1}
 	p, err := m.Pass(ctx, l, l.Shards, l.Retired)
 	return p.Moved + p.Kept + p.DeadMoved, err

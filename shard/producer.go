@@ -133,8 +133,7 @@ func (p *Producer) Schedule(ctx context.Context, member []byte, due time.Time) e
 	if err := p.schedule(ctx, i, member, due, moves(l)); err != nil {
 		return err
 	}
-	p.removeOld(ctx, l, member, i)
-	return nil
+	return p.removeOld(ctx, l, member, i)
 }
 
 // moves reports whether tasks may be moved between shards under layout l
@@ -218,12 +217,17 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	l := p.Layout(ctx)
 	byShard := make(map[int][]redis.Z)
 	earliest := make(map[int]int64)
-	old := map[int][]any{} // during a change: members to remove from their shard by the old count
+	// During a change: by new shard, the members to remove from their
+	// shard by the old count once their ZADD has succeeded.
+	old := map[int]map[int][]any{}
 	for _, t := range tasks {
 		i := Index(t.Member, l.Shards)
 		if l.Changing() {
 			if j := Index(t.Member, l.From); j != i {
-				old[j] = append(old[j], t.Member)
+				if old[i] == nil {
+					old[i] = map[int][]any{}
+				}
+				old[i][j] = append(old[i][j], t.Member)
 			}
 		}
 		due := DueMs(t.Due)
@@ -249,6 +253,7 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	_, _ = pipe.Exec(ctx) // wake-up errors are ignored, as in Schedule
 	var firstErr error
 	var wakes redis.Pipeliner
+	rmOld := map[int][]any{}
 	for _, a := range adds {
 		if err := a.zadd.Err(); err != nil {
 			if firstErr == nil {
@@ -256,6 +261,9 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 					len(tasks), p.keys.Queue, len(byShard[a.i]), p.keys.Pending(a.i), err)
 			}
 			continue
+		}
+		for j, members := range old[a.i] {
+			rmOld[j] = append(rmOld[j], members...)
 		}
 		if a.wake && !p.ordered {
 			if wakes == nil {
@@ -267,26 +275,34 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	if wakes != nil {
 		_, _ = wakes.Exec(ctx)
 	}
-	if len(old) > 0 && firstErr == nil {
+	if len(rmOld) > 0 {
+		// Only the old copies of the tasks whose ZADD succeeded: the others
+		// stay where they were, as they were.
 		rm := p.rdb.Pipeline()
-		for j, members := range old {
+		for j, members := range rmOld {
 			rm.ZRem(ctx, p.keys.Pending(j), members...)
 		}
-		_, _ = rm.Exec(ctx) // a copy left behind is moved, or dispatched once, by the reshard
+		if _, err := rm.Exec(ctx); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("schedule %d tasks on queue %s: remove their copies by the old shard count %d: %w (run it again: a copy left there is dispatched at its old due time)",
+				len(tasks), p.keys.Queue, l.From, err)
+		}
 	}
 	return firstErr
 }
 
 // removeOld removes, during a change of the shard count, the copy of a
 // member just written to shard i that is pending in its shard by the old
-// count. An error is ignored: `dispatcher reshard` moves what is left
-// there, keeping the new count's copy.
-func (p *Producer) removeOld(ctx context.Context, l Layout, member []byte, i int) {
+// count. Its error is the caller's: a copy left there would be dispatched
+// at its old due time if that is sooner than the move's horizon.
+func (p *Producer) removeOld(ctx context.Context, l Layout, member []byte, i int) error {
 	if l.Changing() {
 		if j := Index(member, l.From); j != i {
-			_ = p.rdb.ZRem(ctx, p.keys.Pending(j), member).Err()
+			if err := p.rdb.ZRem(ctx, p.keys.Pending(j), member).Err(); err != nil {
+				return fmt.Errorf("remove the copy by the old shard count from %s (run it again): %w", p.keys.Pending(j), err)
+			}
 		}
 	}
+	return nil
 }
 
 // rescheduleScript moves a pending member to a new due time, and only if
