@@ -122,6 +122,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, f File) (Result, error) {
 			errs = append(errs, err)
 			continue
 		}
+		// Removals first: a schedule renamed in the file (same body, new
+		// name) must not be refused for the body of its old name.
+		kept := have[:0:0]
+		for _, d := range have {
+			if d.Source == FileSource && !named[q][d.Name] {
+				if _, err := st.Remove(ctx, d.Name); err != nil && !errors.Is(err, ErrNotFound) {
+					errs = append(errs, err)
+					kept = append(kept, d)
+					continue
+				}
+				res.Removed++
+				continue
+			}
+			kept = append(kept, d)
+		}
+		have = kept
 		byName := map[string]Def{}
 		for _, d := range have {
 			byName[d.Name] = d
@@ -148,15 +164,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, f File) (Result, error) {
 				res.Changed++
 			default:
 				res.Added++
-			}
-		}
-		for _, d := range have {
-			if d.Source == FileSource && !named[q][d.Name] {
-				if _, err := st.Remove(ctx, d.Name); err != nil && !errors.Is(err, ErrNotFound) {
-					errs = append(errs, err)
-					continue
-				}
-				res.Removed++
 			}
 		}
 	}

@@ -291,3 +291,27 @@ func TestStoreChanges(t *testing.T) {
 		t.Fatalf("list after remove: %v", l)
 	}
 }
+
+// TestReconcileRename: a schedule renamed in the file (same body, another
+// name) replaces the old one; it used to be refused for the old name's
+// body, after which the old one was removed: no schedule at all.
+func TestReconcileRename(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	keys := newKeys(t, rdb, 4)
+	r := NewReconciler(rdb, keys.Prefix, []string{keys.Queue}, quiet)
+	def := func(name string) File {
+		return File{Schedules: []Def{{Queue: keys.Queue, Name: name, Cron: "@daily", Body: "report"}}}
+	}
+	if _, err := r.Reconcile(ctx, def("old")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Reconcile(ctx, def("new"))
+	if err != nil || len(res.Invalid) != 0 {
+		t.Fatalf("rename: %+v, %v", res, err)
+	}
+	defs, _, err := NewStore(rdb, keys).Defs(ctx)
+	if err != nil || len(defs) != 1 || defs[0].Name != "new" {
+		t.Fatalf("after the rename: %+v, %v; want only \"new\"", defs, err)
+	}
+}
