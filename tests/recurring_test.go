@@ -86,6 +86,7 @@ func (h *harness) sweeperProc(queue string, procs []*proc) *proc {
 // delivered, none before its due time, and an occurrence arrives twice only
 // where a lease expired (claimed by the killed or the stopped instance).
 func TestRecurringEverySecondThreeInstances(t *testing.T) {
+	t.Parallel() // mostly waiting for occurrences: two such tests share the wait
 	q := queueSpec{Name: "jobs", Shards: 4}
 	h := newHarness(t, q)
 	h.extra["DISPATCHER_LEASE"] = "2s"
@@ -182,6 +183,7 @@ func TestRecurringEverySecondThreeInstances(t *testing.T) {
 // are those computed: on the spring day (02:30 does not exist) at 03:00
 // CEST, on the autumn day (02:30 twice) once, at 02:30 CEST.
 func TestRecurringDSTEndToEnd(t *testing.T) {
+	t.Parallel() // mostly waiting for occurrences: two such tests share the wait
 	q := queueSpec{Name: "daily", Shards: 8}
 	h := newHarness(t, q)
 	ctx := context.Background()
@@ -270,6 +272,7 @@ func TestRecurringDSTEndToEnd(t *testing.T) {
 // "latest" only the most recent, "skip" none. (Under every policy the
 // occurrence that was already pending at the stop is delivered late.)
 func TestRecurringOutagePolicies(t *testing.T) {
+	t.Parallel() // mostly waiting for occurrences: two such tests share the wait
 	q := queueSpec{Name: "outage", Shards: 4}
 	h := newHarness(t, q)
 	env := h.env()
@@ -398,6 +401,7 @@ func writeFile(t *testing.T, path, content string) {
 // instance: an added schedule starts, a changed one follows its new body,
 // a removed one stops, and a schedule added from the CLI is left alone.
 func TestRecurringFileEdited(t *testing.T) {
+	t.Parallel() // mostly waiting for occurrences: two such tests share the wait
 	q := queueSpec{Name: "files", Shards: 4}
 	h := newHarness(t, q)
 	path := filepath.Join(t.TempDir(), "recurring.json")
@@ -427,7 +431,9 @@ func TestRecurringFileEdited(t *testing.T) {
 	eventually(t, 10*time.Second, "the edit applied", func() bool { return strings.Contains(p.out.String(), "added=1 changed=1 removed=1") })
 	applied := time.Now()
 	t.Logf("applied %s after the edit", applied.Sub(edited).Round(time.Millisecond))
-	time.Sleep(2 * time.Second) // what was pending before may still go out
+	// What was claimed before the edit (up to the look-ahead ahead of its
+	// due time) still goes out: let it.
+	_ = h.drain(q.Name, 2*time.Second, 2*time.Second)
 	got = byBody(h.drain(q.Name, 10*time.Second, 5*time.Second))
 	if n := len(got["A"]) + len(got["B"]); n > 0 {
 		t.Errorf("removed or changed schedules still fire: A %d, B %d", len(got["A"]), len(got["B"]))
@@ -483,6 +489,7 @@ func TestRecurringFileEdited(t *testing.T) {
 // ordinary tasks are dispatched as ever. The CLI refuses the same input
 // with one line and exit code 2.
 func TestRecurringBadInput(t *testing.T) {
+	t.Parallel() // mostly waiting for occurrences: two such tests share the wait
 	q := queueSpec{Name: "mixed", Shards: 4}
 	h := newHarness(t, q)
 	path := filepath.Join(t.TempDir(), "recurring.json")
@@ -556,6 +563,7 @@ func TestRecurringBadInput(t *testing.T) {
 // 4, each change finished: the schedules' states follow their bodies'
 // shards, and every occurrence is delivered once.
 func TestRecurringAcrossReshard(t *testing.T) {
+	t.Parallel() // mostly waiting for occurrences: two such tests share the wait
 	q := queueSpec{Name: "grow", Shards: 4}
 	h := newHarness(t, q)
 	p1, p2 := h.start(), h.start()
@@ -657,6 +665,9 @@ func totalCommands(t *testing.T, rdb *redis.Client) int64 {
 // dispatcher counts. The difference is the schedules' own cost. The
 // figure is in docs/recurring.md.
 func TestRecurringIdleCost(t *testing.T) {
+	if os.Getenv("DISPATCHER_TEST_MEASURE") == "" {
+		t.Skip("a measurement (35 s), not a check: DISPATCHER_TEST_MEASURE=1 go test ./tests -run TestRecurringIdleCost")
+	}
 	srv := testenv.StartRedis(t, testenv.RedisOptions{})
 	q := queueSpec{Name: "idle", Shards: 16}
 	h := newHarnessOn(t, srv.Client(), q)
