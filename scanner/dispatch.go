@@ -148,8 +148,9 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 				"shard", b.shard, "key", s.keys.Pending(b.shard), "score", t.task.DueMs)
 		}
 		at[n] = publishedUs
-		m := s.message(t.task)
-		if m := int(s.layoutM.Load()); m > 0 && shard.Index(t.task.Member, m) != b.shard {
+		h := shard.Hash(t.task.Member) // once, for the message id and the shard check
+		m := s.message(t.task, h)
+		if n := uint64(s.layoutM.Load()); n > 0 && int(h%n) != b.shard {
 			// A producer hashing with another shard count wrote it: one
 			// still on the old count during a change, or a misconfigured one.
 			s.met.misplaced(1)
@@ -253,12 +254,12 @@ func (s *Scanner) settleBatch(p *progress) {
 	}
 }
 
-func (s *Scanner) message(t Task) publisher.Message {
+func (s *Scanner) message(t Task, hash uint64) publisher.Message {
 	return publisher.Message{
 		Exchange:   s.opt.Exchange,
 		RoutingKey: s.opt.RoutingKey,
 		Body:       t.Member,
-		MessageID:  shard.MessageID(t.Member, t.DueMs),
+		MessageID:  shard.MessageIDOf(hash, t.DueMs),
 		DueMs:      t.DueMs,
 	}
 }

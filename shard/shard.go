@@ -41,9 +41,10 @@ func LooksLikeSeconds(score int64) bool { return score > 0 && score < SecondsSco
 
 // MessageID is the AMQP message_id of one scheduling of a member:
 // lowercase 16-digit hex XXH64, "-", due time in ms.
-func MessageID(member []byte, dueMs int64) string {
-	return fmt.Sprintf("%016x-%d", Hash(member), dueMs)
-}
+func MessageID(member []byte, dueMs int64) string { return MessageIDOf(Hash(member), dueMs) }
+
+// MessageIDOf is MessageID of a member whose Hash is known.
+func MessageIDOf(hash uint64, dueMs int64) string { return fmt.Sprintf("%016x-%d", hash, dueMs) }
 
 // Keys builds every Redis key of one queue. All keys of shard i carry the
 // hash tag {Q:i} so one Lua script may touch them on Redis Cluster.

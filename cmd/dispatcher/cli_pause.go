@@ -32,12 +32,7 @@ dispatcher resume --queue Q. Tasks keep being scheduled meanwhile.
 
 Exit status: 0 done, 1 Redis failed, 2 bad arguments or settings.`
 	}
-	cmd.Args = func(cmd *cobra.Command, args []string) error {
-		if len(args) > 0 {
-			return usageErrorf("unexpected argument %q", args[0])
-		}
-		return nil
-	}
+	cmd.Args = noArgs
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
 		if err != nil {

@@ -259,14 +259,9 @@ Exit status: 0 listed, 1 Redis failed, 2 bad arguments.`,
 			defer se.close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
-			names := queues
-			if len(names) == 0 {
-				names = se.cfg.Queues
-			}
-			if len(names) == 0 {
-				if names, err = recordedQueues(ctx, se.rdb, se.cfg.KeyPrefix); err != nil {
-					return se.redisFailure(err)
-				}
+			names, err := se.queueNames(ctx, queues)
+			if err != nil {
+				return err
 			}
 			var all []recurring.Entry
 			for _, q := range names {

@@ -190,11 +190,3 @@ func writeReshardStatus(w io.Writer, queue string, st reshard.Status) {
 	fmt.Fprintf(w, "moved %d pending tasks and %d dead letters in %d passes; the last, %s ago, left %d due soon where they are and %d in the shards being retired\n",
 		st.Progress.Moved+st.Progress.Kept, st.Progress.DeadMoved, st.Passes, time.Since(st.PassAt).Round(time.Second), st.LastPass.Near, st.LastPass.Retiring)
 }
-
-// noArgs refuses positional arguments, in one line.
-func noArgs(cmd *cobra.Command, args []string) error {
-	if len(args) > 0 {
-		return usageErrorf("unexpected argument %q", args[0])
-	}
-	return nil
-}

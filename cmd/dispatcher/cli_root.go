@@ -220,3 +220,11 @@ func queueFlag(fs *pflag.FlagSet, queue *string) {
 func jsonFlag(fs *pflag.FlagSet, on *bool) {
 	fs.BoolVar(on, "json", false, "print JSON, for scripts")
 }
+
+// noArgs refuses positional arguments, in one line.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageErrorf("unexpected argument %q", args[0])
+	}
+	return nil
+}

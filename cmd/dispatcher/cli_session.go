@@ -59,6 +59,22 @@ func openSession(s streams, asJSON bool, queues ...string) (*session, error) {
 
 func (se *session) close() { se.rdb.Close() }
 
+// queueNames are the queues a command over several works on: those
+// given, else DISPATCHER_QUEUES, else every queue recorded in Redis.
+func (se *session) queueNames(ctx context.Context, given []string) ([]string, error) {
+	if len(given) > 0 {
+		return given, nil
+	}
+	if len(se.cfg.Queues) > 0 {
+		return se.cfg.Queues, nil
+	}
+	names, err := recordedQueues(ctx, se.rdb, se.cfg.KeyPrefix)
+	if err != nil {
+		return nil, se.redisFailure(err)
+	}
+	return names, nil
+}
+
 // openQueue is openSession for a command on one queue: it resolves the
 // queue (session.queue, recording a configured count not yet recorded)
 // under a context of timeout, which done ends with the session.

@@ -37,12 +37,7 @@ counts); a DISPATCHER_QUEUE_<NAME>_SHARDS that differs gets a warning.
 
 Exit status: 0 read (broken shards are shown, not an error), 1 no shard
 could be read, 2 bad arguments or settings.`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return usageErrorf("unexpected argument %q", args[0])
-			}
-			return nil
-		},
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			se, err := openSession(s, asJSON, queues...)
 			if err != nil {
@@ -51,17 +46,12 @@ could be read, 2 bad arguments or settings.`,
 			defer se.close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
-			names := queues
-			if len(names) == 0 {
-				names = se.cfg.Queues
+			names, err := se.queueNames(ctx, queues)
+			if err != nil {
+				return err
 			}
 			if len(names) == 0 {
-				if names, err = recordedQueues(ctx, se.rdb, se.cfg.KeyPrefix); err != nil {
-					return se.redisFailure(err)
-				}
-				if len(names) == 0 {
-					return settingsError(fmt.Errorf("no queue has its shard count recorded under %s:{*}:shards, and DISPATCHER_QUEUES is not set: give --queue", se.cfg.KeyPrefix))
-				}
+				return settingsError(fmt.Errorf("no queue has its shard count recorded under %s:{*}:shards, and DISPATCHER_QUEUES is not set: give --queue", se.cfg.KeyPrefix))
 			}
 			var targets []queuestate.Target
 			for _, name := range names {
