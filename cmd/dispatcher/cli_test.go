@@ -390,3 +390,29 @@ func TestTail(t *testing.T) {
 		t.Errorf("tail timing out: exit %d, %q", code, errOut)
 	}
 }
+
+func TestParseTime(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	for _, c := range []struct {
+		in   string
+		want int64
+	}{
+		{"now", 1_800_000_000_000},
+		{"1767225600000", 1_767_225_600_000},
+		{"2026-01-01T00:00:00Z", 1_767_225_600_000},
+		{"2026-01-01T01:00:00+01:00", 1_767_225_600_000},
+		{"90s", 1_800_000_090_000},
+		{"+2h", 1_800_007_200_000},
+		{"-10m", 1_799_999_400_000},
+	} {
+		got, err := parseTime("from", c.in, now)
+		if err != nil || got != c.want {
+			t.Errorf("parseTime(%q) = %d, %v; want %d", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"", "tomorrow", "2026-13-01", "10 minutes"} {
+		if _, err := parseTime("to", bad, now); err == nil || !strings.Contains(err.Error(), "--to") {
+			t.Errorf("parseTime(%q) = %v; want an error naming --to", bad, err)
+		}
+	}
+}
