@@ -62,7 +62,7 @@ func (m *measurement) spec() instanceSpec {
 	return instanceSpec{
 		binary: m.r.opt.Dispatcher, redisURL: m.r.opt.RedisURL, amqpURL: m.r.opt.AMQPURL,
 		prefix: m.keys.Prefix, exchange: m.keys.Prefix, queues: m.queues, shards: m.p.Shards, batch: m.p.Batch,
-		clientName: m.r.clientPrefix() + "-d", stamp: m.r.stamps,
+		clientName: m.r.clientPrefix() + "-d", stamp: m.r.stamps, maxRate: m.p.MaxRate,
 	}
 }
 

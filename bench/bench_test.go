@@ -363,3 +363,58 @@ func readReport(t *testing.T, path string) Report {
 	}
 	return rep
 }
+
+// The burst and memory modes at small scale: a burst of 10,000 tasks with
+// one due time drains completely, none early, with the probes' figures
+// there; memory reads a growth per task above the member's size. Only that
+// the figures exist and are sane is checked: timings are the bench's to
+// report, not a test's to judge on a shared machine.
+func TestBenchBurstAndMemory(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "bench.json")
+	code, stdout, stderr := runBench(t,
+		"-mode", "burst,memory", "-backlog", "10000", "-burst-lead", "5s", "-instances", "2", "-shards", "4", "-size", "100",
+		"-queue-type", "transient", "-ceiling-count", "2000", "-ceiling-window", "300", "-stall", "20s",
+		"-json", jsonPath, "-dispatcher", binary)
+	t.Logf("stdout:\n%s", stdout)
+	if code != exitOK {
+		t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
+	}
+	for _, want := range []string{"| due N | instances |", "| ZADD p50 / p99 / max ms |", "| tasks | shards | member B | bytes/task |"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("tables lack %q", want)
+		}
+	}
+	rep := readReport(t, jsonPath)
+	if len(rep.Failures) != 0 || len(rep.Results) != 1 || len(rep.Memory) != 1 {
+		t.Fatalf("failures %q, %d results, %d memory results", rep.Failures, len(rep.Results), len(rep.Memory))
+	}
+	r := rep.Results[0]
+	checkResult(t, r, 10000)
+	b := r.Burst
+	if b == nil {
+		t.Fatal("no burst figures")
+	}
+	sum := 0
+	for _, n := range b.PerSecond {
+		sum += n
+	}
+	if sum != 10000 || b.DrainSeconds <= 0 || b.DrainPerSec <= 0 || r.Ratio <= 0 {
+		t.Errorf("drain: %d tasks over %v s at %v/s, ratio %v", sum, b.DrainSeconds, b.DrainPerSec, r.Ratio)
+	}
+	// A producer ZADD every 2 ms over the 2 s before and the drain.
+	if b.Before.Count < 100 || b.Producer.Count < 1 || b.Stats.Count < 1 || b.Producer.P50 > b.Producer.P99 || b.Producer.P99 > b.Producer.Max {
+		t.Errorf("probes: producer before %+v, during %+v, stats %+v", b.Before, b.Producer, b.Stats)
+	}
+	if b.SlowNote != "" || b.SlowUs != 1000 {
+		t.Errorf("slow log: %q, threshold %d µs", b.SlowNote, b.SlowUs)
+	}
+	// The slow log settings are put back.
+	if got := testenv.Redis(t).ConfigGet(context.Background(), "slowlog-log-slower-than").Val()["slowlog-log-slower-than"]; got == "1000" {
+		t.Errorf("slowlog-log-slower-than left at %s", got)
+	}
+	mem := rep.Memory[0]
+	if mem.Backlog != 10000 || mem.PerTask <= 100 || mem.PerTask > 1000 || mem.In16GB <= 0 {
+		t.Errorf("memory: %+v", mem)
+	}
+	assertCleanedUp(t, rep.RunID, r.Name)
+}

@@ -70,6 +70,7 @@ type instanceSpec struct {
 	batch      int
 	clientName string // Redis client name prefix of the instances
 	stamp      bool   // set DISPATCHER_STAMP_PUBLISHED=true
+	maxRate    int    // each queue's MAX_RATE (0: none)
 }
 
 // Settings the bench sets itself; the parent's own values of these are not
@@ -112,6 +113,9 @@ func (sp instanceSpec) env(n int, httpAddr string) ([]string, error) {
 	for _, q := range queues {
 		pre := config.QueuePrefix(q)
 		env = append(env, pre+"_SHARDS="+strconv.Itoa(sp.shards), pre+"_EXCHANGE="+sp.exchange)
+		if sp.maxRate > 0 {
+			env = append(env, pre+"_MAX_RATE="+strconv.Itoa(sp.maxRate))
+		}
 	}
 	if sp.stamp {
 		env = append(env, stampVar+"=true")

@@ -122,6 +122,13 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 		began := time.Now()
 		var err error
 		switch p.Mode {
+		case modeMemory:
+			var res *MemoryResult
+			res, err = r.runMemory(ctx, p)
+			if res != nil && err == nil {
+				r.rep.Memory = append(r.rep.Memory, res)
+				r.prog.printf("%s [%.0fs]\n", memoryText(res), time.Since(began).Seconds())
+			}
 		case modeIdle:
 			var res *IdleResult
 			res, err = r.runIdle(ctx, p)
@@ -134,9 +141,12 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 			}
 		default:
 			var res *Result
-			if p.Mode == modeBacklog {
+			switch p.Mode {
+			case modeBacklog:
 				res, err = r.runBacklog(ctx, p)
-			} else {
+			case modeBurst:
+				res, err = r.runBurst(ctx, p)
+			default:
 				res, err = r.runRate(ctx, p)
 			}
 			if res != nil && err == nil {
@@ -146,6 +156,9 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 					thousands(int(res.PerSec)), ratioText(res), latShort(res.DispatchLateness), latShort(&res.Lateness),
 					firstSecondText(res), res.CmdsPerTask, res.CPUPer10k, fmtOpt(res.RedisCPUPer10k, "%.2f"), res.PeakRSSMB,
 					res.Duplicates, res.Missing, time.Since(began).Seconds())
+				if res.Burst != nil {
+					r.prog.printf("%s\n", burstText(res.Burst))
+				}
 			}
 		}
 		if err != nil {

@@ -54,6 +54,12 @@ type Options struct {
 	CeilingWindows []int `json:"ceiling_windows"`
 	CeilingEach    bool  `json:"ceiling_each"`
 
+	// BurstLead is how far ahead of now a burst's one due time is set
+	// (0: 10 s plus 1 s per 50,000 tasks); MaxRate the queue's MAX_RATE
+	// in burst points (0: none).
+	BurstLead Duration `json:"burst_lead"`
+	MaxRate   int      `json:"max_rate"`
+
 	Stall    Duration `json:"stall"`
 	JSONPath string   `json:"-"`
 	SVGPath  string   `json:"-"`
@@ -77,6 +83,8 @@ const (
 	modeBacklog = "backlog"
 	modeRate    = "rate"
 	modeIdle    = "idle"
+	modeBurst   = "burst"
+	modeMemory  = "memory"
 )
 
 // Queue types of the consumer's queue.
@@ -106,9 +114,9 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs := flag.NewFlagSet("dispatcher bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var modes, backlogs, rates, instances, shards, batches, sizes, queues string
-	var duration, idle, stall time.Duration
-	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s and CPU with nothing due)")
-	fs.StringVar(&backlogs, "backlog", "100000", "backlog mode: tasks pending when the dispatchers start (list; 1e6, 10^6, 1M and 1000000 all work)")
+	var duration, idle, stall, burstLead time.Duration
+	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s and CPU with nothing due), burst (-backlog tasks due at one time: the drain, and what a producer's ZADD and a stats read see meanwhile), memory (Redis bytes per pending task: -backlog tasks of each -size over -shards, no instance)")
+	fs.StringVar(&backlogs, "backlog", "100000", "backlog mode: tasks pending when the dispatchers start; burst mode: tasks due at the one time (list; 1e6, 10^6, 1M and 1000000 all work)")
 	fs.IntVar(&o.Window, "window", 200000, "backlog mode: how many of the pending tasks are due now; the rest are due in 1 hour")
 	fs.BoolVar(&o.Drain, "drain", false, "backlog mode: make every pending task due now and drain them all")
 	fs.StringVar(&rates, "rate", "2000", "rate mode: tasks per second, each scheduled 1s ahead of its due time (list)")
@@ -116,6 +124,8 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	var ahead time.Duration
 	fs.DurationVar(&ahead, "ahead", time.Second, "rate mode: how long before its due time each task is ZADDed (the producer sends every 5ms what falls within this)")
 	fs.BoolVar(&o.Wake, "wake", false, "rate mode: after each ZADD, PUBLISH the wake-up the Go producer sends (P:{Q}:wake due:<i>:<due_ms>), for tasks scheduled at short notice")
+	fs.DurationVar(&burstLead, "burst-lead", 0, "burst mode: the due time is this far ahead of the start of the load (default 10s plus 1s per 50,000 tasks)")
+	fs.IntVar(&o.MaxRate, "max-rate", 0, "burst mode: the queue's DISPATCHER_QUEUE_<NAME>_MAX_RATE, tasks/s (0: no limit)")
 	fs.DurationVar(&idle, "idle-duration", 10*time.Second, "idle mode: how long Redis commands are counted")
 	fs.IntVar(&o.IdleTasks, "idle-pending", 0, "idle mode: tasks pending meanwhile, all due in 1 hour")
 	fs.StringVar(&queues, "queues", "1", "idle and rate modes: queues each instance serves (bench, bench-2, ...), each with the point's shard count, all publishing to the point's one exchange with the queue name as routing key, all bound to the consumer's one queue; idle: all idle; rate: the -rate spread evenly over them, task j on queue j mod Q (list)")
@@ -153,6 +163,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	o.Duration, o.Idle, o.Stall = Duration(duration), Duration(idle), Duration(stall)
+	o.BurstLead = Duration(burstLead)
 	o.Ahead = Duration(ahead)
 	if ahead <= 0 || ahead > time.Minute {
 		return nil, fmt.Errorf("-ahead %s: must be more than 0 and at most 1m", ahead)
@@ -170,8 +181,8 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	}
 	o.Modes = splitList(modes)
 	for _, m := range o.Modes {
-		if m != modeBacklog && m != modeRate && m != modeIdle {
-			return nil, fmt.Errorf("-mode %q: want backlog, rate or idle", modes)
+		if m != modeBacklog && m != modeRate && m != modeIdle && m != modeBurst && m != modeMemory {
+			return nil, fmt.Errorf("-mode %q: want backlog, rate, idle, burst or memory", modes)
 		}
 	}
 	if len(o.Modes) == 0 {
@@ -206,6 +217,10 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("-idle-duration %s: must be at least 1s", idle)
 	case o.IdleTasks < 0 || o.IdleTasks > maxBacklog:
 		return nil, fmt.Errorf("-idle-pending %d: must be 0 to %d", o.IdleTasks, maxBacklog)
+	case burstLead < 0:
+		return nil, fmt.Errorf("-burst-lead %s: must not be negative", burstLead)
+	case o.MaxRate < 0:
+		return nil, fmt.Errorf("-max-rate %d: must be 0 (no limit) or more", o.MaxRate)
 	case o.CeilingCount < 1:
 		return nil, fmt.Errorf("-ceiling-count %d: must be at least 1", o.CeilingCount)
 	case stall < time.Second:

@@ -16,6 +16,14 @@ type Point struct {
 	Shards    int    `json:"shards"`
 	Batch     int    `json:"batch,omitempty"`
 	Size      int    `json:"size"`
+	MaxRate   int    `json:"max_rate,omitempty"` // the queue's MAX_RATE (burst)
+}
+
+func (p Point) maxRateText() string {
+	if p.MaxRate > 0 {
+		return fmt.Sprintf(" max-rate=%d", p.MaxRate)
+	}
+	return ""
 }
 
 func (p Point) String() string {
@@ -26,6 +34,11 @@ func (p Point) String() string {
 	case modeRate:
 		return fmt.Sprintf("rate %s/s%s instances=%d shards=%d batch=%d size=%d",
 			thousands(p.Rate), p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size)
+	case modeMemory:
+		return fmt.Sprintf("memory N=%s shards=%d size=%d", thousands(p.Backlog), p.Shards, p.Size)
+	case modeBurst:
+		return fmt.Sprintf("burst N=%s due at once instances=%d shards=%d batch=%d size=%d%s",
+			thousands(p.Backlog), p.Instances, p.Shards, p.Batch, p.Size, p.maxRateText())
 	default:
 		if p.Instances == 0 {
 			return fmt.Sprintf("idle background (no instance) pending=%s", thousands(p.Backlog))
@@ -51,7 +64,7 @@ func plan(o *Options) []Point {
 	for _, mode := range o.Modes {
 		var dims [][]int
 		switch mode {
-		case modeBacklog:
+		case modeBacklog, modeBurst, modeMemory:
 			dims = [][]int{o.Backlogs, o.Instances, o.Shards, o.Batches, o.Sizes}
 		case modeRate:
 			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes, queuesOr1(o.Queues)}
@@ -66,6 +79,11 @@ func plan(o *Options) []Point {
 		for _, c := range combos(dims, o.Cross) {
 			p := Point{Mode: mode}
 			switch mode {
+			case modeMemory:
+				p.Backlog, p.Shards, p.Size = c[0], c[2], c[4]
+			case modeBurst:
+				p.Backlog, p.Instances, p.Shards, p.Batch, p.Size = c[0], c[1], c[2], c[3], c[4]
+				p.MaxRate = o.MaxRate
 			case modeBacklog:
 				p.Backlog, p.Instances, p.Shards, p.Batch, p.Size = c[0], c[1], c[2], c[3], c[4]
 				p.Window = p.Backlog

@@ -82,6 +82,41 @@ func writeTables(w io.Writer, rep *Report) {
 			}
 		})
 	}
+	if rs := results(rep, modeBurst); len(rs) > 0 {
+		fmt.Fprintf(w, "\nBurst: N tasks due at one time, the instances running when it comes; drain from the due time to the last receipt; meanwhile a producer ZADDs one task every %s (one round trip each) and `stats` is read every %s on the same Redis; Redis calls that held it over %d ms (SLOWLOG, script calls counted once)%s\n\n",
+			zaddEvery, statsEvery, slowThresholdUs/1000, consumer)
+		table(w, []string{"due N", "instances", "shards", "batch", "size B", "max rate", "drained s", "tasks/s", "ceiling/s", "ratio", "busiest s",
+			"ZADD p50 / p99 / max ms", "ZADD before p50 / p99 / max ms", "stats p50 / p99 / max ms", "calls > 1 ms", "longest ms", "missing", "dups"},
+			func(add func(...string)) {
+				for _, r := range rs {
+					b := r.Burst
+					if b == nil {
+						continue
+					}
+					rate, slow, longest := "none", itoa(b.Slow), fmt.Sprintf("%.1f", b.SlowMaxMs)
+					if b.MaxRate > 0 {
+						rate = thousands(b.MaxRate) + "/s"
+					}
+					if b.SlowNote != "" {
+						slow, longest = "-", "-"
+					}
+					add(thousands(r.Backlog), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), rate,
+						fmt.Sprintf("%.1f", b.DrainSeconds), thousands(int(b.DrainPerSec)), thousands(int(r.Ceiling)), fmt.Sprintf("%.2f", r.Ratio),
+						thousands(slices.Max(append([]int{0}, b.PerSecond...))), probeCell(b.Producer), probeCell(b.Before), probeCell(b.Stats),
+						slow, longest, thousands(r.Missing), thousands(int(r.Duplicates)))
+				}
+			})
+	}
+	if len(rep.Memory) > 0 {
+		fmt.Fprintf(w, "\nMemory: Redis used_memory growth (every primary) per pending task, tasks due in an hour, no instance running\n\n")
+		table(w, []string{"tasks", "shards", "member B", "bytes/task", "beyond the member", "tasks in 16 GiB", "fragmentation", "loaded/s"},
+			func(add func(...string)) {
+				for _, r := range rep.Memory {
+					add(thousands(r.Backlog), itoa(r.Shards), itoa(r.Size), fmt.Sprintf("%.0f", r.PerTask), fmt.Sprintf("%.0f", r.PerTaskOverhead),
+						thousands(int(r.In16GB)), fmt.Sprintf("%.2f", r.Fragmentation), thousands(int(r.LoadedPerSec)))
+				}
+			})
+	}
 	if len(rep.Idle) > 0 {
 		fmt.Fprintf(w, "\nIdle: nothing due; Redis commands (those inside scripts included) per second, Redis CPU (INFO cpu) as %% of one core; the background row is Redis with no instance running\n\n")
 		table(w, []string{"instances", "queues", "shards", "pending", "Redis cmds/s", "per instance", "script calls/s", "Redis CPU %",
@@ -114,7 +149,7 @@ func writeTables(w io.Writer, rep *Report) {
 							fmtPct(pu.CPUPercent), itoa(pu.OtherClients))
 					}
 				}
-				for _, mode := range []string{modeBacklog, modeRate} {
+				for _, mode := range []string{modeBacklog, modeRate, modeBurst} {
 					for _, r := range results(rep, mode) {
 						row(r.Point, r.Redis)
 					}
@@ -275,4 +310,12 @@ func writeFile(path string, data []byte) error {
 		os.Remove(f.Name())
 	}
 	return err
+}
+
+// probeCell is "p50 / p99 / max" of a probe, in ms.
+func probeCell(p Probe) string {
+	if p.Count == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f / %.2f / %.2f", p.P50, p.P99, p.Max)
 }

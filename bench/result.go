@@ -19,11 +19,12 @@ type Report struct {
 	// DispatcherStamps says whether the instances were started with
 	// DISPATCHER_STAMP_PUBLISHED=true: false when the dispatcher does not
 	// know the setting (an older binary), and then no dispatch view.
-	DispatcherStamps bool          `json:"dispatcher_stamps"`
-	Ceilings         []*Ceiling    `json:"ceilings"`
-	Results          []*Result     `json:"results"`
-	Idle             []*IdleResult `json:"idle"`
-	Failures         []string      `json:"failures"`
+	DispatcherStamps bool            `json:"dispatcher_stamps"`
+	Ceilings         []*Ceiling      `json:"ceilings"`
+	Results          []*Result       `json:"results"`
+	Idle             []*IdleResult   `json:"idle"`
+	Memory           []*MemoryResult `json:"memory,omitempty"`
+	Failures         []string        `json:"failures"`
 }
 
 // Result is one backlog or rate point.
@@ -87,6 +88,9 @@ type Result struct {
 	PeakRSSMB      float64   `json:"peak_rss_mb"` // the largest VmHWM of any instance
 	RSSMB          []float64 `json:"rss_mb"`      // VmHWM of each
 	ClaimBatchMean float64   `json:"claim_batch_mean"`
+
+	// Burst is a burst point's own figures.
+	Burst *BurstResult `json:"burst,omitempty"`
 
 	Errors []string `json:"errors,omitempty"`
 }

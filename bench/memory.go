@@ -1,0 +1,148 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/redisconn"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// MemoryResult is one memory point: what N pending tasks of one size cost
+// Redis, with no dispatcher running.
+type MemoryResult struct {
+	Point
+	Name string `json:"name"`
+	// UsedBytes is the growth of used_memory (INFO memory, summed over
+	// every primary) from before the load to after it; PerTask that over
+	// the tasks; PerTaskOverhead PerTask minus the member's own bytes.
+	UsedBytes       int64   `json:"used_bytes"`
+	PerTask         float64 `json:"bytes_per_task"`
+	PerTaskOverhead float64 `json:"overhead_bytes_per_task"`
+	// In16GB is how many such tasks 16 GiB of used_memory holds (the
+	// dataset alone: no headroom for a fork, replication buffers or
+	// fragmentation, which the docs discuss).
+	In16GB       int64   `json:"tasks_in_16gib"`
+	LoadSeconds  float64 `json:"load_seconds"`
+	LoadedPerSec float64 `json:"loaded_per_sec"`
+	// Fragmentation is mem_fragmentation_ratio after the load (the worst
+	// primary's).
+	Fragmentation float64 `json:"fragmentation_ratio"`
+}
+
+// runMemory loads the point's tasks, due in an hour, over its shards and
+// reads what they cost; no instance runs.
+func (r *runner) runMemory(ctx context.Context, p Point) (*MemoryResult, error) {
+	name := r.name(p.Mode)
+	keys := shard.Keys{Prefix: name, Queue: benchQueue}
+	defer r.cleanKeys(name, []string{benchQueue}, p.Shards)
+	res := &MemoryResult{Point: p, Name: name}
+	// The last point's keys were UNLINKed: Redis frees them in the
+	// background, which would come off this point's growth.
+	if err := r.lazyFreed(ctx); err != nil {
+		return res, err
+	}
+	before, _, err := r.usedMemory(ctx)
+	if err != nil {
+		return res, err
+	}
+	var loaded atomic.Int64
+	stop := r.prog.start(func() string {
+		return fmt.Sprintf("%s: loading %s/%s", p, thousands(int(loaded.Load())), thousands(p.Backlog))
+	})
+	began := time.Now()
+	later := began.Add(time.Hour).UnixMilli()
+	err = load(ctx, r.rdb, keys, p.Shards, p.Size, 0, p.Backlog, func(i int) int64 { return later + int64(i%60000) }, &loaded)
+	stop()
+	res.LoadSeconds = time.Since(began).Seconds()
+	if err != nil {
+		return res, err
+	}
+	res.LoadedPerSec = float64(p.Backlog) / res.LoadSeconds
+	after, frag, err := r.usedMemory(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.UsedBytes = after - before
+	res.PerTask = float64(res.UsedBytes) / float64(p.Backlog)
+	res.PerTaskOverhead = res.PerTask - float64(p.Size)
+	if res.PerTask > 0 {
+		res.In16GB = int64(float64(16<<30) / res.PerTask)
+	}
+	res.Fragmentation = frag
+	return res, nil
+}
+
+// lazyFreed waits until no primary has objects left to free in the
+// background.
+func (r *runner) lazyFreed(ctx context.Context) error {
+	for {
+		pending := false
+		err := redisconn.ForEachPrimary(ctx, r.rdb, func(ctx context.Context, addr string, c *redis.Client) error {
+			info, err := c.Info(ctx, "memory").Result()
+			if err != nil {
+				return fmt.Errorf("redis INFO memory on %s: %w", addr, err)
+			}
+			if !strings.Contains(info, "lazyfree_pending_objects:0") {
+				pending = true
+			}
+			return nil
+		})
+		if err != nil || !pending {
+			return err
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// usedMemory sums used_memory over every primary and returns the worst
+// fragmentation ratio.
+func (r *runner) usedMemory(ctx context.Context) (used int64, frag float64, err error) {
+	var mu sync.Mutex
+	err = redisconn.ForEachPrimary(ctx, r.rdb, func(ctx context.Context, addr string, c *redis.Client) error {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return fmt.Errorf("redis INFO memory on %s: %w", addr, err)
+		}
+		u, f := parseMemory(info)
+		mu.Lock()
+		defer mu.Unlock()
+		used += u
+		frag = max(frag, f)
+		return nil
+	})
+	return used, frag, err
+}
+
+// parseMemory reads used_memory and mem_fragmentation_ratio from INFO
+// memory.
+func parseMemory(info string) (used int64, frag float64) {
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "used_memory":
+			used, _ = strconv.ParseInt(v, 10, 64)
+		case "mem_fragmentation_ratio":
+			frag, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return used, frag
+}
+
+// memoryText is the one-line summary of a memory point.
+func memoryText(res *MemoryResult) string {
+	return fmt.Sprintf("  => %.0f bytes per task (%.0f beyond the %d-byte member), %s tasks in 16 GiB; loaded at %s/s; fragmentation %.2f",
+		res.PerTask, res.PerTaskOverhead, res.Size, thousands(int(res.In16GB)), thousands(int(res.LoadedPerSec)), res.Fragmentation)
+}
