@@ -100,7 +100,7 @@ const (
 	maxSize     = 16 << 20
 	maxBacklog  = 100_000_000
 	maxShards   = 4096
-	maxBatch    = 10000
+	maxBatch    = config.MaxBatchSize
 	maxInstance = 64
 	maxQueues   = 1000
 	maxPrefetch = 65535 // AMQP's prefetch-count is 16 bits

@@ -136,7 +136,7 @@ func TestLoadValid(t *testing.T) {
 				"DISPATCHER_KEY_PREFIX":        "tasks",
 				"DISPATCHER_LEASE":             "2m",
 				"DISPATCHER_HTTP_ADDR":         "127.0.0.1:9090",
-				"DISPATCHER_BATCH_SIZE":        "10000",
+				"DISPATCHER_BATCH_SIZE":        "1000",
 				"DISPATCHER_PIPELINE":          "64",
 				"DISPATCHER_POLL_INTERVAL":     "1s",
 				"DISPATCHER_CONFIRM_TIMEOUT":   "119s",
@@ -160,7 +160,7 @@ func TestLoadValid(t *testing.T) {
 				}
 				want := config.Settings{
 					RedisURL: "rediss://user:pw@redis.example:6380/3", AMQPURL: "amqps://user:pw@mq.example:5671/vhost",
-					KeyPrefix: "tasks", Lease: 2 * time.Minute, HTTPAddr: "127.0.0.1:9090", BatchSize: 10000,
+					KeyPrefix: "tasks", Lease: 2 * time.Minute, HTTPAddr: "127.0.0.1:9090", BatchSize: 1000,
 					Pipeline: 64, PollInterval: time.Second, ConfirmTimeout: 119 * time.Second,
 					ShutdownTimeout: 5 * time.Second, MaxMessageBytes: 1024, MaxAttempts: 1,
 					RetryMin: 100 * time.Millisecond, RetryMax: 100 * time.Millisecond,
@@ -373,8 +373,8 @@ func TestLoadErrors(t *testing.T) {
 			wantVar: "DISPATCHER_RETRY_MAX", wantValue: "1s"},
 		{name: "batch size 0", env: with(map[string]string{"DISPATCHER_BATCH_SIZE": "0"}),
 			wantVar: "DISPATCHER_BATCH_SIZE", wantValue: "0"},
-		{name: "batch size 10001", env: with(map[string]string{"DISPATCHER_BATCH_SIZE": "10001"}),
-			wantVar: "DISPATCHER_BATCH_SIZE", wantValue: "10001"},
+		{name: "batch size 1001", env: with(map[string]string{"DISPATCHER_BATCH_SIZE": "1001"}),
+			wantVar: "DISPATCHER_BATCH_SIZE", wantValue: "1001"},
 		{name: "batch size not a number", env: with(map[string]string{"DISPATCHER_BATCH_SIZE": "many"}),
 			wantVar: "DISPATCHER_BATCH_SIZE", wantValue: "many"},
 		{name: "pipeline 65", env: with(map[string]string{"DISPATCHER_PIPELINE": "65"}),

@@ -22,7 +22,7 @@ import (
 // members/s is what one shard drains at, Redis's side only (the round
 // trip is one call, so it counts too).
 func BenchmarkClaim(b *testing.B) {
-	for _, batch := range []int{500, 1000} {
+	for _, batch := range []int{100, 250, 500, 1000, 2000} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) { benchClaim(b, batch) })
 	}
 }

@@ -101,6 +101,11 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 //
 //	are claimed
 //
+// ARGV[5] byte budget (absent or 0: none): the claim stops taking pending
+//
+//	tasks once their bodies add up to this, one task at least, so that a
+//	batch of big bodies does not hold Redis (see docs/performance.md)
+//
 // Returns {now_us, next_pending_score|"", next_lease_deadline|"", reaped,
 // deadline, entry...}; reaped counts only re-leased entries that had no
 // failed attempt and were not released, i.e. whose instance died or
@@ -150,12 +155,31 @@ if lease[2] and tonumber(lease[2]) <= now then
 end
 local room = limit - #expired / 2
 local upto = now + tonumber(ARGV[4] or '0')
-local new, taken = {}, 0
-if room > 0 then
-  local items = redis.call('ZRANGE', KEYS[1], '-inf', upto, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
+local budget = tonumber(ARGV[5] or '0')
+local new, taken, bytes = {}, 0, 0
+-- A first small read weighs the bodies, so that big ones stop the claim
+-- at the byte budget before they are all copied; small ones make the
+-- second read the rest of the batch.
+local want = room
+if budget > 0 then want = math.min(room, 32) end
+local lastScore, lastDue
+while want > 0 do
+  local items = redis.call('ZRANGE', KEYS[1], '-inf', upto, 'BYSCORE', 'LIMIT', taken, want, 'WITHSCORES')
   for i = 1, #items, 2 do
+    -- A herd shares one due time: format it once.
+    if items[i + 1] ~= lastScore then
+      lastScore = items[i + 1]
+      lastDue = string.format('%d', math.floor(tonumber(lastScore)))
+    end
     taken = taken + 1
-    new[taken] = string.format('%d', math.floor(tonumber(items[i + 1]))) .. ':' .. items[i]
+    new[taken] = lastDue .. ':' .. items[i]
+    bytes = bytes + #items[i]
+    if budget > 0 and bytes >= budget then break end
+  end
+  if #items < 2 * want or (budget > 0 and bytes >= budget) then break end
+  want = room - taken
+  if budget > 0 and bytes > 0 then
+    want = math.min(want, math.max(1, math.floor((budget - bytes) * taken / bytes)))
   end
 end
 -- The next pending task: the first not taken (its rank is the count taken).

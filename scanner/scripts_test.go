@@ -378,3 +378,53 @@ func TestUnclaimPutsHeldTasksBack(t *testing.T) {
 		t.Errorf("wrong-type attempts key: %v, want WRONGTYPE", err)
 	}
 }
+
+// TestClaimStopsAtItsByteBudget: big bodies end a claim at the byte budget
+// (one task at least), in due order, and the next pending task says the
+// shard has more due; small ones fill the batch whatever their number.
+func TestClaimStopsAtItsByteBudget(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	big := strings.Repeat("x", 300<<10)
+	for i := 0; i < 10; i++ {
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000 + int64(i)), Member: strconv.Itoa(i) + big})
+	}
+	run := func(limit, budget int) []any {
+		t.Helper()
+		v, err := claimScript.Run(ctx, rdb, keys, limit, 30000, claimTokens.Add(1), 0, budget).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// 1 MiB: the fourth body of 300 KiB crosses it.
+	v := run(10, 1<<20)
+	if len(v)-5 != 4 {
+		t.Fatalf("claimed %d bodies of 300 KiB with a budget of 1 MiB, want 4", len(v)-5)
+	}
+	for i, e := range v[5:] {
+		task, err := ParseEntry(e.(string))
+		if err != nil || task.DueMs != now-1000+int64(i) {
+			t.Fatalf("entry %d due %d (%v): not in due order", i, task.DueMs, err)
+		}
+	}
+	if next, _ := parseScore(v[1]); next != now-1000+4 {
+		t.Fatalf("next pending %v, want the fifth task's due time %d", v[1], now-1000+4)
+	}
+	// A budget below one body still takes one.
+	if v := run(10, 1000); len(v)-5 != 1 {
+		t.Fatalf("claimed %d with a budget below one body, want 1", len(v)-5)
+	}
+	// Small bodies: the whole batch, in two reads.
+	rdb.Del(ctx, k.Pending(0))
+	for i := 0; i < 700; i++ {
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000), Member: strconv.Itoa(i)})
+	}
+	if v := run(500, 1<<20); len(v)-5 != 500 {
+		t.Fatalf("claimed %d small tasks, want the batch of 500", len(v)-5)
+	}
+	if n := rdb.ZCard(ctx, k.Pending(0)).Val(); n != 200 {
+		t.Fatalf("%d pending after a claim of 500 of 700", n)
+	}
+}
