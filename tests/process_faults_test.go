@@ -81,14 +81,14 @@ func (r *recorder) all() []received {
 }
 
 // TestSIGTERMDuringLargeBatch stops a dispatcher with SIGTERM while it is
-// publishing claims of up to 5000 tasks from a large backlog: it waits for
+// publishing claims of up to 1000 tasks (the most a claim takes) from a large backlog: it waits for
 // the outstanding confirms, returns what it had not published to pending,
 // exits 0 and leaves nothing in flight; a new instance sends the rest.
 // No task may arrive twice: a clean stop forgets exactly what the broker
 // confirmed.
 func TestSIGTERMDuringLargeBatch(t *testing.T) {
 	h := newHarness(t, queueSpec{Name: "bigterm", Shards: 8})
-	h.extra["DISPATCHER_BATCH_SIZE"] = "5000"
+	h.extra["DISPATCHER_BATCH_SIZE"] = "1000"
 	// Long enough that every outstanding confirm arrives even on a busy
 	// machine: a confirm given up on would count as a duplicate later.
 	h.extra["DISPATCHER_SHUTDOWN_TIMEOUT"] = "60s"
