@@ -215,6 +215,9 @@ type Runner struct {
 	Progress   func(Progress) // after each batch, if set
 	StopAfter  int            // stop with ErrStopped after so many batches (tests); 0: no limit
 	Now        func() time.Time
+	// beforeAct, if set, runs between a batch's read and its change
+	// (tests: a claim in between).
+	beforeAct func(shard int, matched []string)
 }
 
 // DefaultBatch is how many tasks one call reads and changes: each call
@@ -333,8 +336,14 @@ func (r *Runner) Run(ctx context.Context) (Result, error) {
 					due, _ := strconv.ParseInt(matched[k+1], 10, 64)
 					res.Sample = append(res.Sample, Task{Shard: i, Member: matched[k], DueMs: due})
 				}
-			} else if next, err = r.act(ctx, i, p, next, matched, &res); err != nil {
-				return res, err
+			} else {
+				if r.beforeAct != nil {
+					r.beforeAct(i, matched)
+				}
+				next, err = r.act(ctx, i, p, next, matched, &res)
+				if err != nil {
+					return res, err
+				}
 			}
 			p = next
 			if r.Progress != nil {
