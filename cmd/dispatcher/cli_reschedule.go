@@ -18,7 +18,7 @@ func newRescheduleCmd(s streams) *cobra.Command {
 	var asJSON, raw, past bool
 	var bf bulkFlags
 	cmd := &cobra.Command{
-		Use:   "reschedule --queue Q (--in D | --at T) (BODY | -) | --queue Q (--by D | --at T) (--match GLOB | --from T | --to T | --all)",
+		Use:   "reschedule --queue Q ((--in D | --at T) BODY | (--by D | --at T) --match GLOB)",
 		Short: "move a pending task to a new due time, or many at once",
 		Long: `Moves the task with this body on queue Q, while it is still pending, to a
 new due time: in a duration (--in) or at a time (--at: RFC 3339, Unix ms,
@@ -37,7 +37,7 @@ interrupted or Redis failed, 2 bad arguments or settings.`,
 		Example: `  dispatcher reschedule --queue default --in 1h 'hello'
   dispatcher reschedule --queue default --match 'order:*' --by 30m --dry-run
   dispatcher reschedule --queue default --from now --to +1h --by -1h
-  dispatcher reschedule --queue default --match 'digest:*' --at 2026-12-24T08:00:00Z
+  dispatcher reschedule --queue default --match 'digest:*' --at +24h
   dispatcher reschedule --queue default --resume 3fa94c0d12`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
