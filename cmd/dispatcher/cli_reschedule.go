@@ -18,7 +18,7 @@ func newRescheduleCmd(s streams) *cobra.Command {
 	var asJSON, raw, past bool
 	var bf bulkFlags
 	cmd := &cobra.Command{
-		Use:   "reschedule --queue Q ((--in D | --at T) BODY | (--by D | --at T) --match GLOB)",
+		Use:   "reschedule --queue Q (--in D|--at T) BODY|(--by D|--at T) --match G",
 		Short: "move a pending task to a new due time, or many at once",
 		Long: `Moves the task with this body on queue Q, while it is still pending, to a
 new due time: in a duration (--in) or at a time (--at: RFC 3339, Unix ms,

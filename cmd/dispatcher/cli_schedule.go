@@ -104,7 +104,7 @@ func newCancelCmd(s streams) *cobra.Command {
 	var asJSON, raw bool
 	var bf bulkFlags
 	cmd := &cobra.Command{
-		Use:   "cancel --queue Q (BODY | - | --match GLOB | --from T | --to T | --all)",
+		Use:   "cancel --queue Q (BODY | - | --match G | --from T | --to T | --all)",
 		Short: "cancel a pending task by its body, or many at once",
 		Long: `Cancels the task with this body on queue Q while it is still pending
 (ZREM from its shard). A task claimed already cannot be cancelled.
