@@ -95,6 +95,15 @@ func (k Keys) Paused(i int) string { return k.tag(i) + ":paused" }
 // move never undoes a schedule that came after its add (reshard/scripts.go).
 func (k Keys) Moving(i int) string { return k.tag(i) + ":moving" }
 
+// BulkProgress is how far bulk run id (`dispatcher cancel|reschedule
+// --match`) has walked shard i (hash, expiring): in the shard's hash tag,
+// so the script that changes a batch records it in the same step.
+func (k Keys) BulkProgress(i int, id string) string { return k.tag(i) + ":bulk:" + id }
+
+// BulkRun is what bulk run id does (its filters and change, JSON,
+// expiring), so that --resume ID continues exactly that.
+func (k Keys) BulkRun(id string) string { return k.Prefix + ":{" + k.Queue + "}:bulk:" + id }
+
 // Rate is the token bucket of the queue's dispatch rate limit (hash).
 func (k Keys) Rate() string { return k.Prefix + ":{" + k.Queue + "}:rate" }
 

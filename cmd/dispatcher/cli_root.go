@@ -26,6 +26,7 @@ type streams struct {
 var commands = []func(streams) *cobra.Command{
 	newScheduleCmd,
 	newCancelCmd,
+	newRescheduleCmd,
 	newTailCmd,
 	newStatsCmd,
 	newDeadCmd,

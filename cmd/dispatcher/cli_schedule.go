@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dispatcher/dispatcher/internal/bulk"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -101,18 +102,36 @@ Exit status: 0 scheduled, 1 Redis failed, 2 bad arguments or settings.`,
 func newCancelCmd(s streams) *cobra.Command {
 	var queue string
 	var asJSON, raw bool
+	var bf bulkFlags
 	cmd := &cobra.Command{
-		Use:   "cancel --queue Q (BODY | -)",
-		Short: "cancel a pending task by its body",
+		Use:   "cancel --queue Q (BODY | - | --match G | --from T | --to T | --all)",
+		Short: "cancel a pending task by its body, or many at once",
 		Long: `Cancels the task with this body on queue Q while it is still pending
 (ZREM from its shard). A task claimed already cannot be cancelled.
 ` + bodyHelp + `
 
-Exit status: 0 cancelled, 1 not pending or Redis failed, 2 bad arguments
-or settings.`,
-		Example: `  dispatcher cancel --queue default 'hello'`,
-		Args:    cobra.ArbitraryArgs,
+` + bulkHelp + `
+An unfiltered cancel needs --all.
+
+Exit status: 0 cancelled (bulk: done, skipped tasks included), 1 not
+pending, interrupted or Redis failed, 2 bad arguments or settings.`,
+		Example: `  dispatcher cancel --queue default 'hello'
+  dispatcher cancel --queue default --match 'order:42:*' --dry-run
+  dispatcher cancel --queue default --match 'report:*' --from now --to +1h
+  dispatcher cancel --queue default --resume 3fa94c0d12`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if bf.given(cmd) {
+				if len(args) > 0 {
+					return usageErrorf("a BODY (%q) and the bulk flags (--match, --from, --to, --all, --resume) do not go together", args[0])
+				}
+				spec, err := bf.spec(cmd, time.Now())
+				if err != nil {
+					return err
+				}
+				spec.Mode = bulk.Cancel
+				return runBulk(cmd, s, queue, asJSON, &bf, spec, "cancel")
+			}
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
 			}
@@ -147,6 +166,7 @@ or settings.`,
 	fs := cmd.Flags()
 	queueFlag(fs, &queue)
 	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
+	bf.add(fs)
 	jsonFlag(fs, &asJSON)
 	return cmd
 }

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dispatcher/dispatcher/internal/bulk"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+func newRescheduleCmd(s streams) *cobra.Command {
+	var queue, in, at, by string
+	var asJSON, raw, past bool
+	var bf bulkFlags
+	cmd := &cobra.Command{
+		Use:   "reschedule --queue Q (--in D|--at T) BODY|(--by D|--at T) --match G",
+		Short: "move a pending task to a new due time, or many at once",
+		Long: `Moves the task with this body on queue Q, while it is still pending, to a
+new due time: in a duration (--in) or at a time (--at: RFC 3339, Unix ms,
+now, or an offset such as +2h). A task claimed already cannot be moved.
+` + bodyHelp + `
+A due time in the past is refused unless --past (the task goes out at
+once).
+
+` + bulkHelp + `
+In bulk, --by D shifts each task's due time by D (negative:
+earlier), and --at T sets it; tasks already due at T are left as they are.
+A task moved to be due within a second wakes the dispatchers.
+
+Exit status: 0 moved (bulk: done, skipped tasks included), 1 not pending,
+interrupted or Redis failed, 2 bad arguments or settings.`,
+		Example: `  dispatcher reschedule --queue default --in 1h 'hello'
+  dispatcher reschedule --queue default --match 'order:*' --by 30m --dry-run
+  dispatcher reschedule --queue default --from now --to +1h --by -1h
+  dispatcher reschedule --queue default --match 'digest:*' --at +24h
+  dispatcher reschedule --queue default --resume 3fa94c0d12`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			now := time.Now()
+			if bf.given(cmd) {
+				if len(args) > 0 {
+					return usageErrorf("a BODY (%q) and the bulk flags (--match, --from, --to, --all, --resume) do not go together", args[0])
+				}
+				if in != "" {
+					return usageErrorf("--in %q is for one task: in bulk, --by D shifts each task's due time, --at T sets it", in)
+				}
+				spec, err := bf.spec(cmd, now)
+				if err != nil {
+					return err
+				}
+				if bf.resume == "" {
+					if spec, err = bulkMove(spec, by, at, past, now); err != nil {
+						return err
+					}
+				}
+				return runBulk(cmd, s, queue, asJSON, &bf, spec, "reschedule")
+			}
+			if by != "" {
+				return usageErrorf("--by %q is for many tasks (with --match, --from, --to or --all): for one, --in or --at", by)
+			}
+			var due time.Time
+			switch {
+			case (in == "") == (at == ""):
+				return usageErrorf("give one of --in (a duration, e.g. 10m) or --at (%s)", timeHelp)
+			case in != "":
+				d, err := time.ParseDuration(in)
+				if err != nil {
+					return usageErrorf("--in %q: not a duration (use Go syntax such as 90s, 10m, 2h)", in)
+				}
+				due = now.Add(d)
+			default:
+				ms, err := parseTime("at", at, now)
+				if err != nil {
+					return err
+				}
+				due = time.UnixMilli(ms)
+			}
+			if due.Before(now) && !past {
+				return usageErrorf("due %s, %s ago: add --past to move it due at once",
+					due.UTC().Format(time.RFC3339), now.Sub(due).Round(time.Second))
+			}
+			if len(args) != 1 {
+				return usageErrorf("want one BODY, or - to read it from stdin, or bulk flags (--match, --from, --to, --all); got %d arguments", len(args))
+			}
+			se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
+			if err != nil {
+				return err
+			}
+			defer done()
+			body, err := readBody(args[0], s.stdin, se.cfg.MaxMessageBytes, raw)
+			if err != nil {
+				return err
+			}
+			p, err := shard.NewProducer(se.rdb, se.cfg.KeyPrefix, q.Name, q.Shards)
+			if err != nil {
+				return failure(err)
+			}
+			err = p.Reschedule(ctx, body, due)
+			if errors.Is(err, shard.ErrNotPending) {
+				se.print(map[string]any{"queue": q.Name, "rescheduled": false}, func(io.Writer) {})
+				return failure(fmt.Errorf("not pending on %s (never scheduled, cancelled, or already claimed): nothing changed", q.Name))
+			}
+			if err != nil {
+				return se.redisFailure(err)
+			}
+			res := map[string]any{"queue": q.Name, "rescheduled": true, "due_ms": due.UnixMilli(),
+				"message_id": shard.MessageID(body, due.UnixMilli())}
+			se.print(res, func(w io.Writer) {
+				fmt.Fprintf(w, "rescheduled on %s, due %s, message_id %s\n", q.Name,
+					due.UTC().Format("2006-01-02 15:04:05.000Z"), res["message_id"])
+			})
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	queueFlag(fs, &queue)
+	fs.StringVar(&in, "in", "", "one task: due in this `duration` (Go syntax: 90s, 10m, 2h)")
+	fs.StringVar(&at, "at", "", "due at this `time`")
+	fs.StringVar(&by, "by", "", "bulk: shift each due time by this `duration` (-1h: earlier)")
+	fs.BoolVar(&past, "past", false, "accept a due time in the past (--in, --at): the task goes out at once")
+	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
+	bf.add(fs)
+	jsonFlag(fs, &asJSON)
+	return cmd
+}
+
+// bulkMove completes a bulk reschedule's spec with --by or --at.
+func bulkMove(spec bulk.Spec, by, at string, past bool, now time.Time) (bulk.Spec, error) {
+	switch {
+	case (by == "") == (at == ""):
+		return spec, usageErrorf("give one of --by (a duration, e.g. 30m or -1h) or --at (%s)", timeHelp)
+	case by != "":
+		d, err := time.ParseDuration(strings.TrimPrefix(by, "+"))
+		if err != nil {
+			return spec, usageErrorf("--by %q: not a duration (Go syntax such as 90s, -10m, 2h)", by)
+		}
+		if d.Milliseconds() == 0 {
+			return spec, usageErrorf("--by %q: shifts by less than a ms: nothing would change", by)
+		}
+		spec.Mode, spec.ByMs = bulk.By, d.Milliseconds()
+	default:
+		ms, err := parseTime("at", at, now)
+		if err != nil {
+			return spec, err
+		}
+		if ms < now.UnixMilli() && !past {
+			return spec, usageErrorf("--at %q is %s ago: add --past to move the tasks due at once", at,
+				now.Sub(time.UnixMilli(ms)).Round(time.Second))
+		}
+		spec.Mode, spec.AtMs = bulk.At, ms
+	}
+	return spec, nil
+}
