@@ -194,7 +194,8 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			s.met.batchSize(len(b.tasks))
 			out = append(out, b)
 		}
-		if len(c.entries) >= d.job.limit {
+		// A claim the byte budget ended early is full too: more is due.
+		if len(c.entries) >= d.job.limit || len(c.entries) > 0 && dueBy(c.nextPending, c.now) {
 			full = true
 		}
 	}
@@ -243,4 +244,10 @@ func (s *Scanner) shardWait(i int, err error) {
 	s.prim.reloadSlots()
 	s.lim.Warn("shard:"+fmt.Sprint(i)+":cluster", "shard's slot is moving or its primary changing; retrying shortly",
 		"shard", i, "key", s.keys.Pending(i), "err", err)
+}
+
+// dueBy reports whether a claim's next pending score is due at nowMs.
+func dueBy(score any, nowMs int64) bool {
+	v, ok := parseScore(score)
+	return ok && v <= nowMs
 }
