@@ -304,7 +304,7 @@ func (m *merge) Less(a, b int) bool {
 	return x.shard < y.shard
 }
 func (m *merge) Swap(a, b int) { m.items[a], m.items[b] = m.items[b], m.items[a] }
-func (m *merge) Push(x any)   { m.items = append(m.items, x.(*source)) }
+func (m *merge) Push(x any)    { m.items = append(m.items, x.(*source)) }
 func (m *merge) Pop() any {
 	x := m.items[len(m.items)-1]
 	m.items = m.items[:len(m.items)-1]

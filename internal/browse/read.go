@@ -138,4 +138,3 @@ func pairs(raw []any) ([]redis.Z, error) {
 	}
 	return zs, nil
 }
-
