@@ -28,6 +28,7 @@ var commands = []func(streams) *cobra.Command{
 	newCancelCmd,
 	newTailCmd,
 	newStatsCmd,
+	newListCmd,
 	newDeadCmd,
 	newPauseCmd,
 	newResumeCmd,

@@ -138,3 +138,29 @@ func pairs(raw []any) ([]redis.Z, error) {
 	}
 	return zs, nil
 }
+
+// Batches calls fn with the entries of one sorted set, MaxRead at a time
+// in its order, each batch read after the last entry of the one before:
+// fn may remove the entries it is given (requeue, purge) without the walk
+// missing or repeating one that stays. It is how bulk changes go through
+// millions of entries without reading a whole set.
+func Batches(ctx context.Context, rdb redis.UniversalClient, key string, fn func([]redis.Z) error) error {
+	st := start{}
+	for {
+		zs, more, err := read(ctx, rdb, key, everything, st, MaxRead)
+		if err != nil {
+			return err
+		}
+		if len(zs) > 0 {
+			if err := fn(zs); err != nil {
+				return err
+			}
+			last := zs[len(zs)-1]
+			m, _ := last.Member.(string)
+			st = start{pos: &Pos{Score: last.Score, Member: m}}
+		}
+		if !more {
+			return nil
+		}
+	}
+}
