@@ -53,7 +53,7 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 	cmd := &cobra.Command{Args: cobra.ArbitraryArgs}
 	switch verb {
 	case "list":
-		cmd.Use, cmd.Short = "list --queue Q [--shard i] [--match GLOB] [--limit N] [--after CURSOR]", "list the dead letters, by due time, a page at a time"
+		cmd.Use, cmd.Short = "list --queue Q [--match GLOB] [--limit N] [--after CURSOR]", "list the dead letters, by due time, a page at a time"
 		cmd.Args = func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usageErrorf("list takes no arguments: filter with --shard, --match, --from or --to")

@@ -123,15 +123,17 @@ func newListCmd(s streams) *cobra.Command {
 	var asJSON bool
 	var pf pageFlags
 	cmd := &cobra.Command{
-		Use:   "list --queue Q [--state pending|inflight|dead] [--from T] [--to T] [--match GLOB] [--limit N] [--after CURSOR]",
+		Use:   "list --queue Q [--state S] [--match GLOB] [--limit N] [--after C]",
 		Short: "page through a queue's tasks in due order",
 		Long: `list prints a queue's tasks a page at a time: pending and dead ones by due
 time, in-flight ones by lease deadline (when any instance may hand them out
 again), with their due time and failed publishes. Each Redis call reads at
 most 256 tasks of one shard, so listing a queue of millions does not hold
 Redis. A page ends after --limit tasks, or after --max-scan tasks looked at
-(a selective --match), with the cursor to give --after for the next page;
-tasks that come and go meanwhile are seen or not, none twice.
+(a selective --match), with the cursor to give --after for the next page.
+Pages are not a snapshot: the walk only goes forward, so a task scheduled
+meanwhile shows if it falls after the cursor, and one rescheduled later
+may show again.
 
 Exit status: 0 listed, 1 Redis failed, 2 bad arguments or settings.`,
 		Example: `  dispatcher list --queue orders --from now --to +1h
@@ -165,7 +167,7 @@ Exit status: 0 listed, 1 Redis failed, 2 bad arguments or settings.`,
 	}
 	fs := cmd.Flags()
 	queueFlag(fs, &queue)
-	fs.StringVar(&state, "state", string(browse.Pending), "which tasks: `pending`, inflight or dead")
+	fs.StringVar(&state, "state", string(browse.Pending), "which tasks `S`: pending, inflight or dead")
 	pf.add(fs, true)
 	jsonFlag(fs, &asJSON)
 	return cmd
