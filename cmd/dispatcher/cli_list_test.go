@@ -283,3 +283,19 @@ func TestListOnCluster(t *testing.T) {
 		t.Errorf("purge --all --yes on the cluster: exit %d, %q", code, out[max(0, len(out)-200):])
 	}
 }
+
+// TestListOnSentinel lists and purges through Sentinel: the walk's
+// read-only script runs on the primary Sentinel names.
+func TestListOnSentinel(t *testing.T) {
+	rs := testenv.StartRedisSentinel(t, testenv.SentinelOptions{})
+	srdb := rs.Client()
+	cliEnv(t, map[string]string{"DISPATCHER_REDIS_URL": rs.URL(), "DISPATCHER_KEY_PREFIX": "dq"})
+	k := shard.Keys{Prefix: "dq", Queue: "q"}
+	ctx := context.Background()
+	if err := srdb.Set(ctx, k.ShardCount(), 4, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	due := scheduleTies(t, srdb, k, 4, 1000)
+	bodies, _ := listAll(t, "--queue", "q", "--limit", "300")
+	checkOnce(t, bodies, due)
+}
