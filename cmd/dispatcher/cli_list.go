@@ -22,9 +22,11 @@ type pageFlags struct {
 	from, to       string
 	match, after   string
 	limit, maxScan int
+	fs             *pflag.FlagSet // to tell --to "" from no --to
 }
 
 func (p *pageFlags) add(fs *pflag.FlagSet, times bool) {
+	p.fs = fs
 	fs.IntVar(&p.shardIdx, "shard", -1, "only shard `i` (default: every shard)")
 	if times {
 		fs.StringVar(&p.from, "from", "", "only tasks due at or after `T`: "+timeHelp)
@@ -87,7 +89,7 @@ func (p *pageFlags) checkLocal(state browse.State) error {
 		return usageErrorf("--max-scan %d: want 1 or more", p.maxScan)
 	}
 	for _, f := range [][2]string{{"from", p.from}, {"to", p.to}} {
-		if f[1] != "" {
+		if f[1] != "" || p.fs.Changed(f[0]) {
 			if _, err := parseTime(f[0], f[1], time.Now()); err != nil {
 				return err
 			}

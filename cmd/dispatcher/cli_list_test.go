@@ -164,7 +164,7 @@ func TestListBadInput(t *testing.T) {
 	bad := map[string][]string{
 		`--state "queued": want pending, inflight or dead`: {"list", "--queue", "q", "--state", "queued"},
 		`--from "yesterday": not a time`:                   {"list", "--queue", "q", "--from", "yesterday"},
-		`--to: empty`:                                      {"list", "--queue", "q", "--to", " "},
+		`--to: empty`:                                      {"list", "--queue", "q", "--to", ""},
 		`--limit 0: want 1 to 100000`:                      {"list", "--queue", "q", "--limit", "0"},
 		`--limit 0: want 1 to 100000 `:                     {"dead", "list", "--queue", "q", "--limit", "0"},
 		`--max-scan -1: want 1 or more`:                    {"list", "--queue", "q", "--max-scan", "-1"},
