@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/admin"
+	"github.com/dispatcher/dispatcher/internal/browse"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -46,15 +48,15 @@ arguments or settings.`,
 // deadVerbCmd is `dead list`, `dead requeue` or `dead purge`.
 func deadVerbCmd(s streams, verb string) *cobra.Command {
 	var queue string
-	var shardIdx int
 	var asJSON, all, now, yes bool
+	var pf pageFlags
 	cmd := &cobra.Command{Args: cobra.ArbitraryArgs}
 	switch verb {
 	case "list":
-		cmd.Use, cmd.Short = "list --queue Q [--shard i]", "list the dead letters"
+		cmd.Use, cmd.Short = "list --queue Q [--match GLOB] [--limit N] [--after CURSOR]", "list the dead letters, by due time, a page at a time"
 		cmd.Args = func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usageErrorf("list takes only --queue, --shard and --json")
+				return usageErrorf("list takes no arguments: filter with --shard, --match, --from or --to")
 			}
 			return nil
 		}
@@ -64,28 +66,47 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 		cmd.Use, cmd.Short = "purge --queue Q [--shard i] --yes (--all | BODY...)", "forget dead letters for good"
 	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 30*time.Second)
+		if verb == "list" {
+			if err := pf.checkLocal(browse.Dead); err != nil {
+				return err
+			}
+		}
+		// --all goes through every dead letter in batches: its time is
+		// that of the batches, each call bounded.
+		timeout := 30 * time.Second
+		if all {
+			timeout = 24 * time.Hour
+		}
+		se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, timeout)
 		if err != nil {
 			return err
 		}
 		defer done()
-		if span := se.adminQueue(q).Shards; shardIdx < -1 || shardIdx >= span {
-			return usageErrorf("--shard %d: queue %s has shards 0 to %d", shardIdx, q.Name, span-1)
+		if span := se.adminQueue(q).Shards; pf.shardIdx < -1 || pf.shardIdx >= span {
+			return usageErrorf("--shard %d: queue %s has shards 0 to %d", pf.shardIdx, q.Name, span-1)
 		}
-		aq := se.adminQueue(q)
 		if verb == "list" {
-			dead, err := admin.DeadList(ctx, se.rdb, aq, shardIdx)
+			bq, err := pf.query(se, q, browse.Dead, time.Now())
+			if err != nil {
+				return err
+			}
+			page, err := browse.Walk(ctx, se.rdb, bq)
 			if err != nil {
 				return se.redisFailure(err)
 			}
-			se.print(map[string]any{"queue": q.Name, "dead": nonNil(dead)}, func(w io.Writer) {
+			dead := make([]admin.Dead, len(page.Tasks))
+			for n, t := range page.Tasks {
+				dead[n] = admin.Dead{Shard: t.Shard, DueMs: t.DueMs, Member: t.Body, MessageID: t.MessageID, Reason: t.Reason, Entry: t.Entry}
+			}
+			se.print(map[string]any{"queue": q.Name, "dead": dead, "scanned": page.Scanned, "next": nextCursor(page)}, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 				fmt.Fprintln(tw, "SHARD\tDUE (UTC)\tMESSAGE_ID\tBODY\tREASON")
 				for _, d := range dead {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%q\t%s\n", d.Shard, time.UnixMilli(d.DueMs).UTC().Format("2006-01-02 15:04:05.000"), d.MessageID, d.Member, d.Reason)
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%q\t%s\n", d.Shard, utcMs(d.DueMs, humanTime), d.MessageID, d.Member, d.Reason)
 				}
 				tw.Flush()
 				fmt.Fprintf(w, "%d dead letters\n", len(dead))
+				printMore(w, page)
 			})
 			return nil
 		}
@@ -95,14 +116,21 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 		if verb == "purge" && !yes {
 			return usageErrorf("purge forgets tasks for good: add --yes (nothing changed)")
 		}
-		return deadChange(ctx, s, se, q, verb, args, shardIdx, all, now)
+		if all {
+			return deadAll(ctx, s, se, q, verb, pf.shardIdx, now)
+		}
+		return deadChange(ctx, s, se, q, verb, args, pf.shardIdx, now)
 	}
 	fs := cmd.Flags()
 	queueFlag(fs, &queue)
-	fs.IntVar(&shardIdx, "shard", -1, "only shard `i` (default: every shard)")
+	if verb == "list" {
+		pf.add(fs, true)
+	} else {
+		fs.IntVar(&pf.shardIdx, "shard", -1, "only shard `i` (default: every shard)")
+	}
 	jsonFlag(fs, &asJSON)
 	if verb != "list" {
-		fs.BoolVar(&all, "all", false, "every dead letter (of --shard)")
+		fs.BoolVar(&all, "all", false, "every dead letter (of --shard), in batches of 256")
 	}
 	if verb == "requeue" {
 		fs.BoolVar(&now, "now", false, "due now, with a new message_id")
@@ -113,36 +141,80 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 	return cmd
 }
 
-// deadChange requeues or purges the dead letters of args (or all).
-func deadChange(ctx context.Context, s streams, se *session, q config.Queue, verb string, args []string, shardIdx int, all, now bool) error {
+// deadAll requeues or purges every dead letter (of shardIdx), a batch of
+// up to 256 per call, printing each as it goes: it goes through millions
+// without reading a whole set, and stops part-way having said what it did.
+func deadAll(ctx context.Context, s streams, se *session, q config.Queue, verb string, shardIdx int, now bool) error {
+	aq := se.adminQueue(q)
+	at := int64(0)
+	if now {
+		at = time.Now().UnixMilli()
+	}
+	out := newDeadStream(se, q, verb)
+	skipped := 0
+	err := admin.DeadEach(ctx, se.rdb, aq, shardIdx, func(batch []admin.Dead) error {
+		if len(batch) == 0 {
+			return nil
+		}
+		i := batch[0].Shard
+		var res []admin.Outcome
+		var err error
+		if verb == "requeue" {
+			res, err = admin.RequeueBatch(ctx, se.rdb, aq, i, batch, at)
+		} else {
+			res, err = admin.PurgeBatch(ctx, se.rdb, aq, i, batch)
+		}
+		if err != nil {
+			return err
+		}
+		for n, r := range res {
+			d := batch[n]
+			switch r {
+			case admin.Pending:
+				fmt.Fprintf(s.stderr, "dispatcher dead requeue: %q (message_id %s): %v\n", d.Member, d.MessageID, admin.ErrPending)
+				skipped++
+			case admin.Done:
+				if at != 0 {
+					d.DueMs, d.MessageID = at, shard.MessageID([]byte(d.Member), at)
+				}
+				out.add(d)
+			}
+		}
+		return nil
+	})
+	out.end()
+	if err != nil {
+		return se.redisFailure(err)
+	}
+	if skipped > 0 {
+		return exitCode(exitFailure)
+	}
+	return nil
+}
+
+// deadChange requeues or purges the dead letters of args.
+func deadChange(ctx context.Context, s streams, se *session, q config.Queue, verb string, args []string, shardIdx int, now bool) error {
 	aq := se.adminQueue(q)
 	var targets []admin.Dead
 	var notDead []string
-	if all {
-		d, err := admin.DeadList(ctx, se.rdb, aq, shardIdx)
+	for _, b := range args {
+		d, err := admin.DeadOf(ctx, se.rdb, aq, []byte(b))
 		if err != nil {
 			return se.redisFailure(err)
 		}
-		targets = d
-	} else {
-		for _, b := range args {
-			d, err := admin.DeadOf(ctx, se.rdb, aq, []byte(b))
-			if err != nil {
-				return se.redisFailure(err)
-			}
-			if shardIdx >= 0 && shard.Index([]byte(b), q.Shards) != shardIdx {
-				d = nil
-			}
-			if len(d) == 0 {
-				notDead = append(notDead, b)
-			}
-			targets = append(targets, d...)
+		if shardIdx >= 0 && shard.Index([]byte(b), q.Shards) != shardIdx {
+			d = nil
 		}
+		if len(d) == 0 {
+			notDead = append(notDead, b)
+		}
+		targets = append(targets, d...)
 	}
 	if len(notDead) > 0 {
 		return failure(fmt.Errorf("not dead on %s: %q: nothing changed", q.Name, notDead))
 	}
-	var done []admin.Dead
+	out := newDeadStream(se, q, verb)
+	defer out.end()
 	skipped := 0
 	at := int64(0)
 	if now {
@@ -165,35 +237,57 @@ func deadChange(ctx context.Context, s streams, se *session, q config.Queue, ver
 			ok, err = admin.Purge(ctx, se.rdb, aq, d)
 		}
 		if err != nil {
-			deadReport(se, q, verb, done)
 			return se.redisFailure(err)
 		}
 		if ok {
-			done = append(done, d)
+			out.add(d)
 		}
 	}
-	deadReport(se, q, verb, done)
 	if skipped > 0 {
 		return exitCode(exitFailure)
 	}
 	return nil
 }
 
-// deadReport prints what a dead requeue or purge did, also when it
-// stopped part-way.
-func deadReport(se *session, q config.Queue, verb string, done []admin.Dead) {
-	past := map[string]string{"requeue": "requeued", "purge": "purged"}[verb]
-	se.print(map[string]any{"queue": q.Name, past: nonNil(done)}, func(w io.Writer) {
-		for _, d := range done {
-			fmt.Fprintf(w, "%s shard %d %q message_id %s\n", past, d.Shard, d.Member, d.MessageID)
-		}
-		fmt.Fprintf(w, "%d %s\n", len(done), past)
-	})
+// deadStream prints what a dead requeue or purge did as it goes (a line
+// each, or the elements of one JSON object's array), also when it stops
+// part-way: --all may go through millions, which are not held in memory.
+type deadStream struct {
+	se   *session
+	past string
+	n    int
 }
 
-func nonNil(d []admin.Dead) []admin.Dead {
-	if d == nil {
-		return []admin.Dead{}
+func newDeadStream(se *session, q config.Queue, verb string) *deadStream {
+	ds := &deadStream{se: se, past: map[string]string{"requeue": "requeued", "purge": "purged"}[verb]}
+	if se.json {
+		name, _ := json.Marshal(q.Name)
+		fmt.Fprintf(se.stdout, "{\n  \"queue\": %s,\n  %q: [", name, ds.past)
 	}
-	return d
+	return ds
+}
+
+func (ds *deadStream) add(d admin.Dead) {
+	if ds.se.json {
+		b, _ := json.Marshal(d)
+		sep := ","
+		if ds.n == 0 {
+			sep = ""
+		}
+		fmt.Fprintf(ds.se.stdout, "%s\n    %s", sep, b)
+	} else {
+		fmt.Fprintf(ds.se.stdout, "%s shard %d %q message_id %s\n", ds.past, d.Shard, d.Member, d.MessageID)
+	}
+	ds.n++
+}
+
+func (ds *deadStream) end() {
+	switch {
+	case !ds.se.json:
+		fmt.Fprintf(ds.se.stdout, "%d %s\n", ds.n, ds.past)
+	case ds.n == 0:
+		fmt.Fprint(ds.se.stdout, "]\n}\n")
+	default:
+		fmt.Fprint(ds.se.stdout, "\n  ]\n}\n")
+	}
 }

@@ -29,6 +29,7 @@ var commands = []func(streams) *cobra.Command{
 	newRescheduleCmd,
 	newTailCmd,
 	newStatsCmd,
+	newListCmd,
 	newDeadCmd,
 	newPauseCmd,
 	newResumeCmd,

@@ -7,12 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/browse"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -73,37 +73,44 @@ type Dead struct {
 	Entry     string `json:"-"` // "<due_ms>:<member>", the set member
 }
 
-// DeadList lists the dead letters of one shard, or of all (shard < 0).
-func DeadList(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx int) ([]Dead, error) {
-	var out []Dead
+// DeadEach calls fn with the dead letters of one shard, or of all (shard
+// < 0), shard by shard, a batch of up to browse.MaxRead at a time in due
+// order: no call reads a whole set, so it goes through millions. fn may
+// requeue or purge the batch it is given.
+func DeadEach(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx int, fn func([]Dead) error) error {
 	for _, i := range shardsOf(q, shardIdx) {
-		entries, err := rdb.ZRange(ctx, q.Keys.Dead(i), 0, -1).Result()
+		err := browse.Batches(ctx, rdb, q.Keys.Dead(i), func(zs []redis.Z) error {
+			entries := make([]string, len(zs))
+			for n, z := range zs {
+				entries[n], _ = z.Member.(string)
+			}
+			reasons, err := rdb.HMGet(ctx, q.Keys.DeadReason(i), entries...).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("read %s: %w", q.Keys.DeadReason(i), err)
+			}
+			out := make([]Dead, 0, len(entries))
+			for n, e := range entries {
+				d, ok := parseEntry(i, e)
+				if !ok {
+					continue
+				}
+				if n < len(reasons) {
+					d.Reason, _ = reasons[n].(string)
+				}
+				out = append(out, d)
+			}
+			return fn(out)
+		})
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", q.Keys.Dead(i), err)
-		}
-		if len(entries) == 0 {
-			continue
-		}
-		reasons, err := rdb.HMGet(ctx, q.Keys.DeadReason(i), entries...).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("read %s: %w", q.Keys.DeadReason(i), err)
-		}
-		for n, e := range entries {
-			d, ok := parseEntry(i, e)
-			if !ok {
-				continue
-			}
-			if n < len(reasons) {
-				d.Reason, _ = reasons[n].(string)
-			}
-			out = append(out, d)
+			return err
 		}
 	}
-	sort.SliceStable(out, func(a, b int) bool { return out[a].DueMs < out[b].DueMs })
-	return out, nil
+	return nil
 }
 
 // DeadOf returns the dead letters of one member (every scheduling of it).
+// The dead-letter set is ordered by due time, not member, so it is walked
+// in batches.
 func DeadOf(ctx context.Context, rdb redis.UniversalClient, q Queue, member []byte) ([]Dead, error) {
 	indexes := []int{shard.Index(member, q.Shards)}
 	if q.Layout.Shards != 0 {
@@ -111,14 +118,16 @@ func DeadOf(ctx context.Context, rdb redis.UniversalClient, q Queue, member []by
 	}
 	var out []Dead
 	for _, i := range indexes {
-		all, err := DeadList(ctx, rdb, q, i)
+		err := DeadEach(ctx, rdb, q, i, func(ds []Dead) error {
+			for _, d := range ds {
+				if d.Member == string(member) {
+					out = append(out, d)
+				}
+			}
+			return nil
+		})
 		if err != nil {
 			return nil, err
-		}
-		for _, d := range all {
-			if d.Member == string(member) {
-				out = append(out, d)
-			}
 		}
 	}
 	return out, nil
@@ -221,4 +230,116 @@ func Purge(ctx context.Context, rdb redis.UniversalClient, q Queue, d Dead) (boo
 		return false, fmt.Errorf("purge on %s: %w", q.Keys.Dead(d.Shard), err)
 	}
 	return n == 1, nil
+}
+
+// Outcome is what a batch requeue or purge did to one dead letter.
+type Outcome int
+
+// The outcomes of RequeueBatch and PurgeBatch.
+const (
+	NotDead Outcome = iota // no longer dead: nothing changed
+	Done                   // requeued, or purged
+	// Pending: its body is pending already (ErrPending); nothing changed.
+	Pending
+)
+
+// requeueBatchScript is requeueScript for several entries of one shard:
+// one call per batch instead of one per dead letter. Two dead schedulings
+// of one body in a batch: the first is requeued, the second is then
+// pending already, as one call after the other would have it.
+//
+// KEYS[1] pending shard P:{Q:i}
+// KEYS[2] dead-letter set P:{Q:i}:dead
+// KEYS[3] dead-letter reasons P:{Q:i}:dead:reason
+// ARGV[1] the score to schedule them at, "" for each one's due time
+// ARGV[2..] the entries "<due_ms>:<member>"
+// Returns one code per entry, as requeueScript's.
+var requeueBatchScript = redis.NewScript(`
+local out = {}
+for n = 2, #ARGV do
+  local code = 0
+  local due, member = string.match(ARGV[n], '^(-?%d+):(.*)$')
+  if due and redis.call('ZSCORE', KEYS[2], ARGV[n]) then
+    if redis.call('ZSCORE', KEYS[1], member) then
+      code = 2
+    else
+      local score = ARGV[1]
+      if score == '' then score = due end
+      redis.call('ZADD', KEYS[1], score, member)
+      redis.call('ZREM', KEYS[2], ARGV[n])
+      redis.call('HDEL', KEYS[3], ARGV[n])
+      code = 1
+    end
+  end
+  out[#out + 1] = code
+end
+return out
+`)
+
+// RequeueBatch is Requeue for dead letters of one shard (a batch of
+// DeadEach) in one call; it returns each one's outcome.
+func RequeueBatch(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx int, ds []Dead, atMs int64) ([]Outcome, error) {
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	at := ""
+	if atMs != 0 {
+		at = strconv.FormatInt(atMs, 10)
+	}
+	args := []any{at}
+	for _, d := range ds {
+		args = append(args, d.Entry)
+	}
+	codes, err := requeueBatchScript.Run(ctx, rdb, []string{q.Keys.Pending(shardIdx), q.Keys.Dead(shardIdx), q.Keys.DeadReason(shardIdx)}, args...).Int64Slice()
+	if err != nil {
+		return nil, fmt.Errorf("requeue on %s: %w", q.Keys.Dead(shardIdx), err)
+	}
+	out := make([]Outcome, len(codes))
+	earliest := int64(-1)
+	for n, c := range codes {
+		out[n] = Outcome(c)
+		if c == 1 && (earliest < 0 || ds[n].DueMs < earliest) {
+			earliest = ds[n].DueMs
+		}
+	}
+	if earliest >= 0 {
+		if atMs != 0 {
+			earliest = atMs
+		}
+		_ = rdb.Publish(ctx, q.Keys.Wake(), shard.WakeDue(shardIdx, earliest)).Err() // a hint: sweeps find them anyway
+	}
+	return out, nil
+}
+
+// purgeBatchScript is purgeScript for several entries of one shard.
+//
+// KEYS[1] dead-letter set, KEYS[2] its reasons; ARGV[1..] the entries.
+// Returns one code per entry: 1 if it was dead, 0 if not.
+var purgeBatchScript = redis.NewScript(`
+local out = {}
+for n = 1, #ARGV do
+  out[n] = redis.call('ZREM', KEYS[1], ARGV[n])
+  redis.call('HDEL', KEYS[2], ARGV[n])
+end
+return out
+`)
+
+// PurgeBatch is Purge for dead letters of one shard in one call.
+func PurgeBatch(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx int, ds []Dead) ([]Outcome, error) {
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(ds))
+	for n, d := range ds {
+		args[n] = d.Entry
+	}
+	codes, err := purgeBatchScript.Run(ctx, rdb, []string{q.Keys.Dead(shardIdx), q.Keys.DeadReason(shardIdx)}, args...).Int64Slice()
+	if err != nil {
+		return nil, fmt.Errorf("purge on %s: %w", q.Keys.Dead(shardIdx), err)
+	}
+	out := make([]Outcome, len(codes))
+	for n, c := range codes {
+		out[n] = Outcome(c)
+	}
+	return out, nil
 }

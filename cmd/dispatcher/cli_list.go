@@ -1,0 +1,235 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/internal/browse"
+)
+
+// maxLimit bounds --limit: a page is held in memory and printed at once.
+const maxLimit = 100_000
+
+// pageFlags are the flags of a paged listing (list, dead list).
+type pageFlags struct {
+	shardIdx       int
+	from, to       string
+	match, after   string
+	limit, maxScan int
+	fs             *pflag.FlagSet // to tell --to "" from no --to
+}
+
+func (p *pageFlags) add(fs *pflag.FlagSet, times bool) {
+	p.fs = fs
+	fs.IntVar(&p.shardIdx, "shard", -1, "only shard `i` (default: every shard)")
+	if times {
+		fs.StringVar(&p.from, "from", "", "only tasks due at or after `T`: "+timeHelp)
+		fs.StringVar(&p.to, "to", "", "only tasks due at or before `T`")
+	}
+	fs.StringVar(&p.match, "match", "", "only bodies matching `GLOB` (Redis's MATCH: * ? [a-z] \\x)")
+	fs.IntVar(&p.limit, "limit", browse.DefaultLimit, "at most `N` tasks, then the cursor to go on with")
+	fs.StringVar(&p.after, "after", "", "go on after `CURSOR`, printed by the page before")
+	fs.IntVar(&p.maxScan, "max-scan", browse.DefaultBudget, "look at most at `N` tasks (matching or not), then stop with a cursor")
+}
+
+// query makes the walk of the flags (checkLocal checked them), checking
+// --shard against the queue.
+func (p *pageFlags) query(se *session, q config.Queue, state browse.State, now time.Time) (browse.Query, error) {
+	aq := se.adminQueue(q)
+	bq := browse.Query{Keys: aq.Keys, State: state, Match: p.match, Limit: p.limit, Budget: p.maxScan}
+	if p.shardIdx < -1 || p.shardIdx >= aq.Shards {
+		return bq, usageErrorf("--shard %d: queue %s has shards 0 to %d", p.shardIdx, q.Name, aq.Shards-1)
+	}
+	if p.shardIdx >= 0 {
+		bq.Shards = []int{p.shardIdx}
+	} else {
+		for i := range aq.Shards {
+			bq.Shards = append(bq.Shards, i)
+		}
+	}
+	for _, f := range []struct {
+		name, v string
+		dst     **int64
+	}{{"from", p.from, &bq.From}, {"to", p.to, &bq.To}} {
+		if f.v == "" {
+			continue
+		}
+		ms, err := parseTime(f.name, f.v, now)
+		if err != nil {
+			return bq, err
+		}
+		*f.dst = &ms
+	}
+	if bq.From != nil && bq.To != nil && *bq.From > *bq.To {
+		return bq, usageErrorf("--from %q is after --to %q", p.from, p.to)
+	}
+	if p.after != "" {
+		c, err := browse.ParseCursor(p.after)
+		if err != nil {
+			return bq, usageErrorf("--after %q: %v", p.after, err)
+		}
+		bq.After = &c
+	}
+	return bq, nil
+}
+
+// checkLocal refuses what the flags alone show wrong, before Redis is
+// opened.
+func (p *pageFlags) checkLocal(state browse.State) error {
+	if p.limit < 1 || p.limit > maxLimit {
+		return usageErrorf("--limit %d: want 1 to %d", p.limit, maxLimit)
+	}
+	if p.maxScan < 1 {
+		return usageErrorf("--max-scan %d: want 1 or more", p.maxScan)
+	}
+	for _, f := range [][2]string{{"from", p.from}, {"to", p.to}} {
+		if f[1] != "" || p.fs.Changed(f[0]) {
+			if _, err := parseTime(f[0], f[1], time.Now()); err != nil {
+				return err
+			}
+		}
+	}
+	if p.after != "" {
+		c, err := browse.ParseCursor(p.after)
+		if err != nil {
+			return usageErrorf("--after %q: %v", p.after, err)
+		}
+		if c.State != state {
+			return usageErrorf("--after %q: a cursor of %s tasks, not %s", p.after, c.State, state)
+		}
+	}
+	return nil
+}
+
+// listTask is a task as list prints it with --json: the fields of its
+// state always, so that scripts need not guess what a missing one means.
+type listTask struct {
+	Shard     int     `json:"shard"`
+	DueMs     int64   `json:"due_ms"`
+	Due       string  `json:"due"`
+	MessageID string  `json:"message_id"`
+	Body      string  `json:"body"`
+	LeaseMs   *int64  `json:"lease_ms,omitempty"`
+	Attempts  *int    `json:"attempts,omitempty"`
+	Reason    *string `json:"reason,omitempty"`
+}
+
+func newListCmd(s streams) *cobra.Command {
+	var queue, state string
+	var asJSON bool
+	var pf pageFlags
+	cmd := &cobra.Command{
+		Use:   "list --queue Q [--state S] [--match GLOB] [--limit N] [--after C]",
+		Short: "page through a queue's tasks in due order",
+		Long: `list prints a queue's tasks a page at a time: pending and dead ones by due
+time, in-flight ones by lease deadline (when any instance may hand them out
+again), with their due time and failed publishes. Each Redis call reads at
+most 256 tasks of one shard, so listing a queue of millions does not hold
+Redis. A page ends after --limit tasks, or after --max-scan tasks looked at
+(a selective --match), with the cursor to give --after for the next page.
+Pages are not a snapshot: the walk only goes forward, so a task scheduled
+meanwhile shows if it falls after the cursor, and one rescheduled later
+may show again.
+
+Exit status: 0 listed, 1 Redis failed, 2 bad arguments or settings.`,
+		Example: `  dispatcher list --queue orders --from now --to +1h
+  dispatcher list --queue orders --match '*"customer":42,*' --limit 10
+  dispatcher list --queue orders --state inflight --json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := browse.ParseState(state)
+			if err != nil {
+				return usageErrorf("--state %q: want pending, inflight or dead", state)
+			}
+			if err := pf.checkLocal(st); err != nil {
+				return err
+			}
+			se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 5*time.Minute)
+			if err != nil {
+				return err
+			}
+			defer done()
+			bq, err := pf.query(se, q, st, time.Now())
+			if err != nil {
+				return err
+			}
+			page, err := browse.Walk(ctx, se.rdb, bq)
+			if err != nil {
+				return se.redisFailure(err)
+			}
+			printList(se, q, st, page)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	queueFlag(fs, &queue)
+	fs.StringVar(&state, "state", string(browse.Pending), "which tasks `S`: pending, inflight or dead")
+	pf.add(fs, true)
+	jsonFlag(fs, &asJSON)
+	return cmd
+}
+
+// printList prints a page of list.
+func printList(se *session, q config.Queue, st browse.State, page browse.Page) {
+	tasks := make([]listTask, len(page.Tasks))
+	for n, t := range page.Tasks {
+		lt := listTask{Shard: t.Shard, DueMs: t.DueMs, Due: utcMs(t.DueMs, time.RFC3339Nano), MessageID: t.MessageID, Body: t.Body}
+		switch st {
+		case browse.Inflight:
+			lt.LeaseMs, lt.Attempts = &t.LeaseMs, &t.Attempts
+		case browse.Dead:
+			lt.Reason = &t.Reason
+		}
+		tasks[n] = lt
+	}
+	se.print(map[string]any{"queue": q.Name, "state": st, "tasks": tasks, "scanned": page.Scanned, "next": nextCursor(page)},
+		func(w io.Writer) {
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			head := "DUE (UTC)\tSHARD\tMESSAGE_ID\tBODY"
+			switch st {
+			case browse.Inflight:
+				head += "\tLEASE (UTC)\tFAILED PUBLISHES"
+			case browse.Dead:
+				head += "\tREASON"
+			}
+			fmt.Fprintln(tw, head)
+			for _, t := range page.Tasks {
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%q", utcMs(t.DueMs, humanTime), t.Shard, t.MessageID, t.Body)
+				switch st {
+				case browse.Inflight:
+					fmt.Fprintf(tw, "\t%s\t%d", utcMs(t.LeaseMs, humanTime), t.Attempts)
+				case browse.Dead:
+					fmt.Fprintf(tw, "\t%s", t.Reason)
+				}
+				fmt.Fprintln(tw)
+			}
+			tw.Flush()
+			fmt.Fprintf(w, "%d %s tasks (%d looked at)\n", len(page.Tasks), st, page.Scanned)
+			printMore(w, page)
+		})
+}
+
+const humanTime = "2006-01-02 15:04:05.000"
+
+func utcMs(ms int64, layout string) string { return time.UnixMilli(ms).UTC().Format(layout) }
+
+// nextCursor is page's cursor for --after, "" at the end.
+func nextCursor(page browse.Page) string {
+	if page.Next == nil {
+		return ""
+	}
+	return page.Next.String()
+}
+
+// printMore tells how to go on, if there is more.
+func printMore(w io.Writer, page browse.Page) {
+	if page.Next != nil {
+		fmt.Fprintf(w, "more: --after %s\n", page.Next)
+	}
+}
