@@ -23,7 +23,7 @@ func newStatsCmd(s streams) *cobra.Command {
 	var asJSON, ahead bool
 	var window, step time.Duration
 	cmd := &cobra.Command{
-		Use:   "stats [--queue Q]... [--forecast [--window 1h] [--step 1m]] [--json]",
+		Use:   "stats [--queue Q]... [--forecast [--window D] [--step D]] [--json]",
 		Short: "what the queues hold, per shard, read from Redis",
 		Long: `Reads what the queues hold from Redis: per queue and shard, the tasks
 pending, due, in flight (and those whose lease ran out), dead-lettered, how
