@@ -95,6 +95,25 @@ type Queue struct {
 	Exchange   string  `env:"EXCHANGE" required:"true" desc:"exchange tasks are published to; declared durable direct if missing, used as it is otherwise; empty means the default exchange"`
 	RoutingKey string  `env:"ROUTING_KEY" default:"" desc:"routing key of the published messages; defaults to the queue name"`
 	MaxRate    float64 `env:"MAX_RATE" default:"0" desc:"most tasks a second the queue's instances dispatch together (a token bucket in Redis), so that a backlog after an outage drains at a pace the consumers survive, oldest first in each shard; 0 means no limit"`
+	DrainRate  float64 `env:"DRAIN_RATE" default:"1000" desc:"tasks a second the queue's consumers are taken to handle, for the thundering-herd warning only: more tasks due in one second than MAX_RATE (if lower) or this drains in 10 s are warned of ahead"`
+}
+
+// DefaultDrainRate is DRAIN_RATE when it is not set (DrainRate 0).
+const DefaultDrainRate = 1000
+
+// HerdDrain is the rate the queue is taken to drain at, for the herd
+// warning: the lower of MAX_RATE (the dispatcher goes no faster) and
+// DRAIN_RATE (the consumers, as the operator says), with what it comes
+// from.
+func (q Queue) HerdDrain() (rate float64, from string) {
+	rate, from = q.DrainRate, "DRAIN_RATE"
+	if rate <= 0 {
+		rate, from = DefaultDrainRate, "default DRAIN_RATE"
+	}
+	if q.MaxRate > 0 && q.MaxRate < rate {
+		rate, from = q.MaxRate, "MAX_RATE"
+	}
+	return rate, from
 }
 
 // EnvName is the <NAME> part of a queue's variables: the queue name
@@ -256,6 +275,13 @@ func loadQueue(name string, env map[string]string, tool bool) (Queue, error) {
 			return q, &Error{Var: p + "MAX_RATE", Value: v, Reason: "want a number of tasks per second, 0 (no limit) or 0.001 and more"}
 		}
 		q.MaxRate = r
+	}
+	if v, ok := env[p+"DRAIN_RATE"]; ok && strings.TrimSpace(v) != "" {
+		r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0.001 {
+			return q, &Error{Var: p + "DRAIN_RATE", Value: v, Reason: "want a number of tasks per second, 0.001 and more"}
+		}
+		q.DrainRate = r
 	}
 	q.RoutingKey = env[p+"ROUTING_KEY"]
 	if q.RoutingKey == "" {

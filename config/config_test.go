@@ -363,6 +363,8 @@ func TestLoadErrors(t *testing.T) {
 			wantVar: "DISPATCHER_QUEUE_ORDERS_MAX_RATE", wantValue: "1e-12", wantText: "0.001"},
 		{name: "max rate NaN", env: with(map[string]string{"DISPATCHER_QUEUE_ORDERS_MAX_RATE": "NaN"}),
 			wantVar: "DISPATCHER_QUEUE_ORDERS_MAX_RATE", wantValue: "NaN"},
+		{name: "drain rate zero", env: with(map[string]string{"DISPATCHER_QUEUE_ORDERS_DRAIN_RATE": "0"}),
+			wantVar: "DISPATCHER_QUEUE_ORDERS_DRAIN_RATE", wantValue: "0", wantText: "0.001"},
 		{name: "stats interval under 1s", env: with(map[string]string{"DISPATCHER_STATS_INTERVAL": "500ms"}),
 			wantVar: "DISPATCHER_STATS_INTERVAL", wantValue: "500ms", wantText: "at least 1s"},
 		{name: "stall after zero", env: with(map[string]string{"DISPATCHER_STALL_AFTER": "0s"}),

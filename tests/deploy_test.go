@@ -41,6 +41,7 @@ var wantAlerts = []string{
 	"DispatcherAllInstancesDown",
 	"DispatcherShardBroken",
 	"DispatcherQueuePausedLong",
+	"DispatcherThunderingHerd",
 }
 
 // promtool runs promtool with args and returns its output; it fails the

@@ -67,6 +67,9 @@ func TestStatusPage(t *testing.T) {
 	addr := testenv.FreeAddr(t)
 	h.extra["DISPATCHER_HTTP_ADDR"] = addr
 	h.extra["DISPATCHER_STATS_INTERVAL"] = "1s"
+	// A queue taken to drain 0.1 task a second: any second ahead holding
+	// 2 tasks is a herd (the tasks scheduled below come 6 or 7 at a time).
+	h.extra["DISPATCHER_QUEUE_ORDERS_DRAIN_RATE"] = "0.1"
 	p := h.start()
 	waitLogged(t, p, "broker connected", 15*time.Second)
 
@@ -113,6 +116,8 @@ func TestStatusPage(t *testing.T) {
 	text := eval(`document.body.innerText`)
 	backlogBars := eval(`String(document.querySelectorAll('svg[aria-label="backlog per shard of orders"] rect').length)`)
 	latenessBars := eval(`String(document.querySelectorAll('svg[aria-label="dispatch lateness of orders"] rect').length)`)
+	forecastBars := eval(`String(Array.from(document.querySelectorAll('svg[aria-label="forecast of orders"] rect')).filter(r => r.getAttribute('height') !== '0.0').length)`)
+	forecastAxis := eval(`Array.from(document.querySelectorAll('svg[aria-label="forecast of orders"] text.axis')).map(e => e.textContent).join('|')`)
 	refresh := eval(`document.querySelector('meta[http-equiv="refresh"]').content`)
 	row := func(name string) string {
 		for _, l := range strings.Split(text, "\n") {
@@ -136,6 +141,8 @@ func TestStatusPage(t *testing.T) {
 		"Broker\tconnected", "reachable",
 		"WRONGTYPE key " + k.Pending(5) + " holds a string, not a sorted set",
 		"Backlog per shard (16 shards", "Dispatch lateness on this instance (" + fmt.Sprint(now) + " tasks",
+		"Falling due per minute over the next hour (400 tasks; overdue now 0; busiest second: ",
+		"Thundering herd ahead on queue orders: ", "queue orders drains 1 in 10 s at 0.10/s (DRAIN_RATE)",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the page does not show %q:\n%s", want, text)
@@ -146,6 +153,11 @@ func TestStatusPage(t *testing.T) {
 	}
 	if n, _ := strconv.Atoi(backlogBars); n < 16 || latenessBars == "0" {
 		t.Errorf("pictures: %s backlog bars for 16 shards, %s lateness bars", backlogBars, latenessBars)
+	}
+	// 400 tasks over minutes 1 to 60 ahead: at least 58 bars of the 60
+	// (the hour is read from a whole second, minute 60's tasks at its edge).
+	if n, _ := strconv.Atoi(forecastBars); n < 58 || forecastAxis != "8|0|now|+30m|+1h" && forecastAxis != "10|0|now|+30m|+1h" {
+		t.Errorf("forecast picture: %s bars with tasks, axes %q", forecastBars, forecastAxis)
 	}
 	if refresh == "" {
 		t.Error("the page does not refresh itself")

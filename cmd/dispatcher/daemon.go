@@ -145,6 +145,10 @@ func runDaemon(stderr io.Writer) int {
 			}
 			return append(why, byQueue[q].Waiting()...)
 		},
+		DrainRate: func(q string) (float64, string) {
+			qs, _ := cfg.Queue(q)
+			return qs.HerdDrain()
+		},
 		Registerer: reg, Logger: log.With("component", "watchdog"),
 	})
 

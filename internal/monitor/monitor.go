@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/forecast"
 	"github.com/dispatcher/dispatcher/internal/queuestate"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -38,9 +39,15 @@ type Options struct {
 	Waiting func(queue string) []string
 	// Layout, if set, is the queue's layout now, whose shards are read
 	// (it changes with `dispatcher reshard`); else Queues' shard count.
-	Layout     func(queue string) shard.Layout
-	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	Layout func(queue string) shard.Layout
+	// DrainRate, if set, is the rate (tasks/s) a queue is taken to drain
+	// at for the herd warning, and the setting it comes from; else 1000.
+	DrainRate func(queue string) (rate float64, from string)
+	// ForecastEvery is how often a swept queue's next minute is counted
+	// (0: every 10 s).
+	ForecastEvery time.Duration
+	Registerer    prometheus.Registerer
+	Logger        *slog.Logger
 }
 
 // historyLen is how many samples of each queue are kept for the status
@@ -69,6 +76,20 @@ type View struct {
 	// past the same threshold (not paused).
 	Stalled bool
 	Waiting []string
+	// Ahead is the next minute of a swept queue, counted every
+	// ForecastEvery.
+	Ahead Ahead
+	// Forecast is the hour ahead by the minute, read for the status page
+	// (at most every pageForecastEvery); nil if never read. ForecastErr
+	// says why the last read failed.
+	Forecast    *forecast.Forecast
+	ForecastErr string
+	// Drain, DrainFrom and HerdLimit: the queue's drain rate for the herd
+	// warning, its setting, and the most tasks one second may hold
+	// without a warning.
+	Drain     float64
+	DrainFrom string
+	HerdLimit int64
 }
 
 type queueView struct {
@@ -84,6 +105,12 @@ type queueView struct {
 	offset   time.Duration
 	every    time.Duration // current read interval, Interval..quietMax
 	next     time.Time     // next read while swept
+	// nextAhead is the next count of the minute ahead; herdAt the second
+	// of the herd last warned of, 0 if none is coming; forecastAt when
+	// the page's hour ahead was read.
+	nextAhead  time.Time
+	herdAt     int64
+	forecastAt time.Time
 }
 
 // quietReads is how far the reads of a quiet queue stretch out: each read
@@ -101,8 +128,10 @@ type Monitor struct {
 	gauges []*prometheus.GaugeVec
 	// the gauges, by what they show
 	pending, due, inflight, expired, dead, age, broken, stalled, paused, retried, retriedAge *prometheus.GaugeVec
+	dueNextMinute, peakSecond, herd                                                          *prometheus.GaugeVec
 
 	reading     chan struct{} // one read at a time; a page load gives up waiting with its context
+	forecasting chan struct{} // one read of the page's forecasts at a time
 	mu          sync.Mutex
 	queues      []*queueView
 	lastFailLog time.Time
@@ -113,7 +142,7 @@ func New(rdb redis.UniversalClient, opt Options) *Monitor {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	m := &Monitor{rdb: rdb, opt: opt, log: opt.Logger, reading: make(chan struct{}, 1)}
+	m := &Monitor{rdb: rdb, opt: opt, log: opt.Logger, reading: make(chan struct{}, 1), forecasting: make(chan struct{}, 1)}
 	gauge := func(name, help string) *prometheus.GaugeVec {
 		g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help + " Exported by the queue's sweeping instance only: aggregate with max by (queue)."}, []string{"queue"})
 		m.gauges = append(m.gauges, g)
@@ -133,6 +162,9 @@ func New(rdb redis.UniversalClient, opt Options) *Monitor {
 	m.broken = gauge("dispatcher_queue_broken_shards", "Shards whose keys could not be read (a key of the wrong type, an unreachable primary).")
 	m.stalled = gauge("dispatcher_queue_stalled", "1 while the oldest due task, pending or retried, has waited longer than DISPATCHER_STALL_AFTER (a paused queue does not count as stalled).")
 	m.paused = gauge("dispatcher_queue_paused", "1 while `dispatcher pause` holds the queue (any of its shards).")
+	m.dueNextMinute = gauge("dispatcher_queue_due_next_minute_tasks", "Pending tasks falling due in the next 60 s (from the current second of the Redis clock), counted every 10 s.")
+	m.peakSecond = gauge("dispatcher_queue_due_peak_second_tasks", "The most pending tasks falling due in any one second of the next minute, counted every 10 s.")
+	m.herd = gauge("dispatcher_queue_herd_ahead", "1 while a second of the next minute holds more tasks than the queue drains in 10 s (at the lower of DISPATCHER_QUEUE_<NAME>_MAX_RATE and _DRAIN_RATE): a thundering herd is coming.")
 	for _, t := range opt.Queues {
 		m.queues = append(m.queues, &queueView{target: t, View: View{State: queuestate.Queue{Name: t.Name}}})
 	}
@@ -165,7 +197,7 @@ func (m *Monitor) refresh(ctx context.Context) {
 			m.unexport(v)
 		}
 		if on && !v.Swept {
-			v.every, v.next = 0, time.Time{} // read it at once, as news
+			v.every, v.next, v.nextAhead = 0, time.Time{}, time.Time{} // read it at once, as news
 		}
 		v.Swept = on
 		if on && !now.Before(v.next) {
@@ -174,6 +206,7 @@ func (m *Monitor) refresh(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	m.read(ctx, swept)
+	m.lookAhead(ctx)
 }
 
 // readTimeout bounds one read: a primary that stopped answering must not
@@ -315,6 +348,7 @@ func (m *Monitor) unexport(v *queueView) {
 		g.DeleteLabelValues(v.target.Name)
 	}
 	v.StalledSince, v.Waiting = time.Time{}, nil
+	v.Ahead, v.herdAt = Ahead{}, 0
 }
 
 // watch is the stall watchdog: it logs at error level when the queue's
@@ -397,11 +431,14 @@ func (m *Monitor) Views(ctx context.Context) []View {
 	}
 	m.mu.Unlock()
 	m.read(ctx, stale)
+	m.pageForecasts(ctx)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make([]View, len(m.queues))
 	for n, v := range m.queues {
 		out[n] = v.View
+		out[n].Drain, out[n].DrainFrom = m.drain(v.target.Name)
+		out[n].HerdLimit = herdLimit(out[n].Drain)
 		out[n].History = append([]Sample(nil), v.History...)
 		out[n].Waiting = append([]string(nil), v.Waiting...)
 		out[n].Stalled = !v.StalledSince.IsZero() ||

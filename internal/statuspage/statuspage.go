@@ -122,6 +122,20 @@ type row struct {
 	LatTop   uint64 // the tallest lateness bar's count
 	ReadAgo  string // how long ago the figures were read; "" if never
 	Flow     flow
+	Ahead    ahead
+	// Herd says the thundering herd coming, "" if none is.
+	Herd string
+}
+
+// ahead is the hour ahead as the page draws it: a bar per minute.
+type ahead struct {
+	Read    bool
+	Bars    []latBar
+	BarW    float64
+	Top     int64 // the value at the top of the chart
+	Total   int64
+	Overdue int64
+	Peak    string // the busiest second, said
 }
 
 type chart struct {
@@ -262,11 +276,53 @@ func queueRow(q monitor.View, lat []Bucket) row {
 		}
 		r.Backlog = append(r.Backlog, b)
 	}
+	r.Ahead, r.Herd = aheadOf(q)
 	r.Lateness, r.LatTotal = latBars(lat)
 	for _, b := range r.Lateness {
 		r.LatTop = max(r.LatTop, b.Count)
 	}
 	return r
+}
+
+// aheadOf lays the hour ahead out as bars and says the herd coming, if
+// one is: in the next minute as the sweeping instance counted it, else in
+// the hour.
+func aheadOf(q monitor.View) (ahead, string) {
+	var a ahead
+	herd := ""
+	if a2 := q.Ahead; a2.Herd {
+		herd = fmt.Sprintf("%s tasks fall due in one second at %s (within the next minute); queue %s drains %s in 10 s at %s/s (%s)",
+			fmtCount(a2.Peak.Tasks), fmtWhen(a2.Peak.FromMs), q.State.Name, fmtCount(q.HerdLimit), fmtRate(a2.Drain), a2.DrainFrom)
+	}
+	f := q.Forecast
+	if f == nil {
+		return a, herd
+	}
+	a.Read, a.Total, a.Overdue = true, f.Total, f.Overdue
+	for _, b := range f.Buckets {
+		a.Top = max(a.Top, b.Tasks)
+	}
+	a.Top = int64(niceCeil(float64(max(a.Top, 1))))
+	if len(f.Buckets) > 0 {
+		a.BarW = chartW / float64(len(f.Buckets))
+	}
+	for n, b := range f.Buckets {
+		a.Bars = append(a.Bars, latBar{Label: fmtWhen(b.FromMs), X: float64(n) * a.BarW, H: chartH * float64(b.Tasks) / float64(a.Top), Count: uint64(b.Tasks)})
+	}
+	switch p := f.Peak; {
+	case p.Tasks == 0:
+		a.Peak = "nothing due in the hour"
+	default:
+		a.Peak = fmt.Sprintf("busiest second: %s tasks at %s", fmtCount(p.Tasks), fmtWhen(p.FromMs))
+		if !p.Exact {
+			a.Peak += fmt.Sprintf(" (or up to %s in a minute not looked at second by second)", fmtCount(p.Bound))
+		}
+	}
+	if herd == "" && q.HerdLimit > 0 && f.Peak.Tasks > q.HerdLimit {
+		herd = fmt.Sprintf("%s tasks fall due in one second at %s; queue %s drains %s in 10 s at %s/s (%s)",
+			fmtCount(f.Peak.Tasks), fmtWhen(f.Peak.FromMs), q.State.Name, fmtCount(q.HerdLimit), fmtRate(q.Drain), q.DrainFrom)
+	}
+	return a, herd
 }
 
 // ageChart plots the oldest due age over the samples kept.
