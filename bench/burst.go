@@ -13,7 +13,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dispatcher/dispatcher/internal/queuestate"
 	"github.com/dispatcher/dispatcher/internal/redisconn"
 )
 
@@ -67,12 +66,6 @@ func probeOf(us []int32) Probe {
 
 // slowThresholdUs: what the burst counts as holding Redis too long.
 const slowThresholdUs = 1000
-
-// Probe pacing: a producer ZADD every 2 ms, a stats read every 200 ms.
-const (
-	zaddEvery  = 2 * time.Millisecond
-	statsEvery = 200 * time.Millisecond
-)
 
 // runBurst: N tasks due at one time, K instances running when it comes.
 func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
@@ -130,18 +123,15 @@ func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
 	if err != nil {
 		return m.res, err
 	}
-	pctx, stopProbes := context.WithCancel(ctx)
-	pr := &probes{dueLocal: dueLocal}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); pr.producer(pctx, r.rdb, m, due+3_600_000) }()
-	go func() {
-		defer wg.Done()
-		pr.stats(pctx, r.rdb, m.keys.Prefix, []queuestate.Target{{Name: m.keys.Queue, Shards: p.Shards}})
-	}()
+	// The probes run in a process of their own, as a producer does (and
+	// on the CPUs -probe-cpus gives): in the bench's, they would wait for
+	// its consumer's CPU as much as for Redis.
+	pr, err := r.startProbe(m, due+3_600_000, dueLocal)
+	if err != nil {
+		return m.res, err
+	}
 	waitErr := m.wait(ctx, nil)
-	stopProbes()
-	wg.Wait()
+	probed, probeErr := pr.stop()
 	if restore != nil {
 		br.Slow, br.SlowMaxMs, br.SlowBy, err = r.slowLogRead(ctx, dueLocal)
 		if err != nil {
@@ -152,10 +142,13 @@ func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
 	if waitErr != nil {
 		return m.res, waitErr
 	}
-	if err := m.finish(ctx, before, pr.zaddsByShard(p.Shards), cpu0, began); err != nil {
+	if probeErr != nil {
+		return m.res, probeErr
+	}
+	if err := m.finish(ctx, before, probed.zadds, cpu0, began); err != nil {
 		return m.res, err
 	}
-	br.Producer, br.Before, br.Stats = probeOf(pr.during), probeOf(pr.before), probeOf(pr.statsUs)
+	br.Producer, br.Before, br.Stats = probeOf(probed.during), probeOf(probed.before), probeOf(probed.stats)
 	// One due time: each receipt's lateness is its time after the due time.
 	last := slices.Max(append([]int32{0}, m.rec.late...))
 	br.DrainSeconds = float64(last) / 1e6
@@ -174,77 +167,6 @@ func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
 		m.res.Ratio = br.DrainPerSec / c.PerSec
 	}
 	return m.res, nil
-}
-
-// probes times a producer's ZADDs and the stats read around a burst.
-type probes struct {
-	dueLocal time.Time
-	mu       sync.Mutex
-	before   []int32 // µs, ZADDs sent before the due time
-	during   []int32 // µs, ZADDs sent from the due time on
-	statsUs  []int32
-	zadds    []int64 // by shard
-}
-
-// producer ZADDs one far-future task at a time, each on its own round
-// trip, to the bench queue's shards in turn, as a producer does.
-func (pr *probes) producer(ctx context.Context, rdb redis.UniversalClient, m *measurement, dueMs int64) {
-	t := time.NewTicker(zaddEvery)
-	defer t.Stop()
-	pr.zadds = make([]int64, m.p.Shards)
-	for n := 0; ; n++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		i := n % m.p.Shards
-		start := time.Now()
-		// A member the recorder does not count as a bench task.
-		err := rdb.ZAdd(ctx, m.keys.Pending(i), redis.Z{Score: float64(dueMs), Member: "probe-" + strconv.Itoa(n)}).Err()
-		if err != nil {
-			continue // the context ended, or Redis failed: the drain reports that
-		}
-		us := int32(time.Since(start).Microseconds())
-		pr.mu.Lock()
-		pr.zadds[i]++
-		if start.Before(pr.dueLocal) {
-			pr.before = append(pr.before, us)
-		} else {
-			pr.during = append(pr.during, us)
-		}
-		pr.mu.Unlock()
-	}
-}
-
-// stats reads the queue as `dispatcher stats` does, from the due time on.
-func (pr *probes) stats(ctx context.Context, rdb redis.UniversalClient, prefix string, targets []queuestate.Target) {
-	if !sleepCtx(ctx, time.Until(pr.dueLocal)) {
-		return
-	}
-	t := time.NewTicker(statsEvery)
-	defer t.Stop()
-	for {
-		start := time.Now()
-		if _, err := queuestate.Read(ctx, rdb, prefix, targets); err == nil {
-			pr.mu.Lock()
-			pr.statsUs = append(pr.statsUs, int32(time.Since(start).Microseconds()))
-			pr.mu.Unlock()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (pr *probes) zaddsByShard(m int) []int64 {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	out := make([]int64, m)
-	copy(out, pr.zadds)
-	return out
 }
 
 // slowLogOn makes every primary log calls over slowThresholdUs and empties

@@ -35,6 +35,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	// go-redis would log every failed dial before the error it returns,
 	// which the bench reports.
 	redis.SetLogger(redisconn.Quiet{})
+	if len(args) > 0 && args[0] == probeFlag {
+		return probeMain(args[1:], os.Stdin, stdout, stderr)
+	}
 	opt, err := parseOptions(args, stderr)
 	if errors.Is(err, errHelp) {
 		return exitOK

@@ -59,6 +59,9 @@ type Options struct {
 	// in burst points (0: none).
 	BurstLead Duration `json:"burst_lead"`
 	MaxRate   int      `json:"max_rate"`
+	// ProbeCPUs pins a burst's probe process (taskset -c), e.g. to the
+	// CPU Redis has to itself.
+	ProbeCPUs string `json:"probe_cpus,omitempty"`
 
 	Stall    Duration `json:"stall"`
 	JSONPath string   `json:"-"`
@@ -125,6 +128,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.DurationVar(&ahead, "ahead", time.Second, "rate mode: how long before its due time each task is ZADDed (the producer sends every 5ms what falls within this)")
 	fs.BoolVar(&o.Wake, "wake", false, "rate mode: after each ZADD, PUBLISH the wake-up the Go producer sends (P:{Q}:wake due:<i>:<due_ms>), for tasks scheduled at short notice")
 	fs.DurationVar(&burstLead, "burst-lead", 0, "burst mode: the due time is this far ahead of the start of the load (default 10s plus 1s per 50,000 tasks)")
+	fs.StringVar(&o.ProbeCPUs, "probe-cpus", "", "burst mode: run the probe process (a producer's ZADDs, the stats reads) on these CPUs, as taskset -c takes them (default: any)")
 	fs.IntVar(&o.MaxRate, "max-rate", 0, "burst mode: the queue's DISPATCHER_QUEUE_<NAME>_MAX_RATE, tasks/s (0: no limit)")
 	fs.DurationVar(&idle, "idle-duration", 10*time.Second, "idle mode: how long Redis commands are counted")
 	fs.IntVar(&o.IdleTasks, "idle-pending", 0, "idle mode: tasks pending meanwhile, all due in 1 hour")
