@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,13 +135,13 @@ func Walk(ctx context.Context, rdb redis.UniversalClient, q Query) (Page, error)
 		budget = DefaultBudget
 	}
 	budget = max(budget, limit)
-	sp := everything
+	sp := All
 	if q.State != Inflight { // their score is the due time
 		if q.From != nil {
-			sp.min = float64(*q.From)
+			sp.Min = Bound{Score: float64(*q.From)}
 		}
 		if q.To != nil {
-			sp.max = float64(*q.To)
+			sp.Max = Bound{Score: float64(*q.To)}
 		}
 	}
 	srcs, err := openSources(ctx, rdb, q, sp, min(MaxRead, max(8, 4096/max(1, len(q.Shards)))))
@@ -170,7 +169,7 @@ func Walk(ctx context.Context, rdb redis.UniversalClient, q Query) (Page, error)
 		}
 		if len(s.buf) == 0 && s.more {
 			p := last.Pos
-			if s.buf, s.more, err = read(ctx, rdb, s.key, sp, start{pos: &p}, MaxRead); err != nil {
+			if s.buf, s.more, err = Read(ctx, rdb, s.key, sp, Asc, &p, MaxRead); err != nil {
 				return Page{}, err
 			}
 		}
@@ -191,7 +190,7 @@ func Walk(ctx context.Context, rdb redis.UniversalClient, q Query) (Page, error)
 
 // openSources reads the first batch of every shard, from the cursor if
 // any, a few shards at a time.
-func openSources(ctx context.Context, rdb redis.UniversalClient, q Query, sp span, n int) ([]*source, error) {
+func openSources(ctx context.Context, rdb redis.UniversalClient, q Query, sp Range, n int) ([]*source, error) {
 	srcs := make([]*source, len(q.Shards))
 	errs := make([]error, len(q.Shards))
 	var wg sync.WaitGroup
@@ -199,25 +198,25 @@ func openSources(ctx context.Context, rdb redis.UniversalClient, q Query, sp spa
 	for k, i := range q.Shards {
 		s := &source{shard: i, key: q.State.key(q.Keys, i)}
 		srcs[k] = s
-		ssp, st := sp, start{}
+		ssp, after := sp, (*Pos)(nil)
 		if c := q.After; c != nil {
 			// The merged order is (score, shard, member): shards before
 			// the cursor's gave every entry of its score, shards after
 			// it none.
 			switch {
 			case i < c.Shard:
-				st = start{pos: &c.Pos, past: true}
+				ssp = sp.from(Bound{Score: c.Score, Open: true})
 			case i == c.Shard:
-				st = start{pos: &c.Pos}
+				after = &c.Pos
 			default:
-				ssp.min = math.Max(ssp.min, c.Score)
+				ssp = sp.from(Bound{Score: c.Score})
 			}
 		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			s.buf, s.more, errs[k] = read(ctx, rdb, s.key, ssp, st, n)
+			s.buf, s.more, errs[k] = Read(ctx, rdb, s.key, ssp, Asc, after, n)
 		}()
 	}
 	wg.Wait()

@@ -134,7 +134,7 @@ func TestListCursorAfterItsTaskLeft(t *testing.T) {
 		// The cursor's own task leaves, and so does the next of its shard.
 		c := p.Next
 		rdb.ZRem(ctx, k.Pending(c.Shard), c.Member)
-		if zs := rdb.ZRangeByScore(ctx, k.Pending(c.Shard), &redis.ZRangeBy{Min: scoreArg(c.Score), Max: "+inf"}).Val(); len(zs) > 0 {
+		if zs := rdb.ZRangeByScore(ctx, k.Pending(c.Shard), &redis.ZRangeBy{Min: FormatScore(c.Score), Max: "+inf"}).Val(); len(zs) > 0 {
 			for _, m := range zs {
 				if m > c.Member {
 					rdb.ZRem(ctx, k.Pending(c.Shard), m)

@@ -22,7 +22,7 @@ type Cursor struct {
 // String writes the cursor for a command line:
 // "<state>:<score>:<shard>:<member, base64url>".
 func (c Cursor) String() string {
-	return fmt.Sprintf("%s:%s:%d:%s", c.State, scoreArg(c.Score), c.Shard, base64.RawURLEncoding.EncodeToString([]byte(c.Member)))
+	return fmt.Sprintf("%s:%s:%d:%s", c.State, FormatScore(c.Score), c.Shard, base64.RawURLEncoding.EncodeToString([]byte(c.Member)))
 }
 
 // ErrCursor is ParseCursor's error: the text is not a Cursor's String.

@@ -9,8 +9,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// MaxRead is the most entries one Redis call reads: every call stays
-// short however large the set, so a walk of 10^7 tasks never holds Redis.
+// MaxRead is the most entries one Redis call of a walk reads: every call
+// stays short however large the set, so a walk of 10^7 tasks never holds
+// Redis.
 const MaxRead = 256
 
 // Pos is a place in one sorted set's order, which is (score, member),
@@ -21,23 +22,71 @@ type Pos struct {
 	Member string
 }
 
-// afterScript reads the entries that follow a (score, member) position
-// in one sorted set. Where the member is still there with that score, its
-// rank gives the place at once; where it left (dispatched, requeued,
-// purged, or rescheduled), a binary search among the entries of that score
-// finds the first member after it. Both are O(log N): LIMIT with an offset
-// would be O(offset) on Redis 7.0, and a score alone cannot tell ties
-// apart. Members are compared byte by byte, as Redis orders them: Lua's
-// own < follows the server's locale.
+// Bound is one end of a score range: Score is in it, or with Open only
+// the scores beyond it.
+type Bound struct {
+	Score float64
+	Open  bool
+}
+
+// String writes the bound as ZRANGEBYSCORE and ZCOUNT take it: "5",
+// "(5", "-inf", "+inf".
+func (b Bound) String() string {
+	if b.Open {
+		return "(" + FormatScore(b.Score)
+	}
+	return FormatScore(b.Score)
+}
+
+// Range is a range of scores, from Min up to Max.
+type Range struct{ Min, Max Bound }
+
+// All is every score.
+var All = Range{Min: Bound{Score: math.Inf(-1)}, Max: Bound{Score: math.Inf(1)}}
+
+// from narrows r to begin at b, if b is above r's own start.
+func (r Range) from(b Bound) Range {
+	if b.Score > r.Min.Score || (b.Score == r.Min.Score && b.Open) {
+		r.Min = b
+	}
+	return r
+}
+
+// Order is the direction of a read.
+type Order bool
+
+const (
+	Asc  Order = false // by (score, member) ascending
+	Desc Order = true  // by (score, member) descending
+)
+
+// readScript reads the entries that follow a (score, member) position in
+// one sorted set, going up or down, within a score range. Where the
+// position's member is still there with that score, its rank gives the
+// place at once; where it left (dispatched, requeued, purged, cancelled or
+// rescheduled), a binary search among the entries of that score finds
+// where it was. Then one ZRANGE by rank reads the batch. Each call is
+// O(log N + count), plus the search's O(log T) steps of O(log N) among T
+// tied entries when the member left: LIMIT with an offset would be
+// O(offset) on Redis 7.0, and a score alone cannot tell ties apart. Members are compared byte by byte, as Redis orders them:
+// Lua's own < follows the server's locale (strcoll).
 //
 // KEYS[1] the sorted set (a pending, in-flight or dead-letter set)
-// ARGV[1] the position's score
-// ARGV[2] the position's member
-// ARGV[3] how many entries to return
-// Returns member, score, member, score... of up to ARGV[3] entries after
-// the position, in the set's order (the caller stops at its own upper
-// bound).
-var afterScript = redis.NewScript(`#!lua flags=no-writes
+// ARGV[1] "asc" or "desc"
+// ARGV[2] lowest score, ARGV[3] highest, as ZRANGEBYSCORE takes them (5,
+//
+//	(5, -inf, +inf)
+//
+// ARGV[4] the position's score, "" to start at the range's first entry
+//
+//	in the read's direction (its lowest ascending, its highest
+//	descending); a position before that start counts as ""
+//
+// ARGV[5] the position's member
+// ARGV[6] how many entries to return, at least 1
+// Returns member, score, member, score... of up to ARGV[6] entries after
+// the position, in the read's direction, all within the range.
+var readScript = redis.NewScript(`#!lua flags=no-writes
 local function before(a, b)
   local n = math.min(#a, #b)
   for i = 1, n do
@@ -46,45 +95,82 @@ local function before(a, b)
   end
   return #a < #b
 end
-local score, member, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local function bound(s)
+  local open = string.sub(s, 1, 1) == '('
+  if open then s = string.sub(s, 2) end
+  local v = tonumber(s)
+  if s == '+inf' or s == 'inf' then v = math.huge elseif s == '-inf' then v = -math.huge end
+  if v == nil then error('bad score bound ' .. s) end
+  return v, open
+end
+local key, desc = KEYS[1], ARGV[1] == 'desc'
+local lo, hi, cs, cm = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local count = tonumber(ARGV[6])
+local lov, loopen = bound(lo)
+local hiv, hiopen = bound(hi)
+local function abovelo(x) if loopen then return x > lov end return x >= lov end
+local function belowhi(x) if hiopen then return x < hiv end return x <= hiv end
+local s = nil
+if cs ~= '' then s = bound(cs) end
+-- Past the range's end: nothing follows. Before its start: start there.
+if s and ((desc and not abovelo(s)) or (not desc and not belowhi(s))) then
+  return {}
+end
+if s and ((desc and not belowhi(s)) or (not desc and not abovelo(s))) then
+  s = nil
+end
+if not s then
+  if desc then
+    return redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'WITHSCORES', 'LIMIT', 0, count)
+  end
+  return redis.call('ZRANGEBYSCORE', key, lo, hi, 'WITHSCORES', 'LIMIT', 0, count)
+end
+-- r: the rank of the first entry after the position, in the direction.
 local r
-local cur = redis.call('ZSCORE', KEYS[1], member)
-if cur and tonumber(cur) == tonumber(score) then
-  r = redis.call('ZRANK', KEYS[1], member) + 1
+local cur = redis.call('ZSCORE', key, cm)
+if cur and tonumber(cur) == s then
+  r = redis.call('ZRANK', key, cm)
+  if desc then r = r - 1 else r = r + 1 end
 else
-  local lo = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. score)
-  local hi = redis.call('ZCOUNT', KEYS[1], '-inf', score)
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if before(member, redis.call('ZRANGE', KEYS[1], mid, mid)[1]) then
-      hi = mid
+  -- The member is not among the entries of score cs, ranks [l, h): find
+  -- the first of them above it.
+  local l = redis.call('ZCOUNT', key, '-inf', '(' .. cs)
+  local h = l + redis.call('ZCOUNT', key, cs, cs)
+  while l < h do
+    local mid = math.floor((l + h) / 2)
+    if before(cm, redis.call('ZRANGE', key, mid, mid)[1]) then
+      h = mid
     else
-      lo = mid + 1
+      l = mid + 1
     end
   end
-  r = lo
+  r = l
+  if desc then r = l - 1 end
 end
-return redis.call('ZRANGE', KEYS[1], r, r + count - 1, 'WITHSCORES')
+local out = {}
+if desc then
+  if r < 0 then return out end
+  local zs = redis.call('ZRANGE', key, math.max(0, r - count + 1), r, 'WITHSCORES')
+  for i = #zs - 1, 1, -2 do
+    if not abovelo(tonumber(zs[i + 1])) then break end
+    out[#out + 1] = zs[i]
+    out[#out + 1] = zs[i + 1]
+  end
+else
+  local zs = redis.call('ZRANGE', key, r, r + count - 1, 'WITHSCORES')
+  for i = 1, #zs - 1, 2 do
+    if not belowhi(tonumber(zs[i + 1])) then break end
+    out[#out + 1] = zs[i]
+    out[#out + 1] = zs[i + 1]
+  end
+end
+return out
 `)
 
-// start says where a read of one set begins.
-type start struct {
-	// pos is nil to begin at min (inclusive).
-	pos *Pos
-	// past, with pos, skips every entry of pos.Score: the shards that
-	// come before the cursor's shard gave all of theirs already.
-	past bool
-}
-
-// span is a read's score range, min and max inclusive (infinite for
-// none).
-type span struct{ min, max float64 }
-
-var everything = span{math.Inf(-1), math.Inf(1)}
-
-// scoreArg writes a score for Redis and for the cursor: integral scores
-// (every due time and lease) without a fraction.
-func scoreArg(f float64) string {
+// FormatScore writes a score for Redis (an argument, a ZRANGEBYSCORE
+// bound) and for a cursor: the shortest text that reads back as the same
+// float, integral scores (every due time and lease) without a fraction.
+func FormatScore(f float64) string {
 	switch {
 	case math.IsInf(f, 1):
 		return "+inf"
@@ -94,34 +180,34 @@ func scoreArg(f float64) string {
 	return strconv.FormatFloat(f, 'f', -1, 64)
 }
 
-// read returns up to n entries of key within sp from st, and whether the
-// set may hold more after them (a full batch).
-func read(ctx context.Context, rdb redis.UniversalClient, key string, sp span, st start, n int) ([]redis.Z, bool, error) {
-	var zs []redis.Z
-	var err error
-	switch {
-	case st.pos == nil || st.pos.Score < sp.min:
-		zs, err = rdb.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: key, Start: scoreArg(sp.min), Stop: scoreArg(sp.max), ByScore: true, Count: int64(n)}).Result()
-	case st.past:
-		zs, err = rdb.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: key, Start: "(" + scoreArg(st.pos.Score), Stop: scoreArg(sp.max), ByScore: true, Count: int64(n)}).Result()
-	default:
-		var raw []any
-		raw, err = afterScript.Run(ctx, rdb, []string{key}, scoreArg(st.pos.Score), st.pos.Member, n).Slice()
-		if err == nil {
-			zs, err = pairs(raw)
-		}
+// Read returns up to n (at least 1) entries of the sorted set key within
+// r, in the order o, after the position after (nil, or one before r's
+// start in that order: from that start), and whether the set may hold
+// more after them (a full batch). It is one Redis call of O(log N + n)
+// (see readScript), however many entries share the position's score and
+// whether or not its member is still there: a walk that resumes after the
+// last entry of the batch before neither misses nor repeats an entry that
+// stayed where it was, whatever left or moved behind it meanwhile.
+func Read(ctx context.Context, rdb redis.UniversalClient, key string, r Range, o Order, after *Pos, n int) ([]redis.Z, bool, error) {
+	if n < 1 {
+		return nil, false, fmt.Errorf("read %s: batch of %d entries", key, n)
 	}
+	dir, score, member := "asc", "", ""
+	if o == Desc {
+		dir = "desc"
+	}
+	if after != nil {
+		score, member = FormatScore(after.Score), after.Member
+	}
+	raw, err := readScript.Run(ctx, rdb, []string{key}, dir, r.Min.String(), r.Max.String(), score, member, n).Slice()
 	if err != nil {
 		return nil, false, fmt.Errorf("read %s: %w", key, err)
 	}
-	more := len(zs) == n
-	for k, z := range zs { // the script reads by rank, past max
-		if z.Score > sp.max {
-			zs, more = zs[:k], false
-			break
-		}
+	zs, err := pairs(raw)
+	if err != nil {
+		return nil, false, fmt.Errorf("read %s: %w", key, err)
 	}
-	return zs, more, nil
+	return zs, len(zs) == n, nil
 }
 
 // pairs reads the script's member, score... reply.
@@ -145,9 +231,9 @@ func pairs(raw []any) ([]redis.Z, error) {
 // missing or repeating one that stays. It is how bulk changes go through
 // millions of entries without reading a whole set.
 func Batches(ctx context.Context, rdb redis.UniversalClient, key string, fn func([]redis.Z) error) error {
-	st := start{}
+	var after *Pos
 	for {
-		zs, more, err := read(ctx, rdb, key, everything, st, MaxRead)
+		zs, more, err := Read(ctx, rdb, key, All, Asc, after, MaxRead)
 		if err != nil {
 			return err
 		}
@@ -157,7 +243,7 @@ func Batches(ctx context.Context, rdb redis.UniversalClient, key string, fn func
 			}
 			last := zs[len(zs)-1]
 			m, _ := last.Member.(string)
-			st = start{pos: &Pos{Score: last.Score, Member: m}}
+			after = &Pos{Score: last.Score, Member: m}
 		}
 		if !more {
 			return nil

@@ -23,6 +23,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/browse"
 	"github.com/dispatcher/dispatcher/internal/glob"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -70,8 +71,8 @@ func (s Spec) Validate() error {
 
 // phase is one walk over a score range of every shard.
 type phase struct {
-	dir    string // "asc" or "desc"
-	lo, hi string // ZRANGEBYSCORE bounds
+	order browse.Order
+	rg    browse.Range
 }
 
 // phases are the walks of a spec, each directed away from where its
@@ -80,28 +81,29 @@ type phase struct {
 // down to just above it; tasks already due at T are left as they are and
 // not counted.
 func (s Spec) phases() []phase {
-	lo, hi := "-inf", "+inf"
+	rg := browse.All
 	if s.FromMs != nil {
-		lo = strconv.FormatInt(*s.FromMs, 10)
+		rg.Min = browse.Bound{Score: float64(*s.FromMs)}
 	}
 	if s.ToMs != nil {
-		hi = strconv.FormatInt(*s.ToMs, 10)
+		rg.Max = browse.Bound{Score: float64(*s.ToMs)}
 	}
 	switch {
 	case s.Mode == By && s.ByMs > 0:
-		return []phase{{"desc", lo, hi}}
+		return []phase{{browse.Desc, rg}}
 	case s.Mode == At:
-		t := strconv.FormatInt(s.AtMs, 10)
-		up, down := phase{"asc", lo, "(" + t}, phase{"desc", "(" + t, hi}
+		t := browse.Bound{Score: float64(s.AtMs), Open: true}
+		up := phase{browse.Asc, browse.Range{Min: rg.Min, Max: t}}
+		down := phase{browse.Desc, browse.Range{Min: t, Max: rg.Max}}
 		if s.ToMs != nil && *s.ToMs < s.AtMs {
-			up.hi = hi
+			up.rg.Max = rg.Max
 		}
 		if s.FromMs != nil && *s.FromMs > s.AtMs {
-			down.lo = lo
+			down.rg.Min = rg.Min
 		}
 		return []phase{up, down}
 	}
-	return []phase{{"asc", lo, hi}}
+	return []phase{{browse.Asc, rg}}
 }
 
 // DefaultTTL is how long a run's record and progress are kept after its
@@ -311,13 +313,25 @@ func (r *Runner) Run(ctx context.Context) (Result, error) {
 			}
 			batches++
 			ph := phases[p.phase]
-			got, err := readScript.Run(ctx, r.RDB, []string{r.Keys.Pending(i)},
-				ph.dir, ph.lo, ph.hi, p.score, p.member, r.Batch).StringSlice()
+			var after *browse.Pos
+			if p.score != "" {
+				due, err := strconv.ParseFloat(p.score, 64)
+				if err != nil {
+					return res, fmt.Errorf("bulk run %s: the progress on %s has due %q: %w", r.ID, r.Keys.Pending(i), p.score, err)
+				}
+				after = &browse.Pos{Score: due, Member: p.member}
+			}
+			zs, full, err := browse.Read(ctx, r.RDB, r.Keys.Pending(i), ph.rg, ph.order, after, r.Batch)
 			if err != nil {
 				return res, fmt.Errorf("read a batch of %s from due %q: %w", r.Keys.Pending(i), p.score, err)
 			}
+			got := make([]string, 0, 2*len(zs)) // member, score read, ...
+			for _, z := range zs {
+				m, _ := z.Member.(string)
+				got = append(got, m, browse.FormatScore(z.Score))
+			}
 			next := p
-			if n := len(got); n/2 == r.Batch {
+			if n := len(got); full {
 				next.member, next.score = got[n-2], got[n-1]
 			} else { // the phase is walked
 				next.phase, next.score, next.member = p.phase+1, "", ""
@@ -424,7 +438,7 @@ func (r *Runner) count(ctx context.Context, phases []phase) (int64, error) {
 	var cmds []*redis.IntCmd
 	for i := 0; i < r.Spec.Shards; i++ {
 		for _, ph := range phases {
-			cmds = append(cmds, pipe.ZCount(ctx, r.Keys.Pending(i), ph.lo, ph.hi))
+			cmds = append(cmds, pipe.ZCount(ctx, r.Keys.Pending(i), ph.rg.Min.String(), ph.rg.Max.String()))
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

@@ -2,84 +2,10 @@ package bulk
 
 import "github.com/redis/go-redis/v9"
 
-// Both scripts touch the keys of one shard only (hash tag {Q:i}), so they
-// run on Redis Cluster, and each handles at most one batch: a few hundred
-// tasks, O(batch + log N) however large the shard.
-
-// luaAfter compares members in byte order, as Redis orders the members of
-// equal score; Lua's < on strings follows the server's locale (strcoll).
-const luaAfter = `
-local function after(a, b)
-  local n = math.min(#a, #b)
-  for i = 1, n do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x > y end
-  end
-  return #a > #b
-end
-`
-
-// readScript reads the next batch of a shard's walk in (score, member)
-// order, after a cursor. The cursor is a position, not a score: a million
-// tasks can share one due time, so the tasks of the cursor's score after
-// its member are found by a binary search of their ranks (members of one
-// score are in byte order), whether or not the cursor's own task is still
-// there.
-//
-// KEYS[1] pending shard P:{Q:i}
-// ARGV[1] "asc" or "desc"
-// ARGV[2] lowest score, ARGV[3] highest (ZRANGEBYSCORE bounds: 5, (5, -inf)
-// ARGV[4] cursor score, "" to start at the walk's first task
-// ARGV[5] cursor member
-// ARGV[6] batch size
-// Returns member1, score1, member2, score2, ... in walk order.
-var readScript = redis.NewScript(luaAfter + `
-local key, dir, lo, hi, cs, cm = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local limit = tonumber(ARGV[6])
-if cs == '' then
-  if dir == 'asc' then
-    return redis.call('ZRANGEBYSCORE', key, lo, hi, 'WITHSCORES', 'LIMIT', 0, limit)
-  end
-  return redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'WITHSCORES', 'LIMIT', 0, limit)
-end
-local a = redis.call('ZCOUNT', key, '-inf', '(' .. cs)
-local b = a + redis.call('ZCOUNT', key, cs, cs)
--- l: the first rank in [a, b) past the cursor: member > cm ascending,
--- member >= cm descending (the walk then goes down from l - 1).
-local l, h = a, b
-while l < h do
-  local mid = math.floor((l + h) / 2)
-  local m = redis.call('ZRANGE', key, mid, mid)[1]
-  local past
-  if dir == 'asc' then past = after(m, cm) else past = not after(cm, m) end
-  if past then h = mid else l = mid + 1 end
-end
-local out = {}
-if dir == 'asc' then
-  if l < b then
-    out = redis.call('ZRANGE', key, l, math.min(b, l + limit) - 1, 'WITHSCORES')
-  end
-  local room = limit - #out / 2
-  if room > 0 then
-    local more = redis.call('ZRANGEBYSCORE', key, '(' .. cs, hi, 'WITHSCORES', 'LIMIT', 0, room)
-    for i = 1, #more do out[#out + 1] = more[i] end
-  end
-else
-  if l > a then
-    local r = redis.call('ZRANGE', key, math.max(a, l - limit), l - 1, 'WITHSCORES')
-    for i = #r - 1, 1, -2 do
-      out[#out + 1] = r[i]
-      out[#out + 1] = r[i + 1]
-    end
-  end
-  local room = limit - #out / 2
-  if room > 0 then
-    local more = redis.call('ZREVRANGEBYSCORE', key, '(' .. cs, lo, 'WITHSCORES', 'LIMIT', 0, room)
-    for i = 1, #more do out[#out + 1] = more[i] end
-  end
-end
-return out
-`)
+// actScript touches the keys of one shard only (hash tag {Q:i}), so it
+// runs on Redis Cluster, and handles at most one batch: a few hundred
+// tasks, O(batch + log N) however large the shard. The batch is read by
+// browse.Read, in (score, member) order after the walk's cursor.
 
 // actScript changes one batch of a shard's matching tasks and records the
 // run's progress on the shard in the same step, so that a run interrupted
