@@ -4,91 +4,114 @@
 // ask Redis to filter.
 package glob
 
-// Match reports whether s matches pattern, as Redis's stringmatchlen does:
-// * any run of bytes, ? one byte, [abc] [^abc] [a-z] one byte of a class,
-// \x the byte x. It works on bytes, not runes, as Redis does.
+// Match reports whether s matches pattern as Redis 7's SCAN ... MATCH
+// does: * any run of bytes, ? one byte, [abc] [^abc] [a-z] one byte of a
+// class, \x the byte x, on bytes, not runes. It is a port of Redis's
+// stringmatchlen (util.c), quirks included (an unclosed class, a range
+// ending in ']'), with its cut that keeps * linear in the body rather
+// than exponential in the number of *s. SCAN skips matching for the
+// pattern "*" alone, so "*" matches every body, the empty one too.
 func Match(pattern, s string) bool {
-	for len(pattern) > 0 {
-		switch pattern[0] {
+	if pattern == "*" {
+		return true
+	}
+	skip := false
+	return match(pattern, s, &skip)
+}
+
+// match is stringmatchlen_impl: skipLonger is set once the rest of the
+// pattern after a * matched nowhere in the rest of s, so that an earlier
+// * need not try longer runs (Redis's fix for CVE-2022-36021).
+func match(p, s string, skipLonger *bool) bool {
+	for len(p) > 0 && len(s) > 0 {
+		switch p[0] {
 		case '*':
-			for len(pattern) > 1 && pattern[1] == '*' {
-				pattern = pattern[1:]
+			for len(p) > 1 && p[1] == '*' {
+				p = p[1:]
 			}
-			if len(pattern) == 1 {
+			if len(p) == 1 {
 				return true
 			}
-			for i := 0; i <= len(s); i++ {
-				if Match(pattern[1:], s[i:]) {
+			for len(s) > 0 {
+				if match(p[1:], s, skipLonger) {
 					return true
 				}
+				if *skipLonger {
+					return false
+				}
+				s = s[1:]
 			}
+			*skipLonger = true
 			return false
 		case '?':
-			if len(s) == 0 {
-				return false
-			}
 			s = s[1:]
-			pattern = pattern[1:]
 		case '[':
-			if len(s) == 0 {
-				return false
-			}
 			var ok bool
-			ok, pattern = class(pattern[1:], s[0])
+			ok, p = class(p[1:], s[0])
 			if !ok {
 				return false
 			}
 			s = s[1:]
 		case '\\':
-			if len(pattern) >= 2 {
-				pattern = pattern[1:]
+			if len(p) >= 2 {
+				p = p[1:]
 			}
 			fallthrough
 		default:
-			if len(s) == 0 || pattern[0] != s[0] {
+			if p[0] != s[0] {
 				return false
 			}
 			s = s[1:]
-			pattern = pattern[1:]
+		}
+		p = p[1:]
+		if len(s) == 0 {
+			for len(p) > 0 && p[0] == '*' {
+				p = p[1:]
+			}
+			break
 		}
 	}
-	return len(s) == 0
+	return len(p) == 0 && len(s) == 0
 }
 
-// class matches c against the class that p starts (just after '[') and
-// returns the pattern after its ']'. An unclosed class runs to the end, as
-// in Redis.
+// class matches c against the class p starts (just after '['). It
+// returns the pattern from the class's last byte (its ']', or the
+// pattern's last byte when unclosed), which the caller steps past, as
+// Redis does.
 func class(p string, c byte) (bool, string) {
 	not := len(p) > 0 && p[0] == '^'
 	if not {
 		p = p[1:]
 	}
-	match := false
-	for len(p) > 0 && p[0] != ']' {
+	matched := false
+	for {
 		switch {
-		case p[0] == '\\' && len(p) >= 2:
-			if p[1] == c {
-				match = true
+		case len(p) >= 2 && p[0] == '\\':
+			p = p[1:]
+			if p[0] == c {
+				matched = true
 			}
-			p = p[2:]
-		case len(p) >= 3 && p[1] == '-' && p[2] != ']':
+		case len(p) > 0 && p[0] == ']':
+			return matched != not, p
+		case len(p) == 0:
+			// Unclosed: Redis steps back onto the last byte, which the
+			// caller then steps past. A pattern of "[" alone has none:
+			// give the caller one to step past.
+			return matched != not, " "
+		case len(p) >= 3 && p[1] == '-':
 			lo, hi := p[0], p[2]
 			if lo > hi {
 				lo, hi = hi, lo
 			}
+			p = p[2:]
 			if c >= lo && c <= hi {
-				match = true
+				matched = true
 			}
-			p = p[3:]
 		default:
 			if p[0] == c {
-				match = true
+				matched = true
 			}
-			p = p[1:]
 		}
+		p = p[1:]
 	}
-	if len(p) > 0 {
-		p = p[1:] // the ']'
-	}
-	return match != not, p
 }

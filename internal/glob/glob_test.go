@@ -3,6 +3,8 @@ package glob
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -33,6 +35,15 @@ var cases = []struct {
 	{"", "a", false},
 	{"[abc", "b", true},
 	{"задача*", "задача 1", true},
+	{"**", "", false},
+	{"*", "", true},
+	{"[c-]x", "dx", false},
+	{"[c-]]", "d", false},
+	{"[c-]]", "_", true}, // the range is ] to c: Redis reads the ] as its end
+	{"a[", "a", false},
+	{"[", "x", false},
+	// Many *s that cannot match: linear, as in Redis, not exponential.
+	{"*a*a*a*a*a*a*a*a*b", strings.Repeat("a", 200), false},
 }
 
 func TestMatch(t *testing.T) {
@@ -55,8 +66,8 @@ func TestMatchAgreesWithRedis(t *testing.T) {
 	key := fmt.Sprintf("test:glob:%d", rdb.Incr(ctx, "test:glob:n").Val())
 	defer rdb.Del(ctx, key)
 	for i, c := range cases {
-		if c.pattern == "" {
-			continue // go-redis sends no MATCH for an empty pattern
+		if c.pattern == "" || c.s == "" {
+			continue // go-redis sends no MATCH for "", and SADD of "" is a member SSCAN shows
 		}
 		rdb.Del(ctx, key)
 		if err := rdb.SAdd(ctx, key, c.s).Err(); err != nil {
@@ -68,6 +79,50 @@ func TestMatchAgreesWithRedis(t *testing.T) {
 		}
 		if redisSays := len(got) == 1; redisSays != Match(c.pattern, c.s) {
 			t.Errorf("case %d: Redis MATCH %q on %q says %v, Match says %v", i, c.pattern, c.s, redisSays, !redisSays)
+		}
+	}
+}
+
+// TestMatchAgreesWithRedisRandom compares random patterns and bodies of a
+// small alphabet, quirks included, with Redis's SSCAN ... MATCH.
+func TestMatchAgreesWithRedisRandom(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	ctx := context.Background()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("this test needs Redis on 127.0.0.1:6379: %v", err)
+	}
+	key := fmt.Sprintf("test:glob:%d", rdb.Incr(ctx, "test:glob:n").Val())
+	defer rdb.Del(ctx, key)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	word := func(alphabet string, n int) string {
+		b := make([]byte, rnd.IntN(n)+1)
+		for i := range b {
+			b[i] = alphabet[rnd.IntN(len(alphabet))]
+		}
+		return string(b)
+	}
+	bodies := make([]string, 50)
+	for i := range bodies {
+		bodies[i] = word("ab-]", 8)
+	}
+	if err := rdb.SAdd(ctx, key, bodies).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 300 {
+		pat := word("ab*?[]^-\\", 7)
+		got, _, err := rdb.SScan(ctx, key, 0, pat, 1000).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		redisSays := map[string]bool{}
+		for _, g := range got {
+			redisSays[g] = true
+		}
+		for _, b := range bodies {
+			if Match(pat, b) != redisSays[b] {
+				t.Errorf("MATCH %q on %q: Redis says %v, Match says %v", pat, b, redisSays[b], !redisSays[b])
+			}
 		}
 	}
 }
