@@ -157,11 +157,13 @@ local room = limit - #expired / 2
 local upto = now + tonumber(ARGV[4] or '0')
 local budget = tonumber(ARGV[5] or '0')
 local new, taken, bytes = {}, 0, 0
--- A first small read weighs the bodies, so that big ones stop the claim
--- at the byte budget before they are all copied; small ones make the
--- second read the rest of the batch.
+-- With a byte budget, the first read takes one task to weigh the bodies;
+-- each next read takes what the budget left holds at the bodies' mean
+-- size so far, and at most 8 times as many as were read: big bodies stop
+-- the claim at the budget before they are copied, and a batch of small
+-- ones takes three or four reads.
 local want = room
-if budget > 0 then want = math.min(room, 32) end
+if budget > 0 then want = 1 end
 local lastScore, lastDue
 while want > 0 do
   local items = redis.call('ZRANGE', KEYS[1], '-inf', upto, 'BYSCORE', 'LIMIT', taken, want, 'WITHSCORES')
@@ -178,8 +180,11 @@ while want > 0 do
   end
   if #items < 2 * want or (budget > 0 and bytes >= budget) then break end
   want = room - taken
-  if budget > 0 and bytes > 0 then
-    want = math.min(want, math.max(1, math.floor((budget - bytes) * taken / bytes)))
+  if budget > 0 then
+    want = math.min(want, 8 * taken)
+    if bytes > 0 then
+      want = math.min(want, math.max(1, math.floor((budget - bytes) * taken / bytes)))
+    end
   end
 end
 -- The next pending task: the first not taken (its rank is the count taken).

@@ -412,6 +412,24 @@ func TestClaimStopsAtItsByteBudget(t *testing.T) {
 	if next, _ := parseScore(v[1]); next != now-1000+4 {
 		t.Fatalf("next pending %v, want the fifth task's due time %d", v[1], now-1000+4)
 	}
+	// Bodies of 2 MiB: the first read weighs one and stops, however big
+	// the batch; before, a first read of 32 copied 64 MiB into Lua.
+	rdb.Del(ctx, k.Pending(0))
+	huge := strings.Repeat("y", 2<<20)
+	for i := 0; i < 40; i++ {
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000 + int64(i)), Member: strconv.Itoa(i) + huge})
+	}
+	memBefore := luaMemory(t, rdb)
+	if v := run(500, 1<<20); len(v)-5 != 1 {
+		t.Fatalf("claimed %d bodies of 2 MiB with a budget of 1 MiB, want 1", len(v)-5)
+	}
+	if grew := luaMemory(t, rdb) - memBefore; grew > 16<<20 {
+		t.Fatalf("the claim of one 2 MiB body grew Lua's memory by %d bytes: it copied more bodies than it took", grew)
+	}
+	rdb.Del(ctx, k.Pending(0), k.Inflight(0))
+	for i := 0; i < 10; i++ {
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000 + int64(i)), Member: strconv.Itoa(i) + big})
+	}
 	// A budget below one body still takes one.
 	if v := run(10, 1000); len(v)-5 != 1 {
 		t.Fatalf("claimed %d with a budget below one body, want 1", len(v)-5)
@@ -427,4 +445,23 @@ func TestClaimStopsAtItsByteBudget(t *testing.T) {
 	if n := rdb.ZCard(ctx, k.Pending(0)).Val(); n != 200 {
 		t.Fatalf("%d pending after a claim of 500 of 700", n)
 	}
+}
+
+// luaMemory is the Lua VM's memory (INFO memory used_memory_lua): a claim
+// that copies 32 bodies of 2 MiB grows it by some 64 MiB until Lua's
+// garbage collector runs.
+func luaMemory(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory_lua:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	t.Fatal("INFO memory has no used_memory_lua")
+	return 0
 }
