@@ -163,7 +163,7 @@ local new, taken, bytes = {}, 0, 0
 -- the claim at the budget before they are copied, and a batch of small
 -- ones takes three or four reads.
 local want = room
-if budget > 0 then want = 1 end
+if budget > 0 then want = math.min(room, 1) end
 local lastScore, lastDue
 while want > 0 do
   local items = redis.call('ZRANGE', KEYS[1], '-inf', upto, 'BYSCORE', 'LIMIT', taken, want, 'WITHSCORES')
