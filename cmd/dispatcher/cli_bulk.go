@@ -91,14 +91,16 @@ func (b *bulkFlags) spec(cmd *cobra.Command, now time.Time) (bulk.Spec, error) {
 		return s, usageErrorf("give a filter (--match GLOB, --from TIME, --to TIME), or --all to act on every pending task of the queue")
 	}
 	s.Match = b.match
-	if b.from != "" {
+	// An empty --from or --to is a mistake (an unset variable), not "no
+	// bound": parseTime refuses it.
+	if b.from != "" || cmd.Flags().Changed("from") {
 		ms, err := parseTime("from", b.from, now)
 		if err != nil {
 			return s, err
 		}
 		s.FromMs = &ms
 	}
-	if b.to != "" {
+	if b.to != "" || cmd.Flags().Changed("to") {
 		ms, err := parseTime("to", b.to, now)
 		if err != nil {
 			return s, err

@@ -129,6 +129,9 @@ func TestBulkBadInput(t *testing.T) {
 		{[]string{"cancel", "--queue", "jobs", "--match", ""}, "--match: empty"},
 		{[]string{"cancel", "--queue", "jobs", "--from", "yesterday"}, `--from "yesterday": not a time`},
 		{[]string{"cancel", "--queue", "jobs", "--from", "+2h", "--to", "+1h"}, `--from "+2h" is after --to "+1h"`},
+		// An unset shell variable: not "no bound" (found in review).
+		{[]string{"cancel", "--queue", "jobs", "--match", "order:*", "--to", ""}, "--to: empty"},
+		{[]string{"reschedule", "--queue", "jobs", "--match", "a*", "--by", "1h", "--from", ""}, "--from: empty"},
 		{[]string{"cancel", "--queue", "jobs", "--all", "--batch", "5000"}, "--batch 5000: want 1..1000"},
 		{[]string{"cancel", "--queue", "jobs", "--match", "a*", "body"}, `a BODY ("body") and the bulk flags`},
 		{[]string{"cancel", "--queue", "jobs", "--resume", "xyz"}, `--resume "xyz": not a run id`},

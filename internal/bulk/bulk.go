@@ -291,11 +291,11 @@ func (r *Runner) Run(ctx context.Context) (Result, error) {
 		}
 		prog.Total = total
 	}
+	if err := r.keepProgress(ctx); err != nil {
+		return res, err
+	}
 	batches := 0
 	for i := 0; i < r.Spec.Shards; i++ {
-		if err := r.checkLayout(ctx); err != nil {
-			return res, err
-		}
 		p, err := r.load(ctx, i)
 		if err != nil {
 			return res, err
@@ -310,6 +310,12 @@ func (r *Runner) Run(ctx context.Context) (Result, error) {
 			}
 			if r.StopAfter > 0 && batches >= r.StopAfter {
 				return res, ErrStopped
+			}
+			// Before every batch: a change of the shard count that began
+			// during the last one could have moved a task this run changed
+			// already into the rest of this shard's walk.
+			if err := r.checkLayout(ctx); err != nil {
+				return res, err
 			}
 			batches++
 			ph := phases[p.phase]
@@ -409,6 +415,24 @@ func (r *Runner) act(ctx context.Context, i int, p, next progressOf, matched []s
 	}
 	next.seq = p.seq + 1
 	return next, nil
+}
+
+// keepProgress gives every shard's progress of the run the TTL again, as
+// Load gives the run's record: a shard finished in an earlier invocation
+// must not lose its progress while the record lives on, or a resume would
+// walk it again and shift its tasks twice.
+func (r *Runner) keepProgress(ctx context.Context) error {
+	if r.ID == "" {
+		return nil
+	}
+	pipe := r.RDB.Pipeline()
+	for i := 0; i < r.Spec.Shards; i++ {
+		pipe.PExpire(ctx, r.Keys.BulkProgress(i, r.ID), r.TTL)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("bulk run %s: keep its progress for %s: %w", r.ID, r.TTL, err)
+	}
+	return nil
 }
 
 // checkLayout refuses to go on while the queue's shard count changes, or

@@ -283,3 +283,47 @@ func TestBulkCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestBulkResumeKeepsFinishedShards: every invocation keeps the progress of
+// the shards finished before, as long as the run's record: a shard whose
+// progress expired while the record lived on would be walked again on
+// resume, and its tasks shifted twice (found in review).
+func TestBulkResumeKeepsFinishedShards(t *testing.T) {
+	f := newFixture(t, 2)
+	ctx := context.Background()
+	f.add("t", 400, func(k int) int64 { return base + int64(k%3) })
+	id := NewID()
+	ttl := 1500 * time.Millisecond
+	run := func(spec Spec, stopAfter int) (Result, error) {
+		r := &Runner{RDB: f.rdb, Keys: f.keys, ID: id, Spec: spec, Batch: 50, TTL: ttl, StopAfter: stopAfter}
+		return r.Run(ctx)
+	}
+	spec := Spec{Mode: By, ByMs: 1000, Match: "t-*", Shards: 2}
+	if err := Record(ctx, f.rdb, f.keys, id, spec, ttl); err != nil {
+		t.Fatal(err)
+	}
+	// Shard 0 (some 200 tasks, 50 a batch) finished, shard 1 begun.
+	if _, err := run(spec, 6); !errors.Is(err, ErrStopped) {
+		t.Fatalf("first invocation: %v, want stopped", err)
+	}
+	time.Sleep(time.Second)
+	loaded, err := Load(ctx, f.rdb, f.keys, id, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(loaded, 1); !errors.Is(err, ErrStopped) {
+		t.Fatalf("second invocation: %v, want stopped", err)
+	}
+	time.Sleep(time.Second) // past shard 0's last batch's TTL, not the record's
+	if loaded, err = Load(ctx, f.rdb, f.keys, id, ttl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(loaded, 0); err != nil {
+		t.Fatal(err)
+	}
+	for k := range 400 {
+		if got, want := f.due(fmt.Sprintf("t-%d", k)), base+int64(k%3)+1000; got != want {
+			t.Fatalf("t-%d due %d, want %d (shifted once)", k, got, want)
+		}
+	}
+}
