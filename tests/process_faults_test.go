@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -81,14 +82,15 @@ func (r *recorder) all() []received {
 }
 
 // TestSIGTERMDuringLargeBatch stops a dispatcher with SIGTERM while it is
-// publishing claims of up to 1000 tasks (the most a claim takes) from a large backlog: it waits for
+// publishing claims of up to 1000 tasks (the most a claim takes; the 5000
+// asked for, valid before, is taken as 1000 with a warning) from a large backlog: it waits for
 // the outstanding confirms, returns what it had not published to pending,
 // exits 0 and leaves nothing in flight; a new instance sends the rest.
 // No task may arrive twice: a clean stop forgets exactly what the broker
 // confirmed.
 func TestSIGTERMDuringLargeBatch(t *testing.T) {
 	h := newHarness(t, queueSpec{Name: "bigterm", Shards: 8})
-	h.extra["DISPATCHER_BATCH_SIZE"] = "1000"
+	h.extra["DISPATCHER_BATCH_SIZE"] = "5000"
 	// Long enough that every outstanding confirm arrives even on a busy
 	// machine: a confirm given up on would count as a duplicate later.
 	h.extra["DISPATCHER_SHUTDOWN_TIMEOUT"] = "60s"
@@ -98,6 +100,9 @@ func TestSIGTERMDuringLargeBatch(t *testing.T) {
 	p := h.start()
 
 	var inflight int64
+	eventually(t, 10*time.Second, "the warning that BATCH_SIZE is taken as 1000", func() bool {
+		return strings.Contains(p.out.String(), "DISPATCHER_BATCH_SIZE=5000 is more than one claim takes: using 1000")
+	})
 	eventually(t, 30*time.Second, "a large claim in flight", func() bool {
 		_, inflight, _ = h.leftovers(h.queues[0])
 		return inflight >= 2000

@@ -57,6 +57,12 @@ func runDaemon(stderr io.Writer) int {
 		log.Warn("DISPATCHER_IDLE_POLL_INTERVAL is longer than the Go producer's wake-up window: on a quiet queue, tasks due that soon after their ZADD can be late by the difference (raise the producers' SetWakeWithin to match)",
 			"idle_poll_interval", cfg.IdlePollInterval, "wake_within", shard.DefaultWakeWithin)
 	}
+	if cfg.BatchSize > config.MaxBatchSize {
+		// Accepted up to 10,000 before: a rolling upgrade must not stop.
+		log.Warn(fmt.Sprintf("DISPATCHER_BATCH_SIZE=%d is more than one claim takes: using %d, so that no claim holds Redis past a couple of ms (set it to %d or less to silence this)",
+			cfg.BatchSize, config.MaxBatchSize, config.MaxBatchSize))
+		cfg.BatchSize = config.MaxBatchSize
+	}
 	redis.SetLogger(newRedisLogger(log.With("component", "redis-client")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
