@@ -118,6 +118,8 @@ func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
 	restore, err := r.slowLogOn(ctx)
 	if err != nil {
 		br.SlowNote = err.Error()
+	} else {
+		defer restore() // on every return: the server's settings are not the bench's
 	}
 	before, err := readCmdStats(ctx, r.rdb)
 	if err != nil {
@@ -137,7 +139,6 @@ func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
 		if err != nil {
 			br.SlowNote = err.Error()
 		}
-		restore()
 	}
 	if waitErr != nil {
 		return m.res, waitErr
