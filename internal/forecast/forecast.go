@@ -62,6 +62,10 @@ func (w Window) Check() error {
 	switch {
 	case w.Step < time.Second || w.Step%time.Second != 0:
 		return fmt.Errorf("step %s: want a whole number of seconds, at least 1s", w.Step)
+	case w.Step > time.Minute && w.Step%time.Minute != 0:
+		// The busiest second is found by splitting a step into at most 60
+		// equal parts: 61s could only be split into seconds.
+		return fmt.Errorf("step %s: over a minute, want whole minutes", w.Step)
 	case w.Span < w.Step || w.Span%w.Step != 0:
 		return fmt.Errorf("window %s: want a multiple of the step %s", w.Span, w.Step)
 	case w.Span/w.Step > MaxBuckets:

@@ -161,7 +161,7 @@ func TestForecast(t *testing.T) {
 	}
 
 	for _, w := range []forecast.Window{{Span: time.Hour, Step: 1500 * time.Millisecond}, {Span: 90 * time.Second, Step: time.Minute},
-		{Span: 25 * time.Hour, Step: time.Minute}} {
+		{Span: 25 * time.Hour, Step: time.Minute}, {Span: 61 * time.Minute, Step: 61 * time.Second}} {
 		if _, err := forecast.Read(ctx, rdb, opt, w); err == nil {
 			t.Errorf("window %s by %s: no error", w.Span, w.Step)
 		}
