@@ -170,15 +170,15 @@ func TestScheduleCancelAndDeadLetters(t *testing.T) {
 	}
 
 	bad := map[string][]string{
-		"--in \"soon\": not a duration":      {"schedule", "--queue", "ops", "--in", "soon", "x"},
-		"--at \"tomorrow\": not an RFC 3339": {"schedule", "--queue", "ops", "--at", "tomorrow", "x"},
-		"give one of --in":                   {"schedule", "--queue", "ops", "x"},
-		"over DISPATCHER_MAX_MESSAGE_BYTES":  {"schedule", "--queue", "ops", "--in", "1m", strings.Repeat("x", 1001)},
-		"not one of DISPATCHER_QUEUES":       {"pause", "--queue", "nope"},
-		"--queue is required":                {"resume"},
-		"unknown command \"show\"":           {"dead", "show", "--queue", "ops"},
-		"flag provided but not defined":      {"cancel", "--queue", "ops", "--force", "x"},
-		"--shard 9: queue ops has shards 0":  {"dead", "list", "--queue", "ops", "--shard", "9"},
+		"--in \"soon\": not a duration":     {"schedule", "--queue", "ops", "--in", "soon", "x"},
+		"--at \"tomorrow\": not a time":     {"schedule", "--queue", "ops", "--at", "tomorrow", "x"},
+		"give one of --in":                  {"schedule", "--queue", "ops", "x"},
+		"over DISPATCHER_MAX_MESSAGE_BYTES": {"schedule", "--queue", "ops", "--in", "1m", strings.Repeat("x", 1001)},
+		"not one of DISPATCHER_QUEUES":      {"pause", "--queue", "nope"},
+		"--queue is required":               {"resume"},
+		"unknown command \"show\"":          {"dead", "show", "--queue", "ops"},
+		"flag provided but not defined":     {"cancel", "--queue", "ops", "--force", "x"},
+		"--shard 9: queue ops has shards 0": {"dead", "list", "--queue", "ops", "--shard", "9"},
 	}
 	for want, args := range bad {
 		_, errOut, code := runCLI(t, env, args...)

@@ -63,26 +63,9 @@ interrupted or Redis failed, 2 bad arguments or settings.`,
 			if by != "" {
 				return usageErrorf("--by %q is for many tasks (with --match, --from, --to or --all): for one, --in or --at", by)
 			}
-			var due time.Time
-			switch {
-			case (in == "") == (at == ""):
-				return usageErrorf("give one of --in (a duration, e.g. 10m) or --at (%s)", timeHelp)
-			case in != "":
-				d, err := time.ParseDuration(in)
-				if err != nil {
-					return usageErrorf("--in %q: not a duration (use Go syntax such as 90s, 10m, 2h)", in)
-				}
-				due = now.Add(d)
-			default:
-				ms, err := parseTime("at", at, now)
-				if err != nil {
-					return err
-				}
-				due = time.UnixMilli(ms)
-			}
-			if due.Before(now) && !past {
-				return usageErrorf("due %s, %s ago: add --past to move it due at once",
-					due.UTC().Format(time.RFC3339), now.Sub(due).Round(time.Second))
+			due, err := dueFlags(in, at, past, now, "move it due at once")
+			if err != nil {
+				return err
 			}
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin, or bulk flags (--match, --from, --to, --all); got %d arguments", len(args))

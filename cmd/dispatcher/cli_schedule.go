@@ -36,27 +36,9 @@ Exit status: 0 scheduled, 1 Redis failed, 2 bad arguments or settings.`,
   echo '{"order":42}' | dispatcher schedule --queue orders --in 1h -`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			now := time.Now()
-			var due time.Time
-			switch {
-			case (in == "") == (at == ""):
-				return usageErrorf("give one of --in (a duration, e.g. 10m) or --at (RFC 3339, e.g. 2026-11-23T18:00:00Z)")
-			case in != "":
-				d, err := time.ParseDuration(in)
-				if err != nil {
-					return usageErrorf("--in %q: not a duration (use Go syntax such as 90s, 10m, 2h)", in)
-				}
-				due = now.Add(d)
-			default:
-				t, err := time.Parse(time.RFC3339Nano, at)
-				if err != nil {
-					return usageErrorf("--at %q: not an RFC 3339 time (e.g. 2026-11-23T18:00:00Z)", at)
-				}
-				due = t
-			}
-			if due.Before(now) && !past {
-				return usageErrorf("due %s, %s ago: add --past to schedule it due at once",
-					due.UTC().Format(time.RFC3339), now.Sub(due).Round(time.Second))
+			due, err := dueFlags(in, at, past, time.Now(), "schedule it due at once")
+			if err != nil {
+				return err
 			}
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
@@ -92,7 +74,7 @@ Exit status: 0 scheduled, 1 Redis failed, 2 bad arguments or settings.`,
 	fs := cmd.Flags()
 	queueFlag(fs, &queue)
 	fs.StringVar(&in, "in", "", "due in this `duration` (Go syntax: 90s, 10m, 2h)")
-	fs.StringVar(&at, "at", "", "due at this `time` (RFC 3339: 2026-11-23T18:00:00Z)")
+	fs.StringVar(&at, "at", "", "due at this `time`: "+timeHelp)
 	fs.BoolVar(&past, "past", false, "accept a due time in the past: the task goes out at once")
 	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
 	jsonFlag(fs, &asJSON)

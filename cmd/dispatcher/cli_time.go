@@ -32,3 +32,31 @@ func parseTime(flag, v string, now time.Time) (int64, error) {
 	}
 	return 0, usageErrorf("--%s %q: not a time: want %s", flag, v, timeHelp)
 }
+
+// dueFlags reads the --in/--at pair of schedule and reschedule: exactly one
+// of them, and a due time in the past only with --past (the task would go
+// out at once), which the error says how to ask for.
+func dueFlags(in, at string, past bool, now time.Time, doing string) (time.Time, error) {
+	var due time.Time
+	switch {
+	case (in == "") == (at == ""):
+		return due, usageErrorf("give one of --in (a duration, e.g. 10m) or --at (%s)", timeHelp)
+	case in != "":
+		d, err := time.ParseDuration(in)
+		if err != nil {
+			return due, usageErrorf("--in %q: not a duration (use Go syntax such as 90s, 10m, 2h)", in)
+		}
+		due = now.Add(d)
+	default:
+		ms, err := parseTime("at", at, now)
+		if err != nil {
+			return due, err
+		}
+		due = time.UnixMilli(ms)
+	}
+	if due.Before(now) && !past {
+		return due, usageErrorf("due %s, %s ago: add --past to %s", due.UTC().Format(time.RFC3339),
+			now.Sub(due).Round(time.Second), doing)
+	}
+	return due, nil
+}
