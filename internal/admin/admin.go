@@ -243,6 +243,22 @@ const (
 	Pending
 )
 
+// luaTypes proves the types of a batch script's keys, KEYS[i] of
+// types[i], before its first write: Redis does not undo a script's
+// earlier writes when a later call fails, and a batch half done would be
+// reported as failed.
+const luaTypes = `
+local function wrongType(types)
+  for i, want in ipairs(types) do
+    local got = redis.call('TYPE', KEYS[i])['ok']
+    if got ~= 'none' and got ~= want then
+      return 'WRONGTYPE key ' .. KEYS[i] .. ' holds a ' .. got .. ', not a ' .. want .. '; nothing changed'
+    end
+  end
+  return nil
+end
+`
+
 // requeueBatchScript is requeueScript for several entries of one shard:
 // one call per batch instead of one per dead letter. Two dead schedulings
 // of one body in a batch: the first is requeued, the second is then
@@ -254,7 +270,9 @@ const (
 // ARGV[1] the score to schedule them at, "" for each one's due time
 // ARGV[2..] the entries "<due_ms>:<member>"
 // Returns one code per entry, as requeueScript's.
-var requeueBatchScript = redis.NewScript(`
+var requeueBatchScript = redis.NewScript(luaTypes + `
+local bad = wrongType({'zset', 'zset', 'hash'})
+if bad then return redis.error_reply(bad) end
 local out = {}
 for n = 2, #ARGV do
   local code = 0
@@ -315,7 +333,9 @@ func RequeueBatch(ctx context.Context, rdb redis.UniversalClient, q Queue, shard
 //
 // KEYS[1] dead-letter set, KEYS[2] its reasons; ARGV[1..] the entries.
 // Returns one code per entry: 1 if it was dead, 0 if not.
-var purgeBatchScript = redis.NewScript(`
+var purgeBatchScript = redis.NewScript(luaTypes + `
+local bad = wrongType({'zset', 'hash'})
+if bad then return redis.error_reply(bad) end
 local out = {}
 for n = 1, #ARGV do
   out[n] = redis.call('ZREM', KEYS[1], ARGV[n])
