@@ -70,20 +70,13 @@ interrupted or Redis failed, 2 bad arguments or settings.`,
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin, or bulk flags (--match, --from, --to, --all); got %d arguments", len(args))
 			}
-			se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
+			t, done, err := openTask(cmd, s, asJSON, queue, args[0], raw)
 			if err != nil {
 				return err
 			}
 			defer done()
-			body, err := readBody(args[0], s.stdin, se.cfg.MaxMessageBytes, raw)
-			if err != nil {
-				return err
-			}
-			p, err := shard.NewProducer(se.rdb, se.cfg.KeyPrefix, q.Name, q.Shards)
-			if err != nil {
-				return failure(err)
-			}
-			err = p.Reschedule(ctx, body, due)
+			se, q, body := t.se, t.q, t.body
+			err = t.p.Reschedule(t.ctx, body, due)
 			if errors.Is(err, shard.ErrNotPending) {
 				se.print(map[string]any{"queue": q.Name, "rescheduled": false}, func(io.Writer) {})
 				return failure(fmt.Errorf("not pending on %s (never scheduled, cancelled, or already claimed): nothing changed", q.Name))

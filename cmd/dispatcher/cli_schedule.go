@@ -43,23 +43,16 @@ Exit status: 0 scheduled, 1 Redis failed, 2 bad arguments or settings.`,
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
 			}
-			se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
+			t, done, err := openTask(cmd, s, asJSON, queue, args[0], raw)
 			if err != nil {
 				return err
 			}
 			defer done()
-			body, err := readBody(args[0], s.stdin, se.cfg.MaxMessageBytes, raw)
-			if err != nil {
-				return err
-			}
+			se, q, body := t.se, t.q, t.body
 			if len(body) > se.cfg.MaxMessageBytes {
 				return usageErrorf("the body is over DISPATCHER_MAX_MESSAGE_BYTES=%d bytes: it would go straight to the dead letters", se.cfg.MaxMessageBytes)
 			}
-			p, err := shard.NewProducer(se.rdb, se.cfg.KeyPrefix, q.Name, q.Shards)
-			if err != nil {
-				return failure(err)
-			}
-			if err := p.Schedule(ctx, body, due); err != nil {
+			if err := t.p.Schedule(t.ctx, body, due); err != nil {
 				return se.redisFailure(err)
 			}
 			res := map[string]any{"queue": q.Name, "shard": shard.Index(body, q.Shards), "due_ms": due.UnixMilli(),
@@ -117,20 +110,13 @@ pending, interrupted or Redis failed, 2 bad arguments or settings.`,
 			if len(args) != 1 {
 				return usageErrorf("want one BODY, or - to read it from stdin; got %d arguments", len(args))
 			}
-			se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
+			t, done, err := openTask(cmd, s, asJSON, queue, args[0], raw)
 			if err != nil {
 				return err
 			}
 			defer done()
-			body, err := readBody(args[0], s.stdin, se.cfg.MaxMessageBytes, raw)
-			if err != nil {
-				return err
-			}
-			p, err := shard.NewProducer(se.rdb, se.cfg.KeyPrefix, q.Name, q.Shards)
-			if err != nil {
-				return failure(err)
-			}
-			ok, err := p.Cancel(ctx, body)
+			se, q := t.se, t.q
+			ok, err := t.p.Cancel(t.ctx, t.body)
 			if err != nil {
 				return se.redisFailure(err)
 			}

@@ -92,6 +92,36 @@ func openQueue(cmd *cobra.Command, s streams, asJSON bool, queue string, timeout
 	return se, q, ctx, done, nil
 }
 
+// task is what schedule, cancel and reschedule of one task work with:
+// the queue, its body (read from the BODY argument or stdin) and a
+// layout-aware producer for it.
+type task struct {
+	se   *session
+	q    config.Queue
+	ctx  context.Context
+	body []byte
+	p    *shard.Producer
+}
+
+// openTask opens queue Q for one task's command and reads its BODY; done
+// closes the session. arg is the BODY argument (checked by the caller).
+func openTask(cmd *cobra.Command, s streams, asJSON bool, queue, arg string, raw bool) (t *task, done func(), err error) {
+	se, q, ctx, done, err := openQueue(cmd, s, asJSON, queue, 10*time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
+	t = &task{se: se, q: q, ctx: ctx}
+	if t.body, err = readBody(arg, s.stdin, se.cfg.MaxMessageBytes, raw); err != nil {
+		done()
+		return nil, nil, err
+	}
+	if t.p, err = shard.NewProducer(se.rdb, se.cfg.KeyPrefix, q.Name, q.Shards); err != nil {
+		done()
+		return nil, nil, failure(err)
+	}
+	return t, done, nil
+}
+
 // redisFailure is a failed Redis call: exit 1, naming the server.
 func (se *session) redisFailure(err error) error {
 	if redisconn.Permanent(err) { // e.g. an ACL without a command: a setting
