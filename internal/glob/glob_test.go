@@ -2,12 +2,13 @@ package glob
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
 )
 
 var cases = []struct {
@@ -57,14 +58,8 @@ func TestMatch(t *testing.T) {
 // TestMatchAgreesWithRedis checks each case against Redis's own MATCH, on
 // a real server: the bulk commands promise the same selection as SCAN.
 func TestMatchAgreesWithRedis(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	defer rdb.Close()
 	ctx := context.Background()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("this test needs Redis on 127.0.0.1:6379: %v", err)
-	}
-	key := fmt.Sprintf("test:glob:%d", rdb.Incr(ctx, "test:glob:n").Val())
-	defer rdb.Del(ctx, key)
+	rdb, key := redisSet(t)
 	for i, c := range cases {
 		if c.pattern == "" || c.s == "" {
 			continue // go-redis sends no MATCH for "", and SADD of "" is a member SSCAN shows
@@ -86,14 +81,8 @@ func TestMatchAgreesWithRedis(t *testing.T) {
 // TestMatchAgreesWithRedisRandom compares random patterns and bodies of a
 // small alphabet, quirks included, with Redis's SSCAN ... MATCH.
 func TestMatchAgreesWithRedisRandom(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	defer rdb.Close()
 	ctx := context.Background()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("this test needs Redis on 127.0.0.1:6379: %v", err)
-	}
-	key := fmt.Sprintf("test:glob:%d", rdb.Incr(ctx, "test:glob:n").Val())
-	defer rdb.Del(ctx, key)
+	rdb, key := redisSet(t)
 	rnd := rand.New(rand.NewPCG(1, 2))
 	word := func(alphabet string, n int) string {
 		b := make([]byte, rnd.IntN(n)+1)
@@ -125,4 +114,15 @@ func TestMatchAgreesWithRedisRandom(t *testing.T) {
 			}
 		}
 	}
+}
+
+// redisSet is a client of the test Redis and a set key of the test's own,
+// removed at the end.
+func redisSet(t *testing.T) (*redis.Client, string) {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	key := testenv.Name(t) + ":glob"
+	rdb.Del(context.Background(), key)
+	t.Cleanup(func() { rdb.Del(context.Background(), key) })
+	return rdb, key
 }
