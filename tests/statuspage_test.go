@@ -99,20 +99,7 @@ func TestStatusPage(t *testing.T) {
 	h.collect("orders", now, 15*time.Second)
 	time.Sleep(3 * time.Second) // a few samples for the age picture
 
-	b := browser(t)
-	step, cancelStep := context.WithTimeout(b, 60*time.Second)
-	defer cancelStep()
-	if err := chromedp.Do(step, chromedp.Navigate("http://"+addr+"/"), chromedp.WaitVisible(chromedp.CSS("#q-orders"))); err != nil {
-		t.Fatal(err)
-	}
-	eval := func(js string) string {
-		t.Helper()
-		v, err := chromedp.Run(step, chromedp.Evaluate[string](js))
-		if err != nil {
-			t.Fatalf("%s: %v", js, err)
-		}
-		return v
-	}
+	step, eval := openPage(t, addr, "#q-orders")
 	text := eval(`document.body.innerText`)
 	backlogBars := eval(`String(document.querySelectorAll('svg[aria-label="backlog per shard of orders"] rect').length)`)
 	latenessBars := eval(`String(document.querySelectorAll('svg[aria-label="dispatch lateness of orders"] rect').length)`)
@@ -247,20 +234,7 @@ func TestStatusPageFreshnessAxesThroughput(t *testing.T) {
 	h.collect("fresh", n, 20*time.Second)
 	time.Sleep(2 * time.Second)
 
-	b := browser(t)
-	step, cancelStep := context.WithTimeout(b, 60*time.Second)
-	defer cancelStep()
-	if err := chromedp.Do(step, chromedp.Navigate("http://"+addr+"/"), chromedp.WaitVisible(chromedp.CSS("#q-fresh"))); err != nil {
-		t.Fatal(err)
-	}
-	eval := func(js string) string {
-		t.Helper()
-		v, err := chromedp.Run(step, chromedp.Evaluate[string](js))
-		if err != nil {
-			t.Fatalf("%s: %v", js, err)
-		}
-		return v
-	}
+	_, eval := openPage(t, addr, "#q-fresh")
 	header := eval(`document.querySelector('.sub').innerText`)
 	section := eval(`document.querySelector('#q-fresh').innerText`)
 	axis := func(label string) string {
@@ -290,5 +264,25 @@ func TestStatusPageFreshnessAxesThroughput(t *testing.T) {
 	}
 	if !regexp.MustCompile(`errors: [1-9][0-9]* in the last`).MatchString(section) || !strings.Contains(section, "wrongtype") {
 		t.Errorf("the queue does not show its errors (the broken shard's wrongtype):\n%s", section)
+	}
+}
+
+// openPage loads the status page at addr in a headless browser, waits for
+// the element sel, and returns the browser's context and a function that
+// evaluates JavaScript on the page.
+func openPage(t *testing.T, addr, sel string) (context.Context, func(js string) string) {
+	t.Helper()
+	step, cancel := context.WithTimeout(browser(t), 60*time.Second)
+	t.Cleanup(cancel)
+	if err := chromedp.Do(step, chromedp.Navigate("http://"+addr+"/"), chromedp.WaitVisible(chromedp.CSS(sel))); err != nil {
+		t.Fatal(err)
+	}
+	return step, func(js string) string {
+		t.Helper()
+		v, err := chromedp.Run(step, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		return v
 	}
 }

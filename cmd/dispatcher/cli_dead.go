@@ -152,19 +152,13 @@ func deadAll(ctx context.Context, s streams, se *session, q config.Queue, verb s
 	}
 	out := newDeadStream(se, q, verb)
 	skipped := 0
-	err := admin.DeadEach(ctx, se.rdb, aq, shardIdx, func(batch []admin.Dead) error {
-		if at != 0 {
-			// A task requeued due now that died again is dead at that due
-			// time, ahead of the walk: it is not this run's to requeue twice.
-			n := 0
-			for _, d := range batch {
-				if d.DueMs < at {
-					batch[n] = d
-					n++
-				}
-			}
-			batch = batch[:n]
-		}
+	rg := browse.All
+	if at != 0 {
+		// A task requeued due now that died again is dead at that due time,
+		// ahead of the walk: it is not this run's to requeue twice.
+		rg.Max = browse.Bound{Score: float64(at), Open: true}
+	}
+	err := admin.DeadEach(ctx, se.rdb, aq, shardIdx, rg, func(batch []admin.Dead) error {
 		if len(batch) == 0 {
 			return nil
 		}

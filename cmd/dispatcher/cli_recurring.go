@@ -252,17 +252,11 @@ no instance serves is shown as failing: nothing materialises it.
 Exit status: 0 listed, 1 Redis failed, 2 bad arguments.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			se, err := openSession(s, asJSON, queues...)
+			se, ctx, names, done, err := openQueues(cmd, s, asJSON, queues, 10*time.Second)
 			if err != nil {
 				return err
 			}
-			defer se.close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			names, err := se.queueNames(ctx, queues)
-			if err != nil {
-				return err
-			}
+			defer done()
 			var all []recurring.Entry
 			for _, q := range names {
 				keys := shard.Keys{Prefix: se.cfg.KeyPrefix, Queue: q}

@@ -59,6 +59,23 @@ func openSession(s streams, asJSON bool, queues ...string) (*session, error) {
 
 func (se *session) close() { se.rdb.Close() }
 
+// openQueues is openSession for a command over several queues, with
+// their names (queueNames) and a context of timeout, which done ends with
+// the session.
+func openQueues(cmd *cobra.Command, s streams, asJSON bool, given []string, timeout time.Duration) (
+	se *session, ctx context.Context, names []string, done func(), err error) {
+	if se, err = openSession(s, asJSON, given...); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+	done = func() { cancel(); se.close() }
+	if names, err = se.queueNames(ctx, given); err != nil {
+		done()
+		return nil, nil, nil, nil, err
+	}
+	return se, ctx, names, done, nil
+}
+
 // queueNames are the queues a command over several works on: those
 // given, else DISPATCHER_QUEUES, else every queue recorded in Redis.
 func (se *session) queueNames(ctx context.Context, given []string) ([]string, error) {

@@ -48,17 +48,11 @@ Exit status: 0 read (broken shards are shown, not an error), 1 no shard
 could be read, 2 bad arguments or settings.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			se, err := openSession(s, asJSON, queues...)
+			se, ctx, names, done, err := openQueues(cmd, s, asJSON, queues, 10*time.Second)
 			if err != nil {
 				return err
 			}
-			defer se.close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			names, err := se.queueNames(ctx, queues)
-			if err != nil {
-				return err
-			}
+			defer done()
 			if len(names) == 0 {
 				return settingsError(fmt.Errorf("no queue has its shard count recorded under %s:{*}:shards, and DISPATCHER_QUEUES is not set: give --queue", se.cfg.KeyPrefix))
 			}

@@ -76,10 +76,11 @@ type Dead struct {
 // DeadEach calls fn with the dead letters of one shard, or of all (shard
 // < 0), shard by shard, a batch of up to browse.MaxRead at a time in due
 // order: no call reads a whole set, so it goes through millions. fn may
-// requeue or purge the batch it is given.
-func DeadEach(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx int, fn func([]Dead) error) error {
+// requeue or purge the batch it is given. Only dead letters due in rg
+// are walked.
+func DeadEach(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx int, rg browse.Range, fn func([]Dead) error) error {
 	for _, i := range shardsOf(q, shardIdx) {
-		err := browse.Batches(ctx, rdb, q.Keys.Dead(i), func(zs []redis.Z) error {
+		err := browse.Batches(ctx, rdb, q.Keys.Dead(i), rg, func(zs []redis.Z) error {
 			entries := make([]string, len(zs))
 			for n, z := range zs {
 				entries[n], _ = z.Member.(string)
@@ -118,7 +119,7 @@ func DeadOf(ctx context.Context, rdb redis.UniversalClient, q Queue, member []by
 	}
 	var out []Dead
 	for _, i := range indexes {
-		err := DeadEach(ctx, rdb, q, i, func(ds []Dead) error {
+		err := DeadEach(ctx, rdb, q, i, browse.All, func(ds []Dead) error {
 			for _, d := range ds {
 				if d.Member == string(member) {
 					out = append(out, d)

@@ -229,11 +229,12 @@ func pairs(raw []any) ([]redis.Z, error) {
 // in its order, each batch read after the last entry of the one before:
 // fn may remove the entries it is given (requeue, purge) without the walk
 // missing or repeating one that stays. It is how bulk changes go through
-// millions of entries without reading a whole set.
-func Batches(ctx context.Context, rdb redis.UniversalClient, key string, fn func([]redis.Z) error) error {
+// millions of entries without reading a whole set. Only the scores in rg
+// are walked.
+func Batches(ctx context.Context, rdb redis.UniversalClient, key string, rg Range, fn func([]redis.Z) error) error {
 	var after *Pos
 	for {
-		zs, more, err := Read(ctx, rdb, key, All, Asc, after, MaxRead)
+		zs, more, err := Read(ctx, rdb, key, rg, Asc, after, MaxRead)
 		if err != nil {
 			return err
 		}
