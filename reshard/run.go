@@ -80,6 +80,9 @@ func moveAll(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l 
 			err = fmt.Errorf("queue %s: %w; run it again", keys.Queue, cause)
 		}
 	}()
+	if err := settle(ctx, rdb, keys, opt); err != nil {
+		return Progress{}, err
+	}
 	m := &Mover{RDB: rdb, Keys: keys, Horizon: opt.Horizon}
 	wait := opt.Wait
 	if wait == 0 {
@@ -128,6 +131,40 @@ func moveAll(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l 
 			}
 		}
 		opt.report(pass, p, waiting)
+	}
+}
+
+// settle waits until shard.LayoutSettle has passed, by the Redis clock,
+// since the change was recorded: a producer that read the layout just
+// before it (producers read it once a second) may still write by the old
+// count until then, and a move of its task would undo that write (the new
+// count's copy wins). Nothing is moved before.
+func settle(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, opt Options) error {
+	for told := false; ; told = true {
+		started, err := rdb.HGet(ctx, keys.Reshard(), "started_ms").Int64()
+		if errors.Is(err, redis.Nil) {
+			return nil // finished meanwhile: nothing to wait for
+		}
+		if err != nil {
+			return fmt.Errorf("queue %s: read when the change started (%s): %w", keys.Queue, keys.Reshard(), err)
+		}
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("queue %s: read the Redis clock: %w", keys.Queue, err)
+		}
+		left := time.UnixMilli(started).Add(shard.LayoutSettle).Sub(now)
+		if left <= 0 {
+			return nil
+		}
+		if !told {
+			opt.report(0, Progress{}, fmt.Sprintf("waiting %s for producers to read the new shard count before moving anything",
+				left.Round(100*time.Millisecond)))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(left):
+		}
 	}
 }
 

@@ -31,6 +31,9 @@ type Producer struct {
 	// ordered: rdb sends a pipeline on one connection to one server, which
 	// runs it in order, so a wake-up can follow its ZADD in one pipeline.
 	ordered bool
+	// age is how long ago a layout read was sent (time.Since; tests make
+	// writes look slow).
+	age func(sent time.Time) time.Duration
 }
 
 // DefaultWakeWithin: a task due sooner than this after it is scheduled also
@@ -64,36 +67,85 @@ func NewProducer(rdb redis.UniversalClient, prefix, queue string, m int) (*Produ
 		prefix = DefaultPrefix
 	}
 	return &Producer{rdb: rdb, keys: Keys{Prefix: prefix, Queue: queue}, shards: m,
-		wakeWithin: DefaultWakeWithin, ordered: pipelineInOrder(rdb)}, nil
+		wakeWithin: DefaultWakeWithin, ordered: pipelineInOrder(rdb), age: time.Since}, nil
 }
 
 // LayoutTTL is how long a producer uses the queue's layout it read before
 // reading it again: a change of the shard count reaches it within this.
 const LayoutTTL = time.Second
 
+// LayoutSettle is how long after a change of the shard count is recorded
+// no task is moved between shards (reshard waits for it): a write that a
+// producer completes within it of reading the layout cannot be undone by
+// a move, whatever the layout it used. A producer whose write took longer
+// than LayoutRecheck after its layout read reads the layout again and, if
+// it changed, writes again by the new one (CONTRACT.md).
+const LayoutSettle = 5 * time.Second
+
+// LayoutRecheck: see LayoutSettle. The 2 s between them allow for clocks
+// that run at slightly different rates and for the read's own round trip.
+const LayoutRecheck = LayoutSettle - 2*time.Second
+
 type readLayout struct {
-	l  Layout
-	at time.Time
+	l    Layout
+	sent time.Time // when the read was sent: its age bounds the layout's
+	read bool      // false: the configured count, or the last read kept after a failed read
 }
 
 // Layout returns the queue's layout as recorded in Redis, read at most
 // once per LayoutTTL; the configured count while none is recorded, or if
 // Redis cannot be read (the last one read, if any).
 func (p *Producer) Layout(ctx context.Context) Layout {
+	return p.readLayout(ctx, false).l
+}
+
+// readLayout is Layout with when its read was sent; fresh reads it
+// whatever its age.
+func (p *Producer) readLayout(ctx context.Context, fresh bool) readLayout {
 	cur := p.layout.Load()
-	if cur != nil && time.Since(cur.at) < LayoutTTL {
-		return cur.l
+	if cur != nil && !fresh && time.Since(cur.sent) < LayoutTTL {
+		return *cur
 	}
+	sent := time.Now()
 	l, err := ReadLayout(ctx, p.rdb, p.keys)
+	next := readLayout{l: l, sent: sent, read: err == nil || errors.Is(err, ErrNoLayout)}
 	switch {
 	case err == nil:
 	case cur != nil && !errors.Is(err, ErrNoLayout):
-		l = cur.l
+		next.l = cur.l
 	default:
-		l = Layout{Shards: p.shards}
+		next.l = Layout{Shards: p.shards}
 	}
-	p.layout.Store(&readLayout{l: l, at: time.Now()})
-	return l
+	p.layout.Store(&next)
+	return next
+}
+
+// settled runs write with the queue's layout. If write's reply came
+// LayoutRecheck or more after that layout was read (a slow Redis, a long
+// pause of this process), the layout may have changed and a move started
+// meanwhile, which could undo the write: the layout is read again and, if
+// it changed, write runs again by the new one, until one completes in
+// time or the layout holds. Writes are idempotent, so running one again
+// is safe.
+func (p *Producer) settled(ctx context.Context, write func(Layout) error) error {
+	cur := p.readLayout(ctx, false)
+	err := write(cur.l)
+	for p.age(cur.sent) >= LayoutRecheck {
+		next := p.readLayout(ctx, true)
+		if !next.read {
+			if err != nil {
+				return err
+			}
+			return fmt.Errorf("queue %s: the write took %s, and the shard layout could not be read again to check that it still holds (write it again)",
+				p.keys.Queue, p.age(cur.sent).Round(time.Millisecond))
+		}
+		if next.l == cur.l {
+			break
+		}
+		cur = next
+		err = write(cur.l)
+	}
+	return err
 }
 
 // SetWakeWithin sets how soon a task must be due for scheduling it to wake
@@ -128,7 +180,11 @@ func (p *Producer) wakeSoon(dueMs int64) bool {
 // moving hash (Keys.Moving), so that a move of the task under way never
 // undoes this schedule.
 func (p *Producer) Schedule(ctx context.Context, member []byte, due time.Time) error {
-	l := p.Layout(ctx)
+	return p.settled(ctx, func(l Layout) error { return p.scheduleBy(ctx, l, member, due) })
+}
+
+// scheduleBy is Schedule by layout l.
+func (p *Producer) scheduleBy(ctx context.Context, l Layout, member []byte, due time.Time) error {
 	i := Index(member, l.Shards)
 	if err := p.schedule(ctx, i, member, due, moves(l)); err != nil {
 		return err
@@ -214,7 +270,11 @@ func (p *Producer) ScheduleMany(ctx context.Context, tasks []Task) error {
 	if len(tasks) == 0 {
 		return nil
 	}
-	l := p.Layout(ctx)
+	return p.settled(ctx, func(l Layout) error { return p.scheduleManyBy(ctx, l, tasks) })
+}
+
+// scheduleManyBy is ScheduleMany by layout l.
+func (p *Producer) scheduleManyBy(ctx context.Context, l Layout, tasks []Task) error {
 	byShard := make(map[int][]redis.Z)
 	earliest := make(map[int]int64)
 	// During a change: by new shard, the members to remove from their
@@ -329,7 +389,11 @@ return 0
 // While the queue's shard count changes, a task still pending in its shard
 // by the old count is moved to its shard by the new one.
 func (p *Producer) Reschedule(ctx context.Context, member []byte, due time.Time) error {
-	l := p.Layout(ctx)
+	return p.settled(ctx, func(l Layout) error { return p.rescheduleBy(ctx, l, member, due) })
+}
+
+// rescheduleBy is Reschedule by layout l.
+func (p *Producer) rescheduleBy(ctx context.Context, l Layout, member []byte, due time.Time) error {
 	for _, i := range l.Indexes(member) {
 		key := p.keys.Pending(i)
 		n, err := rescheduleScript.Run(ctx, p.rdb, []string{key, p.keys.Moving(i)}, strconv.FormatInt(DueMs(due), 10), member).Int()
@@ -340,7 +404,7 @@ func (p *Producer) Reschedule(ctx context.Context, member []byte, due time.Time)
 			continue
 		}
 		if i != Index(member, l.Shards) {
-			return p.Schedule(ctx, member, due) // to the new count's shard, then out of this one
+			return p.scheduleBy(ctx, l, member, due) // to the new count's shard, then out of this one
 		}
 		return nil
 	}
@@ -361,13 +425,16 @@ func (p *Producer) Reschedule(ctx context.Context, member []byte, due time.Time)
 // shards by both counts.
 func (p *Producer) Cancel(ctx context.Context, member []byte) (bool, error) {
 	removed := false
-	for _, i := range p.Layout(ctx).Indexes(member) {
-		key := p.keys.Pending(i)
-		n, err := p.rdb.ZRem(ctx, key, member).Result()
-		if err != nil {
-			return false, fmt.Errorf("cancel on %s: %w", key, err)
+	err := p.settled(ctx, func(l Layout) error {
+		for _, i := range l.Indexes(member) {
+			key := p.keys.Pending(i)
+			n, err := p.rdb.ZRem(ctx, key, member).Result()
+			if err != nil {
+				return fmt.Errorf("cancel on %s: %w", key, err)
+			}
+			removed = removed || n > 0
 		}
-		removed = removed || n > 0
-	}
-	return removed, nil
+		return nil
+	})
+	return removed && err == nil, err
 }

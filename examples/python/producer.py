@@ -37,6 +37,9 @@ except ImportError as e:
 
 # The Go producer sends a wake-up for tasks due within 1 s; so does this one.
 WAKE_WITHIN_MS = 1000
+# A write that completes within this of its layout read cannot race a change of
+# the shard count (a move starts 5 s after the change is recorded).
+LAYOUT_RECHECK_S = 3.0
 
 
 def shard_of(member: bytes, shards: int) -> int:
@@ -79,15 +82,34 @@ class Producer:
         if self.fixed:
             return self.fixed, 0
         if time.monotonic() - self._read_at >= 1.0:
-            self._layout, self._read_at = read_layout(self.r, self.prefix, self.queue), time.monotonic()
+            read_at = time.monotonic()  # when the read was sent: it bounds the layout's age
+            self._layout, self._read_at = read_layout(self.r, self.prefix, self.queue), read_at
         return self._layout
+
+    def settled(self, write):
+        """Runs write(m, old) with the layout. A write whose reply came 3 s or
+        more after that layout was read may have raced the start of a change
+        of the shard count (a move starts 5 s after it): read the layout
+        again and, if it changed, write again by the new one (CONTRACT.md)."""
+        layout, read_at = self.layout(), self._read_at
+        result = write(*layout)
+        while not self.fixed and time.monotonic() - read_at >= LAYOUT_RECHECK_S:
+            read_at = time.monotonic()
+            fresh = read_layout(self.r, self.prefix, self.queue)
+            self._layout, self._read_at = fresh, read_at
+            if fresh == layout:
+                break
+            layout, result = fresh, write(*fresh)
+        return result
 
     def schedule(self, tasks: list[tuple[bytes, int]]) -> list[int]:
         """ZADDs (member, due_ms) pairs in one round trip; also reschedules.
         During a change of the shard count, each goes to its shard by the new
         count and a copy pending in its shard by the old one is removed after
         it. Returns the shard of each task."""
-        m, old = self.layout()
+        return self.settled(lambda m, old: self._schedule(tasks, m, old))
+
+    def _schedule(self, tasks: list[tuple[bytes, int]], m: int, old: int) -> list[int]:
         now_ms = int(time.time() * 1000)
         pipe = self.r.pipeline(transaction=False)
         shards = []
@@ -105,9 +127,14 @@ class Producer:
     def cancel(self, member: bytes) -> bool:
         """False if the task is no longer pending (a dispatcher took it).
         During a change of the shard count, it is removed by both counts."""
-        m, old = self.layout()
-        shards = {shard_of(member, m)} | ({shard_of(member, old)} if old else set())
-        return sum(self.r.zrem(pending_key(self.prefix, self.queue, i), member) for i in shards) > 0
+        removed = False
+
+        def cancel(m: int, old: int) -> bool:
+            nonlocal removed
+            shards = {shard_of(member, m)} | ({shard_of(member, old)} if old else set())
+            removed = sum(self.r.zrem(pending_key(self.prefix, self.queue, i), member) for i in shards) > 0 or removed
+            return removed
+        return self.settled(cancel)
 
 
 # CONTRACT.md's test vectors: member, XXH64 in hex, shard of 16.
