@@ -95,7 +95,7 @@ type Queue struct {
 	Shards     int     `env:"SHARDS" required:"true" desc:"shard count M of the queue (1 to 4096); producers use the same M"`
 	Exchange   string  `env:"EXCHANGE" required:"true" desc:"exchange tasks are published to; declared durable direct if missing, used as it is otherwise; empty means the default exchange"`
 	RoutingKey string  `env:"ROUTING_KEY" default:"" desc:"routing key of the published messages; defaults to the queue name"`
-	MaxRate    float64 `env:"MAX_RATE" default:"0" desc:"most tasks a second the queue's instances dispatch together (a token bucket in Redis), so that a backlog after an outage drains at a pace the consumers survive, oldest first in each shard; 0 means no limit"`
+	MaxRate    float64 `env:"MAX_RATE" default:"0" desc:"most tasks a second the queue's instances dispatch together (a token bucket in Redis), so that a backlog after an outage drains at a pace the consumers survive, oldest first in each shard; with a limit, claims take due tasks only (no look-ahead); 0 means no limit"`
 	DrainRate  float64 `env:"DRAIN_RATE" default:"1000" desc:"tasks a second the queue's consumers are taken to handle, for the thundering-herd warning only: more tasks due in one second than MAX_RATE (if lower) or this drains in 10 s are warned of ahead"`
 }
 

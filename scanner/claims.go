@@ -58,7 +58,7 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 					reads = append(reads, s.st.sweepRead(ctx, pipe, j.shards[at], at))
 					continue
 				}
-				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at])
+				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at], j.aheadAt(at))
 			}
 		}
 		before, after, err := s.roundTrip(ctx, j.node, j.limit == 0 || j.ahead, fill)
@@ -133,6 +133,17 @@ func (s *Scanner) roundTrip(ctx context.Context, node string, shared bool, fill 
 // shard's own (connection lost, a server-wide refusal) is returned as
 // err, alongside the batches of the shards that were claimed.
 func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
+	// The room reserved for a shard's claim ahead stays reserved for its
+	// batch until its tasks are held (dispatch); a shard without a batch
+	// frees it now.
+	batched := make([]bool, len(d.job.shards))
+	defer func() {
+		for n := range d.job.shards {
+			if !batched[n] {
+				s.freeAhead(d.job.reservedAt(n))
+			}
+		}
+	}()
 	for n, i := range d.job.shards {
 		vals, err := d.vals[n], d.errs[n]
 		if d.job.limit > 0 && s.prim.settleToken(i, d.job.tokens[n], vals, err) {
@@ -181,7 +192,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			s.met.reaped(c.reaped)
 			s.lim.Warn("reaped", "took over tasks whose lease ran out", "shard", i, "tasks", c.reaped)
 		}
-		b := batch{shard: i, deadline: c.deadline}
+		b := batch{shard: i, deadline: c.deadline, reserved: d.job.reservedAt(n)}
 		for _, e := range c.entries {
 			t, err := ParseEntry(e)
 			if err != nil {
@@ -193,6 +204,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		if len(b.tasks) > 0 {
 			s.met.batchSize(len(b.tasks))
 			out = append(out, b)
+			batched[n] = true
 		}
 		// A claim the byte budget ended early is full too: more is due.
 		if len(c.entries) >= d.job.limit || len(c.entries) > 0 && dueBy(c.nextPending, c.now) {
@@ -210,6 +222,10 @@ func (s *Scanner) claim(ctx context.Context, targets []int) ([]batch, bool, erro
 	var errs []error
 	for _, j := range s.prim.jobs(ctx, targets, s.opt.BatchSize, len(targets)) {
 		j.sent = time.Now()
+		j.aheads = make([]time.Duration, len(j.shards))
+		for n := range j.aheads {
+			j.aheads[n] = s.st.ahead
+		}
 		b, f, err := s.absorb(s.runClaims(ctx, j))
 		out, full = append(out, b...), full || f
 		if err != nil {

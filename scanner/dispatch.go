@@ -89,6 +89,7 @@ func (s *Scanner) dispatch(work context.Context, b batch, published, done func()
 			s.settleAll(s.handBack(back)) // stopping: given back at once
 		}
 	}
+	s.freeAhead(b.reserved) // its tasks ahead are counted by the holder now
 	var settled []*progress
 	if len(now) > 0 {
 		settled = s.publishTasks(work, now)

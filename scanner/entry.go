@@ -19,6 +19,7 @@ type batch struct {
 	shard    int
 	deadline int64 // the lease all its tasks are claimed under (server ms)
 	tasks    []Task
+	reserved int // room in the holder reserved for it, freed once its tasks are held
 }
 
 // ParseEntry splits an in-flight entry into due time and member.

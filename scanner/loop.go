@@ -136,7 +136,8 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			})
 			for _, j := range s.prim.jobs(ctx, targets, limit, s.prim.slotsPerJob(held)) {
 				j.slots = len(j.shards)
-				j.ahead = !busy && s.due.ahead(j.shards)
+				s.reserveAhead(&j)
+				j.ahead = !busy && s.due.ahead(j.shards) && j.aheadAt(len(j.shards)-1) > 0
 				held -= j.slots
 				launch(j)
 			}
@@ -258,6 +259,40 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 	return d
 }
 
+// The holder is bounded, on the busy path too: a claim may take tasks
+// ahead of their due time only if the holder, with what the claims ahead
+// still out may bring, has room for a whole batch more (PIPELINE ×
+// BATCH_SIZE in all); otherwise it takes due tasks only. Without the
+// bound, claims that come back full (a backlog) would take everything
+// within the look-ahead into memory, a batch at a time.
+
+// roomAhead reports whether the holder has room for n more tasks claimed
+// ahead.
+func (s *Scanner) roomAhead(n int) bool {
+	return s.st.ahead > 0 && s.hold.len()+int(s.reservedAhead.Load())+n <= s.opt.Pipeline*s.opt.BatchSize
+}
+
+// reserveAhead lets each of j's claims look ahead while the holder has
+// room for its whole batch, reserving that room until the batch's tasks
+// are held (dispatch) or the claim brought none (absorb).
+func (s *Scanner) reserveAhead(j *claimJob) {
+	j.aheads, j.reserved = make([]time.Duration, len(j.shards)), make([]int, len(j.shards))
+	for n := range j.shards {
+		if !s.roomAhead(j.limit) {
+			break
+		}
+		s.reservedAhead.Add(int64(j.limit))
+		j.aheads[n], j.reserved[n] = s.st.ahead, j.limit
+	}
+}
+
+// freeAhead frees room reserved by reserveAhead.
+func (s *Scanner) freeAhead(n int) {
+	if n > 0 {
+		s.reservedAhead.Add(-int64(n))
+	}
+}
+
 // dueShards returns up to n shards known to need a claim now on primaries
 // the loop may claim from, the longest waiting first.
 func (s *Scanner) dueShards(n int) []int {
@@ -267,7 +302,7 @@ func (s *Scanner) dueShards(n int) []int {
 	// The holder is bounded: a publish slot is freed as soon as a batch's
 	// due tasks are out, so without a bound a burst due at one instant
 	// could be claimed ahead into memory without limit.
-	full := s.hold.len() >= s.opt.Pipeline*s.opt.BatchSize
+	full := !s.roomAhead(s.opt.BatchSize)
 	for i, at := range s.due.known {
 		if full {
 			if in, _ := s.due.dueIn(i); in > 0 {

@@ -57,6 +57,27 @@ type claimJob struct {
 	// ahead: a claim of tasks not due yet (look-ahead), which may wait the
 	// Coalescer's few ms to share a round trip with other queues' claims.
 	ahead bool
+	// aheads: per shard, how far ahead of their due time its claim takes
+	// tasks (nil or 0: due ones only); reserved: per shard, the room taken
+	// in the holder for them (see Scanner.reserveAhead).
+	aheads   []time.Duration
+	reserved []int
+}
+
+// aheadAt is how far ahead the claim of the job's n-th shard looks.
+func (j claimJob) aheadAt(n int) time.Duration {
+	if n < len(j.aheads) {
+		return j.aheads[n]
+	}
+	return 0
+}
+
+// reservedAt is the room in the holder reserved for the job's n-th shard.
+func (j claimJob) reservedAt(n int) int {
+	if n < len(j.reserved) {
+		return j.reserved[n]
+	}
+	return 0
 }
 
 // nodeState is the loop's view of one primary.

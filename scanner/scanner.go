@@ -65,7 +65,10 @@ type Options struct {
 	RetryMin    time.Duration
 	RetryMax    time.Duration
 	// MaxRate limits the tasks the queue's instances claim, together, to
-	// this many a second (a token bucket in Redis); 0: no limit.
+	// this many a second (a token bucket in Redis); 0: no limit. With a
+	// limit, claims take due tasks only (no look-ahead): a token is taken
+	// when a task is claimed, so tasks claimed ahead of a burst would all
+	// go out at its due time, over the limit.
 	MaxRate float64
 
 	// Coalescer, shared by the scanners of one instance, sends their sweeps
@@ -121,8 +124,11 @@ type Scanner struct {
 	// What the queue's watchdog asks (Waiting): read off the loop.
 	publishing  atomic.Int64 // batches being published
 	lastClaimed atomic.Int64 // unix ns of the last claim that took tasks
-	lastAcked   atomic.Int64 // unix ns of the last batch that left Redis confirmed
-	layoutM     atomic.Int64 // Options.Layout, changed by Queue
+	// reservedAhead: room in the holder reserved by claims ahead still out
+	// (see reserveAhead).
+	reservedAhead atomic.Int64
+	lastAcked     atomic.Int64 // unix ns of the last batch that left Redis confirmed
+	layoutM       atomic.Int64 // Options.Layout, changed by Queue
 }
 
 // New returns a scanner for one queue.
@@ -140,16 +146,20 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	lim := newLogLimiter(log, 10*time.Second)
 	met := opt.Metrics.forQueue(opt.Queue)
 	keys := shard.Keys{Prefix: opt.KeyPrefix, Queue: opt.Queue}
+	ahead := opt.Lookahead
+	if opt.MaxRate > 0 {
+		ahead = 0 // see MaxRate
+	}
 	s := &Scanner{rdb: rdb, pub: pub, opt: opt, keys: keys, log: log, lim: lim, met: met,
 		causes: newCauses(opt.Exchange, opt.RoutingKey, log, causeWindow(opt.RetryMax)),
 		// A task held for up to the look-ahead still has a whole lease to
 		// be published in.
-		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + opt.Lookahead + opt.PublishTick, ahead: opt.Lookahead,
+		st: &store{rdb: rdb, keys: keys, lease: opt.Lease + ahead + opt.PublishTick, ahead: ahead,
 			retryMin: opt.RetryMin, retryMax: opt.RetryMax, maxAttempts: opt.MaxAttempts, instance: opt.InstanceID},
 	}
 	s.clock = newServerClock(opt.Shards, opt.Now)
 	s.prim = newPrimaries(rdb, keys, opt.Shards, s.st.token, met, lim)
-	s.due = newDueTimes(opt.Shards, opt.PollInterval, opt.IdlePollInterval, opt.Lookahead, s.clock)
+	s.due = newDueTimes(opt.Shards, opt.PollInterval, opt.IdlePollInterval, ahead, s.clock)
 	s.role = &sweeperRole{rdb: rdb, keys: keys, instance: opt.InstanceID, poll: opt.PollInterval, log: log, lim: lim, met: met,
 		send: func(ctx context.Context, node string, fill func(redis.Pipeliner)) error {
 			_, _, err := s.roundTrip(ctx, node, true, fill)
@@ -239,7 +249,7 @@ func (s *Scanner) Waiting() []string {
 		out = append(out, fmt.Sprintf("all %d publish slots wait for the broker's confirms%s", n, since(" (last confirmed batch %s ago)", s.lastAcked.Load())))
 	}
 	if s.opt.MaxRate > 0 {
-		out = append(out, fmt.Sprintf("dispatching is limited to %g tasks/s (DISPATCHER_QUEUE_<NAME>_MAX_RATE)", s.opt.MaxRate))
+		out = append(out, fmt.Sprintf("dispatching is limited to %g tasks/s (DISPATCHER_QUEUE_<NAME>_MAX_RATE); claims take due tasks only, no look-ahead", s.opt.MaxRate))
 	}
 	if last := s.lastClaimed.Load(); last == 0 {
 		out = append(out, "this instance has claimed no task since it started")

@@ -55,9 +55,10 @@ type outcome struct {
 const claimBytes = 1 << 20
 
 // claimCmd queues a claim of up to limit tasks of shard i with token on
-// pipe (limit 0 only reads when the shard next needs attention).
-func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int, token string) *redis.Cmd {
-	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token, st.ahead.Milliseconds(), claimBytes)
+// pipe (limit 0 only reads when the shard next needs attention), taking
+// tasks due up to ahead from now.
+func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int, token string, ahead time.Duration) *redis.Cmd {
+	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token, ahead.Milliseconds(), claimBytes)
 }
 
 // sweepRead is a sweep's plain read of one shard: its earliest pending
