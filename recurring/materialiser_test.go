@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
@@ -313,5 +314,112 @@ func TestReconcileRename(t *testing.T) {
 	defs, _, err := NewStore(rdb, keys).Defs(ctx)
 	if err != nil || len(defs) != 1 || defs[0].Name != "new" {
 		t.Fatalf("after the rename: %+v, %v; want only \"new\"", defs, err)
+	}
+}
+
+// catchUpOnRedis stores def with its state's cursor behind before the
+// Redis clock (as the last instance left it before an outage), then steps
+// a materialiser as the sweeper would, taking each occurrence out of
+// pending as a dispatcher's claim does, until the one it materialised is
+// due in the future. It returns the due times taken, oldest first, the
+// Redis clock at the start, the cursor and the skipped count reported.
+func catchUpOnRedis(t *testing.T, def Def, behind time.Duration, maxSteps int) (taken []time.Time, start, cursor time.Time, skipped float64) {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	keys := newKeys(t, rdb, 4)
+	st := NewStore(rdb, keys)
+	def.Queue = keys.Queue
+	if _, err := st.Put(ctx, def); err != nil {
+		t.Fatal(err)
+	}
+	defs, _, err := st.Defs(ctx)
+	if err != nil || len(defs) != 1 {
+		t.Fatalf("defs %v, %v", defs, err)
+	}
+	start, err = rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cursor = start.Add(-behind).Truncate(time.Millisecond)
+	i := shard.Index([]byte(def.Body), 4)
+	if err := rdb.HSet(ctx, keys.RecurringState(i), def.Name, fmt.Sprintf("%d:%d:", defs[0].Rev, cursor.UnixMilli())).Err(); err != nil {
+		t.Fatal(err)
+	}
+	met := NewMetrics(nil)
+	m := New(rdb, Options{Keys: keys, Sweeping: func() bool { return true }, Logger: quiet, Metrics: met,
+		Layout: func() shard.Layout { return shard.Layout{Shards: 4} }})
+	if err := m.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := m.entries[def.Name]
+	for range maxSteps {
+		m.step(ctx, e)
+		if e.status.Error != "" {
+			t.Fatalf("step: %s", e.status.Error)
+		}
+		sc, err := rdb.ZScore(ctx, keys.Pending(i), def.Body).Result()
+		if err != nil {
+			t.Fatalf("nothing pending after a step: %v", err)
+		}
+		due := time.UnixMilli(int64(sc))
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if due.After(now) {
+			return taken, start, cursor, testutil.ToFloat64(met.skipped.WithLabelValues(keys.Queue))
+		}
+		taken = append(taken, due)
+		if err := rdb.ZRem(ctx, keys.Pending(i), def.Body).Err(); err != nil { // claimed
+			t.Fatal(err)
+		}
+	}
+	t.Fatalf("still catching up after %d steps: %d taken", maxSteps, len(taken))
+	return
+}
+
+// TestMaterialiserLatestAfterLongOutage: an `@every 1s` schedule 2.1 M
+// seconds behind with "latest" fires its latest occurrence at or before
+// now once, then goes on; none of the stale ones (the search stopped
+// after a million steps and fired 1.1 M and 100 k seconds old ones first).
+func TestMaterialiserLatestAfterLongOutage(t *testing.T) {
+	taken, start, cursor, skipped := catchUpOnRedis(t, Def{Name: "s", Cron: "@every 1s", Body: "b", CatchUp: CatchUpLatest},
+		2_100_000*time.Second, 50)
+	if len(taken) == 0 {
+		t.Fatal("the latest missed occurrence did not fire")
+	}
+	for _, d := range taken {
+		if d.Before(start.Add(-time.Second)) {
+			t.Errorf("fired an occurrence %s before the start", start.Sub(d))
+		}
+	}
+	// Every occurrence from the cursor's next up to the one fired was skipped.
+	n := cursor.Truncate(time.Second).Add(time.Second)
+	if want := float64(taken[0].Sub(n) / time.Second); skipped != want {
+		t.Errorf("skipped %v, want %v", skipped, want)
+	}
+	t.Logf("%d fired, the first %s before the start; %v skipped", len(taken), start.Sub(taken[0]), skipped)
+}
+
+// TestMaterialiserAllAfterOutage: exactly 2*MaxCatchUp+1 occurrences of
+// an hourly schedule missed with "all": the most recent MaxCatchUp fire,
+// oldest first, and the older ones do not (the oldest used to fire first:
+// 1,001 in all).
+func TestMaterialiserAllAfterOutage(t *testing.T) {
+	missed := 2*MaxCatchUp + 1
+	taken, _, cursor, skipped := catchUpOnRedis(t, Def{Name: "s", Cron: "@every 1h", Body: "b", CatchUp: CatchUpAll},
+		time.Duration(missed)*time.Hour+30*time.Minute, 3*MaxCatchUp)
+	first := cursor.Truncate(time.Second).Add(time.Duration(missed-MaxCatchUp+1) * time.Hour)
+	if len(taken) != MaxCatchUp || !taken[0].Equal(first) {
+		t.Fatalf("%d fired, the first %s; want %d, the first %s", len(taken), taken[0].UTC(), MaxCatchUp, first.UTC())
+	}
+	for i := 1; i < len(taken); i++ {
+		if taken[i].Sub(taken[i-1]) != time.Hour {
+			t.Fatalf("%s fired after %s", taken[i].UTC(), taken[i-1].UTC())
+		}
+	}
+	if skipped != float64(missed-MaxCatchUp) {
+		t.Errorf("skipped %v, want %d", skipped, missed-MaxCatchUp)
 	}
 }
