@@ -115,6 +115,45 @@ func TestCatchUpAllFiresAtMostMax(t *testing.T) {
 	}
 }
 
+// TestCatchUpAllSlides: while a long "all" catch-up is delivered, more
+// occurrences fall due (1.5 for each one fired, then 0.5 once the queue
+// keeps up): each step keeps the most recent MaxCatchUp at or before its
+// now, so no more than MaxCatchUp ever wait, none fires twice or out of
+// order, and every one up to the end fired or was skipped.
+func TestCatchUpAllSlides(t *testing.T) {
+	cursor := utc("2026-01-01T00:00:00Z")
+	for _, expr := range []string{"@every 1s", "* * * * * *"} {
+		s := mustParse(t, Def{Cron: expr, CatchUp: CatchUpAll})
+		now := cursor.Add(sec(1500) + 500*time.Millisecond)
+		c, fired, skipped := cursor, 0, 0
+		for step := 0; ; step++ {
+			if step == 20_000 {
+				t.Fatalf("%s: never caught up", expr)
+			}
+			got := choose(s, c, now)
+			if !got.at.After(c) {
+				t.Fatalf("%s: fires %s after %s", expr, got.at, c)
+			}
+			if got.at.After(now) {
+				break
+			}
+			if waiting := int(now.Sub(got.at)/time.Second) + 1; waiting > MaxCatchUp {
+				t.Fatalf("%s: %d waiting at %s", expr, waiting, now)
+			}
+			c, fired, skipped = got.at, fired+1, skipped+got.skipped
+			if step < 1000 {
+				now = now.Add(1500 * time.Millisecond)
+			} else {
+				now = now.Add(500 * time.Millisecond)
+			}
+		}
+		if total := int(c.Sub(cursor) / time.Second); fired+skipped != total || skipped <= 500 {
+			t.Errorf("%s: %d fired and %d skipped of %d", expr, fired, skipped, total)
+		}
+		t.Logf("%s: %d fired, %d skipped", expr, fired, skipped)
+	}
+}
+
 // TestCatchUpWorkBounded: a schedule a year behind costs no more to catch
 // up than one a day behind: the policies' choice computes a bounded number
 // of occurrences, counted (the walk computed all 31 M of @every 1s).

@@ -24,8 +24,8 @@ import (
 // while no instance materialised it (every instance down, the queue not
 // served) for longer than its grace.
 const (
-	CatchUpLatest = "latest" // fire the most recent missed occurrence once (the default)
-	CatchUpAll    = "all"    // fire every missed occurrence, oldest first (at most MaxCatchUp)
+	CatchUpLatest = "latest" // fire the latest occurrence at or before now once (the default)
+	CatchUpAll    = "all"    // fire every missed occurrence, oldest first (at most the MaxCatchUp most recent)
 	CatchUpSkip   = "skip"   // fire none: go on with the first occurrence after now
 )
 
