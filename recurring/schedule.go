@@ -79,7 +79,8 @@ type Schedule struct {
 	Def
 	cron cron.Schedule
 	// wall, for an expression with fixed hours, is it read on the wall
-	// clock (in UTC, which has no DST): see next.
+	// clock (in UTC, which has no DST): see next. An interface, as cron
+	// is, so that tests can count the occurrences a search computes.
 	wall cron.Schedule
 	// every is the gap of an @every schedule (0 otherwise): its
 	// occurrences after a cursor are cursor's next plus whole gaps, which
