@@ -333,7 +333,7 @@ func (m *Materialiser) step(ctx context.Context, e *entry) {
 	}
 	now := r.now
 	var next time.Time
-	skipped := 0
+	var caught catchUp // what the catch-up policy skipped, if anything
 	expect := r.states[t]
 	lastMs := e.status.LastMs
 	if has && st.flag == live && st.rev == rev {
@@ -364,7 +364,8 @@ func (m *Materialiser) step(ctx context.Context, e *entry) {
 			return
 		}
 		lastMs = st.cursor
-		next, skipped = e.sched.following(ms(st.cursor), now)
+		caught = e.sched.following(ms(st.cursor), now)
+		next = caught.at
 	} else {
 		if has && st.flag == frozen && st.rev == rev {
 			// The state was moved away from the body's shard by this
@@ -405,11 +406,8 @@ func (m *Materialiser) step(ctx context.Context, e *entry) {
 		e.wakeAt = time.Now().Add(10 * time.Millisecond)
 		return
 	}
-	m.opt.Metrics.materialised(q, skipped)
-	if skipped > 0 {
-		m.log.Warn("recurring schedule missed occurrences while no instance materialised it", "schedule", name,
-			"skipped", skipped, "catchup", e.sched.CatchUp, "firing", next.UTC().Format(time.RFC3339))
-	}
+	m.opt.Metrics.materialised(q, caught.skipped)
+	m.logCatchUp(name, e.sched.CatchUp, caught)
 	if next.Sub(now) < m.opt.WakeWithin {
 		_ = m.rdb.Publish(ctx, m.opt.Keys.Wake(), shard.WakeDue(t, next.UnixMilli())).Err() // a hint: the sweep finds it anyway
 	}
@@ -419,6 +417,24 @@ func (m *Materialiser) step(ctx context.Context, e *entry) {
 	m.report(ctx, e)
 	// Look again when it is due: by then it has been claimed.
 	e.wakeAt = r.local(next).Add(5 * time.Millisecond)
+}
+
+// logCatchUp says what the catch-up policy skipped after an outage, and if
+// it could not find the occurrence to fire.
+func (m *Materialiser) logCatchUp(name, policy string, c catchUp) {
+	if c.skipped == 0 && !c.lost {
+		return
+	}
+	count := "skipped"
+	if c.floor { // a cron expression's count stops at countLimit
+		count = "skipped_at_least"
+	}
+	attrs := []any{"schedule", name, count, c.skipped, "catchup", policy, "firing", c.at.UTC().Format(time.RFC3339)}
+	if c.lost {
+		m.log.Warn("recurring schedule missed occurrences while no instance materialised it, and the one its catch-up policy fires could not be found; going on with the first occurrence after now", attrs...)
+		return
+	}
+	m.log.Warn("recurring schedule missed occurrences while no instance materialised it", attrs...)
 }
 
 // pendingAt reports whether the body is pending in any of the shards,

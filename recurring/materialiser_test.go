@@ -1,14 +1,17 @@
 package recurring
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
@@ -313,5 +316,158 @@ func TestReconcileRename(t *testing.T) {
 	defs, _, err := NewStore(rdb, keys).Defs(ctx)
 	if err != nil || len(defs) != 1 || defs[0].Name != "new" {
 		t.Fatalf("after the rename: %+v, %v; want only \"new\"", defs, err)
+	}
+}
+
+// outage is a schedule behind by an outage, for catchUpOnRedis.
+type outage struct {
+	def      Def
+	behind   time.Duration // the state's cursor before the Redis clock
+	maxSteps int
+	tweak    func(s *Schedule, start time.Time) // changes the parsed schedule before the first step
+}
+
+// caughtUp is what catchUpOnRedis saw.
+type caughtUp struct {
+	taken         []time.Time // due times of the occurrences taken, oldest first
+	start, cursor time.Time   // the Redis clock at the start, the state's cursor
+	skipped       float64     // dispatcher_recurring_skipped_total
+	log           string
+}
+
+// catchUpOnRedis stores o's schedule with its state's cursor o.behind the
+// Redis clock (as the last instance left it before an outage), then steps
+// a materialiser as the sweeper would, taking each occurrence out of
+// pending as a dispatcher's claim does, until the one it materialised is
+// due in the future.
+func catchUpOnRedis(t *testing.T, o outage) caughtUp {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	keys := newKeys(t, rdb, 4)
+	st := NewStore(rdb, keys)
+	def := o.def
+	def.Queue = keys.Queue
+	if _, err := st.Put(ctx, def); err != nil {
+		t.Fatal(err)
+	}
+	defs, _, err := st.Defs(ctx)
+	if err != nil || len(defs) != 1 {
+		t.Fatalf("defs %v, %v", defs, err)
+	}
+	var c caughtUp
+	c.start, err = rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cursor = c.start.Add(-o.behind).Truncate(time.Millisecond)
+	i := shard.Index([]byte(def.Body), 4)
+	if err := rdb.HSet(ctx, keys.RecurringState(i), def.Name, fmt.Sprintf("%d:%d:", defs[0].Rev, c.cursor.UnixMilli())).Err(); err != nil {
+		t.Fatal(err)
+	}
+	met := NewMetrics(nil)
+	var log bytes.Buffer
+	m := New(rdb, Options{Keys: keys, Sweeping: func() bool { return true }, Metrics: met,
+		Logger: slog.New(slog.NewTextHandler(&log, nil)),
+		Layout: func() shard.Layout { return shard.Layout{Shards: 4} }})
+	if err := m.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := m.entries[def.Name]
+	if o.tweak != nil {
+		o.tweak(e.sched, c.start)
+	}
+	for range o.maxSteps {
+		m.step(ctx, e)
+		if e.status.Error != "" {
+			t.Fatalf("step: %s", e.status.Error)
+		}
+		sc, err := rdb.ZScore(ctx, keys.Pending(i), def.Body).Result()
+		if err != nil {
+			t.Fatalf("nothing pending after a step: %v", err)
+		}
+		due := time.UnixMilli(int64(sc))
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if due.After(now) {
+			c.skipped = testutil.ToFloat64(met.skipped.WithLabelValues(keys.Queue))
+			c.log = log.String()
+			return c
+		}
+		c.taken = append(c.taken, due)
+		if err := rdb.ZRem(ctx, keys.Pending(i), def.Body).Err(); err != nil { // claimed
+			t.Fatal(err)
+		}
+	}
+	t.Fatalf("still catching up after %d steps: %d taken", o.maxSteps, len(c.taken))
+	return c
+}
+
+// TestMaterialiserLatestAfterLongOutage: an `@every 1s` schedule 2.1 M
+// seconds behind with "latest" fires its latest occurrence at or before
+// now once, then goes on; none of the stale ones (the search stopped
+// after a million steps and fired 1.1 M and 100 k seconds old ones first).
+func TestMaterialiserLatestAfterLongOutage(t *testing.T) {
+	c := catchUpOnRedis(t, outage{def: Def{Name: "s", Cron: "@every 1s", Body: "b", CatchUp: CatchUpLatest},
+		behind: 2_100_000 * time.Second, maxSteps: 50})
+	if len(c.taken) == 0 {
+		t.Fatal("the latest missed occurrence did not fire")
+	}
+	for _, d := range c.taken {
+		if d.Before(c.start.Add(-time.Second)) {
+			t.Errorf("fired an occurrence %s before the start", c.start.Sub(d))
+		}
+	}
+	// Every occurrence from the cursor's next up to the one fired was skipped.
+	n := c.cursor.Truncate(time.Second).Add(time.Second)
+	if want := float64(c.taken[0].Sub(n) / time.Second); c.skipped != want {
+		t.Errorf("skipped %v, want %v", c.skipped, want)
+	}
+	if !strings.Contains(c.log, "skipped=") {
+		t.Errorf("the skipped occurrences are not logged:\n%s", c.log)
+	}
+	t.Logf("%d fired, the first %s before the start; %v skipped", len(c.taken), c.start.Sub(c.taken[0]), c.skipped)
+}
+
+// TestMaterialiserAllAfterOutage: exactly 2*MaxCatchUp+1 occurrences of
+// an hourly schedule missed with "all": the most recent MaxCatchUp fire,
+// oldest first, and the older ones do not (the oldest used to fire first:
+// 1,001 in all).
+func TestMaterialiserAllAfterOutage(t *testing.T) {
+	missed := 2*MaxCatchUp + 1
+	c := catchUpOnRedis(t, outage{def: Def{Name: "s", Cron: "@every 1h", Body: "b", CatchUp: CatchUpAll},
+		behind: time.Duration(missed)*time.Hour + 30*time.Minute, maxSteps: 3 * MaxCatchUp})
+	first := c.cursor.Truncate(time.Second).Add(time.Duration(missed-MaxCatchUp+1) * time.Hour)
+	if len(c.taken) != MaxCatchUp || !c.taken[0].Equal(first) {
+		t.Fatalf("%d fired, the first %s; want %d, the first %s", len(c.taken), c.taken[0].UTC(), MaxCatchUp, first.UTC())
+	}
+	for i := 1; i < len(c.taken); i++ {
+		if c.taken[i].Sub(c.taken[i-1]) != time.Hour {
+			t.Fatalf("%s fired after %s", c.taken[i].UTC(), c.taken[i-1].UTC())
+		}
+	}
+	if c.skipped != float64(missed-MaxCatchUp) {
+		t.Errorf("skipped %v, want %d", c.skipped, missed-MaxCatchUp)
+	}
+}
+
+// TestMaterialiserCatchUpLost: when the search for the latest missed
+// occurrence contradicts itself (an expression whose Next disagrees with
+// itself), nothing stale fires: the schedule goes on with the first
+// occurrence after now, and says so at warn level.
+func TestMaterialiserCatchUpLost(t *testing.T) {
+	var far time.Time
+	c := catchUpOnRedis(t, outage{def: Def{Name: "s", Cron: "* * * * * *", Body: "b", CatchUp: CatchUpLatest},
+		behind: time.Hour, maxSteps: 5, tweak: func(s *Schedule, start time.Time) {
+			far = start.Add(time.Hour).Truncate(time.Second)
+			s.cron = liar{a: start.Add(-30 * time.Minute).Truncate(time.Second), far: far}
+		}})
+	if len(c.taken) != 0 {
+		t.Errorf("fired %v", c.taken)
+	}
+	if !strings.Contains(c.log, "could not be found") || !strings.Contains(c.log, far.UTC().Format(time.RFC3339)) {
+		t.Errorf("no warning naming the occurrence fired instead:\n%s", c.log)
 	}
 }

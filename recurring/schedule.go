@@ -24,8 +24,8 @@ import (
 // while no instance materialised it (every instance down, the queue not
 // served) for longer than its grace.
 const (
-	CatchUpLatest = "latest" // fire the most recent missed occurrence once (the default)
-	CatchUpAll    = "all"    // fire every missed occurrence, oldest first (at most MaxCatchUp)
+	CatchUpLatest = "latest" // fire the latest occurrence at or before now once (the default)
+	CatchUpAll    = "all"    // fire every missed occurrence, oldest first (at most the MaxCatchUp most recent)
 	CatchUpSkip   = "skip"   // fire none: go on with the first occurrence after now
 )
 
@@ -36,7 +36,7 @@ const (
 const DefaultGrace = 10 * time.Second
 
 // MaxCatchUp bounds the "all" policy: after a longer outage only the most
-// recent MaxCatchUp missed occurrences fire.
+// recent MaxCatchUp occurrences at or before now fire (catchup.go).
 const MaxCatchUp = 1000
 
 // MinInterval is the shortest gap between two occurrences a schedule may
@@ -79,8 +79,13 @@ type Schedule struct {
 	Def
 	cron cron.Schedule
 	// wall, for an expression with fixed hours, is it read on the wall
-	// clock (in UTC, which has no DST): see next.
-	wall  *cron.SpecSchedule
+	// clock (in UTC, which has no DST): see next. An interface, as cron
+	// is, so that tests can count the occurrences a search computes.
+	wall cron.Schedule
+	// every is the gap of an @every schedule (0 otherwise): its
+	// occurrences after a cursor are cursor's next plus whole gaps, which
+	// the catch-up works out by arithmetic (catchup.go).
+	every time.Duration
 	loc   *time.Location
 	grace time.Duration
 }
@@ -122,6 +127,9 @@ func Parse(d Def) (*Schedule, error) {
 		return nil, bad("cron %q: %v", d.Cron, err)
 	}
 	s := &Schedule{Def: d, cron: c, loc: loc, grace: DefaultGrace}
+	if cd, ok := c.(cron.ConstantDelaySchedule); ok {
+		s.every = cd.Delay
+	}
 	if spec, ok := c.(*cron.SpecSchedule); ok {
 		at := *spec
 		at.Location = loc
@@ -227,48 +235,3 @@ func (s *Schedule) NextAfter(t time.Time) time.Time { return s.next(t) }
 
 // Grace is how late an occurrence may be and still count as on time.
 func (s *Schedule) GraceDuration() time.Duration { return s.grace }
-
-// following picks the occurrence to materialise after the one at cursor
-// (already materialised), at now, by the catch-up policy: the one after
-// cursor if it is not older than the grace, else the policy's choice. It
-// also returns how many occurrences it skipped.
-func (s *Schedule) following(cursor, now time.Time) (time.Time, int) {
-	n := s.next(cursor)
-	if n.IsZero() || !n.Before(now.Add(-s.grace)) {
-		return n, 0
-	}
-	switch s.CatchUp {
-	case CatchUpAll:
-		// Keep at most MaxCatchUp: count the missed ones up to now, and
-		// start MaxCatchUp before the end.
-		var missed []time.Time
-		for t := n; !t.IsZero() && !t.After(now); t = s.next(t) {
-			missed = append(missed, t)
-			if len(missed) > 2*MaxCatchUp {
-				missed = missed[len(missed)-MaxCatchUp:]
-			}
-		}
-		if len(missed) <= MaxCatchUp {
-			return n, 0
-		}
-		return missed[len(missed)-MaxCatchUp], 1 // at least one skipped
-	case CatchUpSkip:
-		// The first one after now in the cursor's sequence (keeps an
-		// @every schedule's phase).
-		f, k := n, 0
-		for ; !f.IsZero() && !f.After(now) && k < 1_000_000; k++ {
-			f = s.next(f)
-		}
-		if k == 1_000_000 {
-			f = s.next(now)
-		}
-		return f, k
-	default: // latest
-		last, k := n, 0
-		for t := s.next(n); !t.IsZero() && !t.After(now) && k < 1_000_000; t = s.next(t) {
-			last = t
-			k++
-		}
-		return last, k
-	}
-}

@@ -127,12 +127,13 @@ func TestCatchUp(t *testing.T) {
 		{"all", "2026-01-01T00:00:55Z", "2026-01-01T00:00:10Z", 0},    // every one, in turn
 		{"skip", "2026-01-01T00:00:55Z", "2026-01-01T00:01:00Z", 5},   // none of 10..50
 		{"", "2026-01-01T00:00:55Z", "2026-01-01T00:00:50Z", 4},       // the default is latest
-		{"all", "2026-01-02T00:00:00Z", "2026-01-01T21:13:30Z", 1},    // at most MaxCatchUp
+		{"all", "2026-01-02T00:00:00Z", "2026-01-01T21:13:30Z", 7640}, // the last MaxCatchUp of 8,640
 	} {
 		d := every10
 		d.CatchUp = tc.policy
 		s := mustParse(t, d)
-		got, skipped := s.following(cursor, utc(tc.now))
+		c := s.following(cursor, utc(tc.now))
+		got, skipped := c.at, c.skipped
 		if !got.Equal(utc(tc.want)) || skipped != tc.wantSkipped {
 			t.Errorf("%s at %s: %s (skipped %d), want %s (skipped %d)", tc.policy, tc.now, got.UTC().Format(time.RFC3339), skipped, tc.want, tc.wantSkipped)
 		}
