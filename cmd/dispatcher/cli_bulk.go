@@ -15,14 +15,15 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/dispatcher/dispatcher/internal/bulk"
+	"github.com/dispatcher/dispatcher/internal/glob"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
 // bulkHelp says how cancel and reschedule act on many tasks.
 const bulkHelp = `With --match, --from, --to or --all instead of a BODY, it acts on every
 pending task that matches: --match GLOB on the body (Redis's MATCH syntax:
-* ? [a-z] \x), --from and --to on the due time (inclusive; RFC 3339, Unix
-ms, now, or an offset such as -10m).
+* ? [a-z] \x, on bytes; a range's ends must be ASCII), --from and --to on
+the due time (inclusive; RFC 3339, Unix ms, now, or an offset such as -10m).
 Each shard is walked in due-time order, a batch of --batch tasks per call,
 and each task is changed only if it is still pending with the due time
 read, as a single command would: one claimed, cancelled or rescheduled
@@ -89,6 +90,9 @@ func (b *bulkFlags) spec(cmd *cobra.Command, now time.Time) (bulk.Spec, error) {
 	}
 	if b.match == "" && b.from == "" && b.to == "" && !b.all {
 		return s, usageErrorf("give a filter (--match GLOB, --from TIME, --to TIME), or --all to act on every pending task of the queue")
+	}
+	if err := glob.Check(b.match); err != nil {
+		return s, usageErrorf("--match: %v", err)
 	}
 	s.Match = b.match
 	// An empty --from or --to is a mistake (an unset variable), not "no

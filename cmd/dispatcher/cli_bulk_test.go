@@ -151,3 +151,61 @@ func TestBulkBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestBulkMatchNonASCIIRange: "[a-é]*" once cancelled 4 of these tasks
+// where Redis's own ZSCAN MATCH on the same sets selects 1 (x86-64, where
+// Redis compares range ends as signed bytes; on arm64 it would select 4).
+// Such a pattern has no reading common to every Redis, so it is refused,
+// naming the pattern, and nothing is cancelled; an ASCII range selects
+// what ZSCAN MATCH does.
+func TestBulkMatchNonASCIIRange(t *testing.T) {
+	prefix, rdb := cliEnv(t, nil)
+	const m = 4
+	recordShards(t, rdb, prefix, "jobs", m)
+	ctx := context.Background()
+	keys := shard.Keys{Prefix: prefix, Queue: "jobs"}
+	due := time.Now().Add(24 * time.Hour).UnixMilli()
+	bodies := []string{"apple", "banana", "kiwi", "zucchini"}
+	for _, b := range bodies {
+		if err := rdb.ZAdd(ctx, keys.Shard([]byte(b), m), redis.Z{Score: float64(due), Member: b}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// zscanMatch counts the tasks Redis's MATCH selects over every shard.
+	zscanMatch := func(pattern string) int {
+		n := 0
+		for i := range m {
+			got, _, err := rdb.ZScan(ctx, keys.Pending(i), 0, pattern, 1000).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += len(got) / 2 // member, score
+		}
+		return n
+	}
+	t.Logf("ZSCAN MATCH [a-é]* on this Redis selects %d of %d", zscanMatch("[a-é]*"), len(bodies))
+
+	for _, args := range [][]string{
+		{"cancel", "--queue", "jobs", "--match", "[a-é]*"},
+		{"cancel", "--queue", "jobs", "--match", "[a-é]*", "--dry-run"},
+		{"reschedule", "--queue", "jobs", "--match", "[a-é]*", "--by", "1h"},
+		{"list", "--queue", "jobs", "--match", "[a-é]*"},
+		{"dead", "list", "--queue", "jobs", "--match", "[a-é]*"},
+	} {
+		out, errOut, code := runCLI(t, args...)
+		if code != exitSettings || out != "" || strings.Count(errOut, "\n") != 1 ||
+			!strings.Contains(errOut, `--match: glob "[a-é]*": the class range "a-\xc3" has an end past ASCII`) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and one line refusing the range", args, code, out, errOut)
+		}
+	}
+	for _, b := range bodies {
+		if dueOf(t, rdb, prefix, "jobs", m, b).IsZero() {
+			t.Errorf("%s was cancelled", b)
+		}
+	}
+
+	out, errOut, code := runCLI(t, "cancel", "--queue", "jobs", "--match", "[a-k]*", "--dry-run", "--json")
+	if s := parseSummary(t, out); code != 0 || s.Matched != int64(zscanMatch("[a-k]*")) || s.Matched != 3 {
+		t.Fatalf("[a-k]* dry run: exit %d, %+v, %s; want the 3 ZSCAN MATCH selects", code, s, errOut)
+	}
+}

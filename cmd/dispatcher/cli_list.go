@@ -11,6 +11,7 @@ import (
 
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/browse"
+	"github.com/dispatcher/dispatcher/internal/glob"
 )
 
 // maxLimit bounds --limit: a page is held in memory and printed at once.
@@ -32,7 +33,7 @@ func (p *pageFlags) add(fs *pflag.FlagSet, times bool) {
 		fs.StringVar(&p.from, "from", "", "only tasks due at or after `T`: "+timeHelp)
 		fs.StringVar(&p.to, "to", "", "only tasks due at or before `T`")
 	}
-	fs.StringVar(&p.match, "match", "", "only bodies matching `GLOB` (Redis's MATCH: * ? [a-z] \\x)")
+	fs.StringVar(&p.match, "match", "", "only bodies matching `GLOB` (Redis's MATCH: * ? [a-z] \\x; ASCII range ends)")
 	fs.IntVar(&p.limit, "limit", browse.DefaultLimit, "at most `N` tasks, then the cursor to go on with")
 	fs.StringVar(&p.after, "after", "", "go on after `CURSOR`, printed by the page before")
 	fs.IntVar(&p.maxScan, "max-scan", browse.DefaultBudget, "look at most at `N` tasks (matching or not), then stop with a cursor")
@@ -94,6 +95,9 @@ func (p *pageFlags) checkLocal(state browse.State) error {
 				return err
 			}
 		}
+	}
+	if err := glob.Check(p.match); err != nil {
+		return usageErrorf("--match: %v", err)
 	}
 	if p.after != "" {
 		c, err := browse.ParseCursor(p.after)

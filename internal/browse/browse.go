@@ -92,7 +92,8 @@ type Query struct {
 	Shards []int
 	// From and To bound the due time (ms, inclusive); nil for none.
 	From, To *int64
-	// Match is a glob (Redis's MATCH) on the body; "" matches all.
+	// Match is a glob (Redis's MATCH) on the body; "" matches all. Walk
+	// refuses one glob.Check refuses.
 	Match string
 	// Limit is the most tasks a page holds (default DefaultLimit).
 	Limit int
@@ -125,6 +126,9 @@ type source struct {
 func Walk(ctx context.Context, rdb redis.UniversalClient, q Query) (Page, error) {
 	if q.After != nil && q.After.State != q.State {
 		return Page{}, fmt.Errorf("cursor %s is of %s tasks, not %s", q.After, q.After.State, q.State)
+	}
+	if err := glob.Check(q.Match); err != nil {
+		return Page{}, err
 	}
 	limit := q.Limit
 	if limit <= 0 {

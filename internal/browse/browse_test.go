@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -187,6 +188,11 @@ func TestListFilters(t *testing.T) {
 	}
 	if pages < 5 {
 		t.Errorf("%d pages: the budget of 200 did not end walks early", pages)
+	}
+	// A glob without a reading common to every Redis: refused.
+	if _, err := Walk(context.Background(), rdb, Query{Keys: k, State: Pending, Shards: []int{0}, Match: "[a-é]*"}); err == nil ||
+		!strings.Contains(err.Error(), `glob "[a-é]*"`) {
+		t.Errorf("Walk with [a-é]*: %v, want the glob refused", err)
 	}
 	// No match at all: bounded pages with cursors, then the end.
 	q = Query{Keys: k, State: Pending, Shards: []int{0, 1, 2, 3}, Match: "nothing*", Budget: 1000}

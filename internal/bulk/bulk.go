@@ -49,7 +49,8 @@ type Spec struct {
 	Shards int    `json:"shards"` // the queue's shard count when the run started
 }
 
-// Validate refuses a spec that would do nothing or move tasks twice.
+// Validate refuses a spec that would do nothing or move tasks twice, or
+// whose glob Redis's MATCH reads differently on different platforms.
 func (s Spec) Validate() error {
 	switch s.Mode {
 	case Cancel, At:
@@ -59,6 +60,9 @@ func (s Spec) Validate() error {
 		}
 	default:
 		return fmt.Errorf("mode %q: want cancel, by or at", s.Mode)
+	}
+	if err := glob.Check(s.Match); err != nil {
+		return err
 	}
 	if s.FromMs != nil && s.ToMs != nil && *s.FromMs > *s.ToMs {
 		return fmt.Errorf("from %d is after to %d: the range is empty", *s.FromMs, *s.ToMs)

@@ -2,6 +2,7 @@ package glob
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -55,6 +56,41 @@ func TestMatch(t *testing.T) {
 	}
 }
 
+// TestCheck: a class range with an end past ASCII is refused, naming the
+// pattern and the range as Match reads it; a non-ASCII byte anywhere else
+// is not.
+func TestCheck(t *testing.T) {
+	for _, ok := range []string{
+		"", "*", "order:*", "[a-z]*", "é*", "*задача*", "[é]", "[^é]", "\\é", "[\\é]",
+		"[a\\-é]", // an escaped '-' makes no range
+		"[a-\\é]", // the range a-\, then two bytes
+		"\\[a-é]", // no class: an escaped '['
+		"[-é]", "[c-]]", "[é", "[",
+	} {
+		if err := Check(ok); err != nil {
+			t.Errorf("Check(%q) = %v, want nil", ok, err)
+		}
+	}
+	for pat, rng := range map[string]string{
+		"[a-é]*":            "a-\xc3",
+		"[é-z]":             "\xa9-z",
+		"[^a-é]":            "a-\xc3",
+		"x[\\é-z]":          "\xa9-z", // the escape takes only é's first byte
+		"[\xff-a]":          "\xff-a",
+		"[é-ÿ]":             "\xa9-\xc3", // both ends past ASCII: still no character range
+		"*[a-z]?[0-9][0-é]": "0-\xc3",
+		"[a-é":              "a-\xc3", // unclosed
+		"[é-]":              "\xa9-]", // é's second byte to the ']'
+		"[é-]]":             "\xa9-]",
+	} {
+		err := Check(pat)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("glob %q", pat)) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("class range %q", rng)) {
+			t.Errorf("Check(%q) = %v, want an error naming the pattern and the range %q", pat, err, rng)
+		}
+	}
+}
+
 // TestMatchAgreesWithRedis checks each case against Redis's own MATCH, on
 // a real server: the bulk commands promise the same selection as SCAN.
 func TestMatchAgreesWithRedis(t *testing.T) {
@@ -91,15 +127,30 @@ func TestMatchAgreesWithRedisRandom(t *testing.T) {
 		}
 		return string(b)
 	}
+	// Bytes of 0x80 and above (é is 0xc3 0xa9) in bodies and patterns:
+	// Redis compares a class's range ends as C chars, signed on x86-64.
 	bodies := make([]string, 50)
 	for i := range bodies {
-		bodies[i] = word("ab-]", 8)
+		bodies[i] = word("ab-]\xc3\xa9\xff", 8)
 	}
 	if err := rdb.SAdd(ctx, key, bodies).Err(); err != nil {
 		t.Fatal(err)
 	}
-	for range 300 {
-		pat := word("ab*?[]^-\\", 7)
+	refused, nonASCII := 0, 0
+	for i := range 300 {
+		pat := word("ab*?[]^-\\\xc3\xa9\xff", 7)
+		if i%2 == 1 {
+			// Half start with a range, whose ends are often past ASCII.
+			pat = "[" + word("ab-]\\\xc3\xa9\xff", 1) + "-" + word("ab-]\xc3\xa9\xff", 1) + pat
+		}
+		if err := Check(pat); err != nil {
+			// Its reading depends on the platform Redis runs on.
+			refused++
+			continue
+		}
+		if strings.ContainsFunc(pat, func(r rune) bool { return r >= 0x80 }) {
+			nonASCII++
+		}
 		got, _, err := rdb.SScan(ctx, key, 0, pat, 1000).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -114,6 +165,11 @@ func TestMatchAgreesWithRedisRandom(t *testing.T) {
 			}
 		}
 	}
+	// The generator must reach both kinds, or the test proves little.
+	if refused == 0 || nonASCII == 0 {
+		t.Errorf("of 300 patterns %d refused, %d accepted with bytes past ASCII: want some of each", refused, nonASCII)
+	}
+	t.Logf("%d of 300 patterns refused; %d accepted with bytes past ASCII", refused, nonASCII)
 }
 
 // redisSet is a client of the test Redis and a set key of the test's own,

@@ -117,7 +117,7 @@ func startRabbitCluster(t testing.TB) (*RabbitCluster, error) {
 	errs := make([]error, len(c.Nodes))
 	var wg sync.WaitGroup
 	for i, n := range c.Nodes {
-		wg.Go(func() { errs[i] = n.firstBoot() })
+		wg.Go(func() { errs[i] = n.firstBoot(t.Logf) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {

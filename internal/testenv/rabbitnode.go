@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -42,11 +41,12 @@ type RabbitNode struct {
 	alarmsSet map[string]bool // by SetAlarm, cleared by restore
 	proc      *nodeProc       // the running server; replaced by Boot
 
-	dir  string
-	env  []string
-	cred *syscall.Credential
-	out  *os.File
-	stop sync.Once
+	dir       string
+	extraConf string // added to rabbitmq.conf
+	env       []string
+	cred      *syscall.Credential
+	out       *os.File
+	stop      sync.Once
 }
 
 // nodeProc is one run of the node's server process.
@@ -338,6 +338,7 @@ func (n *RabbitNode) Boot() error {
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-noinput -kernel inet_dist_use_interface {127,0,0,1}")
 	cmd.Stdout, cmd.Stderr = n.out, n.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: n.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	from := n.logSizes()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", rabbitServer, err)
 	}
@@ -347,9 +348,46 @@ func (n *RabbitNode) Boot() error {
 	n.proc = p
 	n.mu.Unlock()
 	if err := n.waitAMQP(90 * time.Second); err != nil {
+		select {
+		case <-p.done:
+			if bindFailed(n.logsSince(from)) {
+				err = fmt.Errorf("%w: %w", errPortTaken, err)
+			}
+		default:
+		}
 		return fmt.Errorf("node %s did not come up: %w\n%s", n.Name, err, n.logTail())
 	}
 	return nil
+}
+
+// logFiles are the node's console output and its log file.
+func (n *RabbitNode) logFiles() []string {
+	return []string{filepath.Join(n.dir, "console.log"), filepath.Join(n.dir, "log", n.Name+".log")}
+}
+
+// logSizes are the sizes of logFiles now (0 for one not yet written).
+func (n *RabbitNode) logSizes() []int64 {
+	var sizes []int64
+	for _, f := range n.logFiles() {
+		var size int64
+		if st, err := os.Stat(f); err == nil {
+			size = st.Size()
+		}
+		sizes = append(sizes, size)
+	}
+	return sizes
+}
+
+// logsSince is what logFiles gained past sizes.
+func (n *RabbitNode) logsSince(sizes []int64) string {
+	var b strings.Builder
+	for i, f := range n.logFiles() {
+		data, _ := os.ReadFile(f)
+		if int64(len(data)) >= sizes[i] {
+			b.Write(data[sizes[i]:])
+		}
+	}
+	return b.String()
 }
 
 func (n *RabbitNode) current() *nodeProc {
@@ -367,7 +405,7 @@ func startRabbitNode(t testing.TB) (*RabbitNode, error) {
 		return nil, err
 	}
 	started := time.Now()
-	if err := n.firstBoot(); err != nil {
+	if err := n.firstBoot(t.Logf); err != nil {
 		return nil, err
 	}
 	t.Logf("private RabbitMQ node %s up in %s: amqp 127.0.0.1:%d, amqps 127.0.0.1:%d",
@@ -375,8 +413,9 @@ func startRabbitNode(t testing.TB) (*RabbitNode, error) {
 	return n, nil
 }
 
-// newRabbitNode prepares a node's directory, configuration (rabbitmq.conf
-// plus extraConf) and environment without starting it; firstBoot does.
+// newRabbitNode prepares a node's directory without starting it;
+// firstBoot configures it (rabbitmq.conf plus extraConf) on free ports and
+// boots it.
 func newRabbitNode(t testing.TB, extraConf string) (*RabbitNode, error) {
 	if _, err := os.Stat(rabbitServer); err != nil {
 		return nil, fmt.Errorf("rabbitmq-server is not installed: %w", err)
@@ -389,7 +428,7 @@ func newRabbitNode(t testing.TB, extraConf string) (*RabbitNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &RabbitNode{dir: dir, cred: cred, alarmsSet: map[string]bool{}}
+	n := &RabbitNode{dir: dir, extraConf: extraConf, cred: cred, alarmsSet: map[string]bool{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -400,14 +439,21 @@ func newRabbitNode(t testing.TB, extraConf string) (*RabbitNode, error) {
 		return nil, err
 	}
 	n.Name = fmt.Sprintf("dispatcher-test-%d-%d@localhost", os.Getpid(), nodeSeq.Add(1))
-	ports, err := freePorts(3)
-	if err != nil {
-		return nil, err
-	}
-	n.Port, n.TLSPort = ports[0], ports[1]
 	if n.Certs, err = copyCerts(NewCerts(t), filepath.Join(dir, "certs")); err != nil {
 		return nil, err
 	}
+	if n.out, err = os.Create(filepath.Join(dir, "console.log")); err != nil {
+		return nil, err
+	}
+	ok = true
+	return n, nil
+}
+
+// configure writes the node's configuration and environment for ports:
+// AMQP, AMQPS and Erlang distribution.
+func (n *RabbitNode) configure(ports []int) error {
+	dir := n.dir
+	n.Port, n.TLSPort = ports[0], ports[1]
 	conf := fmt.Sprintf(`listeners.tcp.default = 127.0.0.1:%d
 listeners.ssl.default = 127.0.0.1:%d
 ssl_options.cacertfile = %s
@@ -418,7 +464,7 @@ ssl_options.fail_if_no_peer_cert = true
 vm_memory_high_watermark.relative = 0.4
 log.file.level = info
 log.console = false
-`, n.Port, n.TLSPort, n.Certs.CA, n.Certs.ServerCert, n.Certs.ServerKey) + extraConf
+`, n.Port, n.TLSPort, n.Certs.CA, n.Certs.ServerCert, n.Certs.ServerKey) + n.extraConf
 	files := map[string]string{
 		"rabbitmq.conf":   conf,
 		"enabled_plugins": "[].\n",
@@ -428,7 +474,7 @@ log.console = false
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	n.env = append(cleanEnv(),
@@ -444,19 +490,51 @@ log.console = false
 		"RABBITMQ_PID_FILE="+filepath.Join(dir, "pid"),
 		"ERL_EPMD_ADDRESS=127.0.0.1",
 	)
-	if n.out, err = os.Create(filepath.Join(dir, "console.log")); err != nil {
-		return nil, err
-	}
-	ok = true
-	return n, nil
+	return nil
 }
 
-// firstBoot boots a node newRabbitNode prepared; if it does not come up,
-// the node is stopped and its files removed.
-func (n *RabbitNode) firstBoot() error {
-	if err := n.Boot(); err != nil {
+// firstBoot configures a node newRabbitNode prepared on free ports and
+// boots it, on new ports while a port is taken before the node binds it;
+// if it does not come up, the node is stopped and its files removed.
+func (n *RabbitNode) firstBoot(logf func(string, ...any)) error {
+	err := startOnPorts(3, logf, func(ports []int) error {
+		if err := n.configure(ports); err != nil {
+			return err
+		}
+		err := n.Boot()
+		if err == nil {
+			err = n.ownsPort()
+		}
+		if errors.Is(err, errPortTaken) {
+			// It exited: boot the next attempt on no data of this one.
+			for _, d := range []string{"mnesia", "log"} {
+				if rmErr := os.RemoveAll(filepath.Join(n.dir, d)); rmErr != nil {
+					return errors.Join(err, rmErr)
+				}
+			}
+		}
+		return err
+	})
+	if err != nil {
 		n.discard()
 		return err
+	}
+	return nil
+}
+
+// ownsPort checks that the AMQP port is this node's and not another's
+// that bound it first: a new node's cluster name is its own node name
+// (with the machine's full host name). If it is not, the node is killed.
+func (n *RabbitNode) ownsPort() error {
+	c, err := n.Dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	short, _, _ := strings.Cut(n.Name, "@")
+	if name, ok := c.Properties["cluster_name"].(string); ok && !strings.HasPrefix(name, short+"@") {
+		n.Crash()
+		return fmt.Errorf("node %s: port %d answers as %s: %w", n.Name, n.Port, name, errPortTaken)
 	}
 	return nil
 }
@@ -531,7 +609,7 @@ func (n *RabbitNode) waitAMQP(timeout time.Duration) error {
 
 func (n *RabbitNode) logTail() string {
 	var b strings.Builder
-	for _, f := range []string{filepath.Join(n.dir, "console.log"), filepath.Join(n.dir, "log", n.Name+".log")} {
+	for _, f := range n.logFiles() {
 		data, _ := os.ReadFile(f)
 		fmt.Fprintf(&b, "--- %s:\n%s\n", f, tail(string(data), 3000))
 	}
@@ -543,26 +621,6 @@ func tail(s string, n int) string {
 		return "..." + s[len(s)-n:]
 	}
 	return s
-}
-
-// freePorts returns n distinct free ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // copyCerts copies c's files into dir, which lives as long as the node

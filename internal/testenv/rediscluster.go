@@ -136,12 +136,9 @@ func StartRedisCluster(t testing.TB, opt ClusterOptions) *RedisCluster {
 	n := opt.Primaries * (1 + opt.ReplicasPer)
 	addrs := make([]string, 0, n)
 	for i := 0; i < n; i++ {
-		// The bus port defaults to port+10000, which may be past 65535.
-		_, bus, _ := net.SplitHostPort(FreeAddr(t))
 		args := []string{
 			"cluster-enabled yes",
 			"cluster-config-file nodes.conf",
-			"cluster-port " + bus,
 			"cluster-node-timeout " + strconv.FormatInt(opt.NodeTimeout.Milliseconds(), 10),
 			// Any replica may be promoted, however long it was cut off.
 			"cluster-replica-validity-factor 0",
@@ -153,8 +150,10 @@ func StartRedisCluster(t testing.TB, opt ClusterOptions) *RedisCluster {
 			"repl-ping-replica-period 1",
 		}
 		args = append(args, secure...)
+		// The bus port (cluster-port) is drawn with the port: its default,
+		// port+10000, may be past 65535 or taken.
 		s := StartRedis(t, RedisOptions{TLS: opt.TLS, TLSAuthClients: opt.TLS != nil, Users: opt.Users,
-			Args: append(args, opt.Args...)})
+			Args: append(args, opt.Args...), clusterBus: true})
 		if c.user != "" {
 			c.sharePassword(s)
 		}

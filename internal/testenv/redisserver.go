@@ -6,8 +6,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +43,9 @@ type RedisOptions struct {
 	// Sentinel runs the server as a Redis Sentinel (redis-server <conf>
 	// --sentinel); Args then carry the "sentinel ..." lines.
 	Sentinel bool
+
+	// clusterBus draws a cluster bus port (cluster-port) with the port.
+	clusterBus bool
 }
 
 // RedisServer is a redis-server process owned by one test, in a temporary
@@ -53,8 +56,10 @@ type RedisServer struct {
 	opt      RedisOptions
 	Dir      string
 	Port     int
+	busPort  int // cluster-port, with RedisOptions.clusterBus
 	conf     string
 	adminPwd string
+	logFrom  int64 // the log's size when the last launch began
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -68,13 +73,8 @@ func StartRedis(t testing.TB, opt RedisOptions) *RedisServer {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not installed (scripts/dev.sh installs it): %v", err)
 	}
-	_, port, _ := net.SplitHostPort(FreeAddr(t))
 	s := &RedisServer{t: t, opt: opt, Dir: t.TempDir(), adminPwd: "admin-" + randomHex()}
-	s.Port, _ = strconv.Atoi(port)
 	s.conf = filepath.Join(s.Dir, "redis.conf")
-	if err := os.WriteFile(s.conf, []byte(s.config()), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	if len(opt.Users) > 0 {
 		users := append([]string{"user admin on >" + s.adminPwd + " ~* &* +@all"}, opt.Users...)
 		if err := os.WriteFile(filepath.Join(s.Dir, "users.acl"), []byte(strings.Join(users, "\n")+"\n"), 0o600); err != nil {
@@ -82,9 +82,51 @@ func StartRedis(t testing.TB, opt RedisOptions) *RedisServer {
 		}
 	}
 	t.Cleanup(s.stop)
-	s.launch()
-	s.WaitLoaded(20 * time.Second)
+	n := 1
+	if opt.clusterBus {
+		n = 2
+	}
+	err := startOnPorts(n, t.Logf, func(ports []int) error {
+		s.Port = ports[0]
+		if opt.clusterBus {
+			s.busPort = ports[1]
+		}
+		if err := os.WriteFile(s.conf, []byte(s.config()), 0o600); err != nil {
+			return err
+		}
+		if err := s.launch(); err != nil {
+			return err
+		}
+		err := s.waitUp(20*time.Second, true)
+		if errors.Is(err, errPortTaken) {
+			s.Kill()
+			err = errors.Join(err, s.clearAttempt())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("private redis-server: %v", err)
+	}
 	return s
+}
+
+// clearAttempt removes what a start that failed left in Dir (nodes.conf
+// of a cluster node) but the configuration and the log.
+func (s *RedisServer) clearAttempt() error {
+	entries, err := os.ReadDir(s.Dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		switch e.Name() {
+		case "redis.conf", "users.acl", "redis.log":
+		default:
+			if err := os.RemoveAll(filepath.Join(s.Dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func randomHex() string {
@@ -114,6 +156,9 @@ func (s *RedisServer) config() string {
 	} else {
 		lines = append(lines, "port "+strconv.Itoa(s.Port))
 	}
+	if s.busPort != 0 {
+		lines = append(lines, "cluster-port "+strconv.Itoa(s.busPort))
+	}
 	if o.AOF {
 		fsync := o.AppendFsync
 		if fsync == "" {
@@ -134,12 +179,14 @@ func (s *RedisServer) config() string {
 	return strings.Join(lines, "\n") + "\n"
 }
 
-func (s *RedisServer) launch() {
-	s.t.Helper()
+func (s *RedisServer) launch() error {
 	// Config errors go to stderr, before the log file is open.
 	out, err := os.OpenFile(filepath.Join(s.Dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		s.t.Fatal(err)
+		return err
+	}
+	if st, err := out.Stat(); err == nil {
+		s.logFrom = st.Size()
 	}
 	args := []string{s.conf}
 	if s.opt.Sentinel {
@@ -149,13 +196,14 @@ func (s *RedisServer) launch() {
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		out.Close()
-		s.t.Fatalf("start redis-server: %v", err)
+		return fmt.Errorf("start redis-server: %w", err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); out.Close(); close(done) }()
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
+	return nil
 }
 
 // Addr is the server's host:port.
@@ -294,18 +342,30 @@ func (s *RedisServer) Resume() {
 func (s *RedisServer) Restart() {
 	s.t.Helper()
 	s.Kill()
-	s.launch()
-	s.waitUp(20*time.Second, false)
+	if err := s.launch(); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.waitUp(20*time.Second, false); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 // WaitLoaded waits until the server answers PING with PONG.
-func (s *RedisServer) WaitLoaded(timeout time.Duration) { s.t.Helper(); s.waitUp(timeout, true) }
-
-func (s *RedisServer) waitUp(timeout time.Duration, loaded bool) {
+func (s *RedisServer) WaitLoaded(timeout time.Duration) {
 	s.t.Helper()
+	if err := s.waitUp(timeout, true); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// waitUp waits until this process answers on the port: a PING answered,
+// with PONG or (unless loaded) LOADING, and INFO naming its pid, not
+// another server's. If it exited unable to bind a port, the error wraps
+// errPortTaken.
+func (s *RedisServer) waitUp(timeout time.Duration, loaded bool) error {
 	opt, err := redis.ParseURL(s.URL())
 	if err != nil {
-		s.t.Fatal(err)
+		return err
 	}
 	if s.opt.TLS != nil {
 		opt.TLSConfig = s.clientTLS()
@@ -314,26 +374,47 @@ func (s *RedisServer) waitUp(timeout time.Duration, loaded bool) {
 	c := redis.NewClient(opt)
 	defer c.Close()
 	deadline := time.Now().Add(timeout)
+	s.mu.Lock()
+	pid, done := s.cmd.Process.Pid, s.done
+	s.mu.Unlock()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err = c.Ping(ctx).Err()
-		cancel()
 		if err == nil || (!loaded && redis.HasErrorPrefix(err, "LOADING")) {
-			return
+			// A server that bound the port first answers too.
+			var info string
+			if info, err = c.Info(ctx, "server").Result(); err == nil || (!loaded && redis.HasErrorPrefix(err, "LOADING")) {
+				cancel()
+				if got := redisInfoField(info, "process_id"); got != strconv.Itoa(pid) && err == nil {
+					return fmt.Errorf("%s: the port answers as pid %s, not %d: %w", s, got, pid, errPortTaken)
+				}
+				return nil
+			}
 		}
-		s.mu.Lock()
-		done := s.done
-		s.mu.Unlock()
+		cancel()
 		select {
 		case <-done:
-			s.t.Fatalf("redis-server exited: %s", s.LogTail(2000))
+			log := s.logSinceLaunch()
+			if bindFailed(log) {
+				return fmt.Errorf("%s exited: %w\n%s", s, errPortTaken, tail(log, 2000))
+			}
+			return fmt.Errorf("%s exited:\n%s", s, tail(log, 2000))
 		default:
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server on %s not up after %s (%v): %s", s.Addr(), timeout, err, s.LogTail(2000))
+			return fmt.Errorf("%s not up after %s (%v): %s", s, timeout, err, s.LogTail(2000))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// logSinceLaunch is what the server logged since its last launch.
+func (s *RedisServer) logSinceLaunch() string {
+	b, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+	if int64(len(b)) >= s.logFrom {
+		b = b[s.logFrom:]
+	}
+	return string(b)
 }
 
 // LogTail returns the last n bytes of the server's log file.

@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -200,17 +199,6 @@ func Consumer(t testing.TB, conn *amqp.Connection, exchange, key string) <-chan 
 		}
 	})
 	return d
-}
-
-// FreeAddr returns a free 127.0.0.1 TCP address.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // HostPort returns host:port of a URL.
