@@ -3,12 +3,13 @@
 // docs/operations.md#kubernetes and scripts/chart-check.sh, which runs it
 // on the chart's renders and the KEDA example).
 //
-//	check [-env-dir DIR] FILE...   (FILE - reads stdin)
+//	check [-out DIR] FILE...   (FILE - reads stdin)
 //
 // Every document of the files must be a kind it knows (decode.go), with no
 // field its type lacks; the objects of all files are then checked together
-// (rules.go). With -env-dir, each Deployment's dispatcher environment is
-// written to DIR/<name>.env for loading by the dispatcher itself. Exit
+// (rules.go). With -out, what the objects hold is written to DIR for other
+// tools (out.go): each Deployment's dispatcher environment, ConfigMap data,
+// PrometheusRule groups as a rules file. Exit
 // status 0 when all is well, 1 with a line per problem otherwise, 2 for a
 // bad argument.
 package main
@@ -27,7 +28,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	envDir := fs.String("env-dir", "", "write each Deployment's dispatcher env to `DIR`/<name>.env")
+	outDir := fs.String("out", "", "write env files, ConfigMap data and rules files to `DIR`")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -53,8 +54,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		objs, errs = append(objs, o...), append(errs, e...)
 	}
 	errs = append(errs, checkAll(objs)...)
-	if *envDir != "" && len(errs) == 0 {
-		if err := writeEnvFiles(objs, *envDir); err != nil {
+	if *outDir != "" && len(errs) == 0 {
+		if err := writeOut(objs, *outDir); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // tlsFileVars name files inside the pod; the dispatcher opens them while
@@ -55,8 +56,12 @@ env:
 	return lines, nil
 }
 
-// writeEnvFiles writes each Deployment's env to dir/<name>.env.
-func writeEnvFiles(objs []object, dir string) error {
+// writeOut writes what the objects hold for checking by other tools:
+// each Deployment's dispatcher env to dir/<name>.env (for the dispatcher's
+// own settings check), each ConfigMap's data to dir/<name>/<key> (the
+// recurring schedules, the dashboard), and each PrometheusRule's groups as
+// a rules file dir/<name>.rules.yml (for promtool).
+func writeOut(objs []object, dir string) error {
 	secrets := map[string]*corev1.Secret{}
 	for _, o := range objs {
 		if s, ok := o.Value.(*corev1.Secret); ok {
@@ -64,17 +69,30 @@ func writeEnvFiles(objs []object, dir string) error {
 		}
 	}
 	for _, o := range objs {
-		d, ok := o.Value.(*appsv1.Deployment)
-		if !ok {
-			continue
+		var err error
+		switch v := o.Value.(type) {
+		case *appsv1.Deployment:
+			var lines []string
+			if lines, err = envLines(v, secrets); err == nil {
+				err = os.WriteFile(filepath.Join(dir, o.Name+".env"), []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+			}
+		case *corev1.ConfigMap:
+			if err = os.MkdirAll(filepath.Join(dir, o.Name), 0o755); err != nil {
+				break
+			}
+			for key, data := range v.Data {
+				if err = os.WriteFile(filepath.Join(dir, o.Name, key), []byte(data), 0o644); err != nil {
+					break
+				}
+			}
+		case *PrometheusRule:
+			var b []byte
+			if b, err = yaml.Marshal(v.Spec); err == nil {
+				err = os.WriteFile(filepath.Join(dir, o.Name+".rules.yml"), b, 0o644)
+			}
 		}
-		lines, err := envLines(d, secrets)
 		if err != nil {
 			return fmt.Errorf("%s: %w", o, err)
-		}
-		path := filepath.Join(dir, o.Name+".env")
-		if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-			return err
 		}
 	}
 	return nil
