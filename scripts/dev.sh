@@ -103,6 +103,7 @@ test)
 	go vet ./...
 	log "go test -race"
 	go test -race -count=1 -timeout 15m "${@:2}" ./...
+	scripts/chart-check.sh # Helm chart, KEDA example, deploy/check (a module of its own)
 	;;
 *)
 	echo "usage: $0 run|test [go test flags]" >&2

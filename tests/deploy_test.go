@@ -22,6 +22,12 @@ const (
 	alertRulesFile = "../deploy/prometheus/dispatcher-alerts.yml"
 	alertTestsFile = "../deploy/prometheus/dispatcher-alerts_test.yml"
 	dashboardFile  = "../deploy/grafana/dispatcher-dashboard.json"
+	// The KEDA example's query, as a recording rule, and its unit tests.
+	kedaRulesFile = "../deploy/keda/consumers-forecast-rules.yml"
+	kedaTestsFile = "../deploy/keda/consumers-forecast-rules_test.yml"
+	// The Helm chart's copies of the rules and the dashboard: Helm reads
+	// files inside the chart only.
+	chartFilesDir = "../deploy/helm/dispatcher/files"
 )
 
 // wantAlerts are the alerts deploy/prometheus defines; runbooks, routes and
@@ -340,19 +346,47 @@ func TestDashboardQueries(t *testing.T) {
 	t.Logf("%s", promtool(t, "check", "rules", path))
 }
 
+// TestDeployChartCopies: the chart's copies of the alert rules and the
+// dashboard, which its PrometheusRule and dashboard ConfigMap carry, are
+// byte for byte the files in deploy/prometheus and deploy/grafana: edit
+// those, then copy them over.
+func TestDeployChartCopies(t *testing.T) {
+	for _, orig := range []string{alertRulesFile, dashboardFile} {
+		copied := filepath.Join(chartFilesDir, filepath.Base(orig))
+		if readFile(t, copied) != readFile(t, orig) {
+			t.Errorf("%s differs from %s: cp %s %s", copied, orig,
+				strings.TrimPrefix(orig, "../"), strings.TrimPrefix(copied, "../"))
+		}
+	}
+}
+
+// TestDeployKEDAQuery: the KEDA example's query (deploy/keda, as a
+// recording rule; deploy/check's tests hold it identical to the
+// ScaledObject's) is valid, and its unit tests pass: it follows the
+// forecast, takes the max (not the sum) of two instances reporting the
+// queue while the sweeper role moves, bridges the gap between them, and
+// reads no other queue.
+func TestDeployKEDAQuery(t *testing.T) {
+	t.Logf("%s", promtool(t, "check", "rules", kedaRulesFile))
+	t.Logf("%s", promtool(t, "test", "rules", kedaTestsFile))
+}
+
 var metricName = regexp.MustCompile(`\bdispatcher_[a-z0-9_]*[a-z0-9]\b`)
 
 // deployedMetricNames lists the dispatcher_* metric names the alert rules
-// (their comments left out) and the dashboard's queries use.
+// and the KEDA example's rule (their comments left out) and the
+// dashboard's queries use.
 func deployedMetricNames(t *testing.T) []string {
 	t.Helper()
 	seen := map[string]bool{}
-	for _, l := range strings.Split(readFile(t, alertRulesFile), "\n") {
-		if strings.HasPrefix(strings.TrimSpace(l), "#") {
-			continue
-		}
-		for _, n := range metricName.FindAllString(l, -1) {
-			seen[n] = true
+	for _, file := range []string{alertRulesFile, kedaRulesFile} {
+		for _, l := range strings.Split(readFile(t, file), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), "#") {
+				continue
+			}
+			for _, n := range metricName.FindAllString(l, -1) {
+				seen[n] = true
+			}
 		}
 	}
 	for _, q := range loadDashboard(t).queries() {
