@@ -54,6 +54,9 @@ ensure_test_tools() {
 	local pkgs=()
 	command -v promtool >/dev/null || pkgs+=(prometheus)
 	command -v chromium >/dev/null || pkgs+=(chromium)
+	# gcc builds the clock-shift preload of tests that step Redis's clock
+	# (internal/testenv/clockshift.go).
+	command -v gcc >/dev/null || pkgs+=(gcc libc6-dev)
 	[ "${#pkgs[@]}" = 0 ] || apt_install "${pkgs[@]}"
 }
 

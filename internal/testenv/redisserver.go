@@ -43,6 +43,8 @@ type RedisOptions struct {
 	// Sentinel runs the server as a Redis Sentinel (redis-server <conf>
 	// --sentinel); Args then carry the "sentinel ..." lines.
 	Sentinel bool
+	// Env is added to the server's environment (ClockShift.Env).
+	Env []string
 
 	// clusterBus draws a cluster bus port (cluster-port) with the port.
 	clusterBus bool
@@ -194,6 +196,9 @@ func (s *RedisServer) launch() error {
 	}
 	cmd := exec.Command("redis-server", args...)
 	cmd.Stdout, cmd.Stderr = out, out
+	if len(s.opt.Env) > 0 {
+		cmd.Env = append(os.Environ(), s.opt.Env...)
+	}
 	if err := cmd.Start(); err != nil {
 		out.Close()
 		return fmt.Errorf("start redis-server: %w", err)
