@@ -170,6 +170,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		}
 		if c.now > 0 { // a sweep's plain reads carry no clock when its script failed
 			s.clock.observe(i, c.nowUs, d.before[n], d.after[n])
+			s.check.note(i, c.nowUs, d.before[n])
 		}
 		s.due.noteAnswer(i, c.nextPending, c.nextLease, d.job.sent, d.job.limit > 0)
 		if s.prim.lost(i) {
@@ -192,7 +193,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			s.met.reaped(c.reaped)
 			s.lim.Warn("reaped", "took over tasks whose lease ran out", "shard", i, "tasks", c.reaped)
 		}
-		b := batch{shard: i, deadline: c.deadline, reserved: d.job.reservedAt(n)}
+		b := batch{shard: i, deadline: c.deadline, reserved: d.job.reservedAt(n), nowUs: c.nowUs}
 		for _, e := range c.entries {
 			t, err := ParseEntry(e)
 			if err != nil {

@@ -1,6 +1,7 @@
 package scanner
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -26,7 +27,8 @@ type serverClock struct {
 	offsets []atomic.Int64
 	clocked []atomic.Bool
 	// The round trip each shard's offset was measured over, and when:
-	// owned by Run's goroutine.
+	// under mu (observe runs on the loop's goroutine and on clockCheck's).
+	mu  sync.Mutex
 	rtt []time.Duration
 	at  []time.Time
 	// The offset less half the round trip of the sample it came from,
@@ -81,6 +83,8 @@ func (c *serverClock) offsetOf(i int) int64 {
 // that one is old enough for the clocks to have drifted apart (allowed
 // for generously, at 1 ms per second).
 func (c *serverClock) observe(i int, serverUs int64, before, after time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	rtt := after.Sub(before)
 	half := rtt.Microseconds()/2 + 1 // and the µs TIME was cut to
 	off := serverUs - (c.local(before) + rtt.Microseconds()/2)

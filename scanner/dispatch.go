@@ -69,7 +69,10 @@ func (p *progress) record(o outcome) bool {
 func (s *Scanner) dispatch(work context.Context, b batch, published, done func()) {
 	p := &progress{b: b, done: done, left: len(b.tasks)}
 	var now, later []heldTask
-	nowUs := s.clock.surelyUs(b.shard) // never early: see holder
+	// Published at once only if the claim's own reading of the Redis clock
+	// showed it due; the holder confirms the others by a later reading
+	// (see clockCheck): never early, even if the clock stepped back.
+	nowUs := min(s.clock.surelyUs(b.shard), b.nowUs)
 	complete := len(b.tasks) == 0
 	for _, t := range b.tasks {
 		if len(t.Member) > s.opt.MaxMessageBytes {

@@ -19,7 +19,8 @@ type batch struct {
 	shard    int
 	deadline int64 // the lease all its tasks are claimed under (server ms)
 	tasks    []Task
-	reserved int // room in the holder reserved for it, freed once its tasks are held
+	reserved int   // room in the holder reserved for it, freed once its tasks are held
+	nowUs    int64 // the Redis clock when it was claimed, µs (0: not known)
 }
 
 // ParseEntry splits an in-flight entry into due time and member.

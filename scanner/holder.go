@@ -31,6 +31,10 @@ type holder struct {
 	localUs func() int64
 	// fire publishes tasks that fell due; called on a goroutine of its own.
 	fire func([]heldTask)
+	// confirmed reports whether a reading of shard's Redis clock taken
+	// after heldUs shows dueUs; if not, it asks for one and wake is called
+	// when it comes (clockCheck.due). nil: the estimate decides alone.
+	confirmed func(shard int, dueUs, heldUs int64) bool
 	// tick, µs: tasks go out at the first multiple of it (server clock) at
 	// or after their due time, so that those of one tick share a publish
 	// (0: each at its due time).
@@ -38,6 +42,7 @@ type holder struct {
 
 	mu      sync.Mutex
 	items   heldHeap
+	waiting []heldTask // due by the estimate, waiting for a reading of the clock
 	stopped bool
 	kick    chan struct{}
 }
@@ -51,6 +56,7 @@ type heldTask struct {
 	task  Task
 	batch *progress
 	at    int64 // local µs at which it is due, by the offset known when held
+	held  int64 // local µs at which it was held: a reading must come after
 }
 
 func newHolder(serverUs func(int) int64, localUs func() int64, fire func([]heldTask), tick time.Duration) *holder {
@@ -76,8 +82,9 @@ func (h *holder) add(tasks []heldTask) []heldTask {
 		return tasks
 	}
 	earliest := len(h.items) == 0
+	now := h.localUs()
 	for _, t := range tasks {
-		t.at = h.localAt(t)
+		t.at, t.held = h.localAt(t), now
 		earliest = earliest || t.at < h.items[0].at
 		heap.Push(&h.items, t)
 	}
@@ -101,7 +108,16 @@ func (h *holder) localAt(t heldTask) int64 {
 func (h *holder) len() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.items)
+	return len(h.items) + len(h.waiting)
+}
+
+// wake makes the holder look at its tasks again (a reading of the clock
+// came).
+func (h *holder) wake() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
 }
 
 // run hands tasks to fire as they fall due, until ctx ends; then it stops
@@ -143,8 +159,8 @@ func (h *holder) run(ctx context.Context) []heldTask {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.stopped = true
-			left := []heldTask(h.items)
-			h.items = nil
+			left := append([]heldTask(h.items), h.waiting...)
+			h.items, h.waiting = nil, nil
 			return left
 		case <-h.kick:
 		case <-t.C:
@@ -153,20 +169,34 @@ func (h *holder) run(ctx context.Context) []heldTask {
 }
 
 // take pops every task due now by its shard's Redis clock, and reports
-// when the earliest task left is due (local µs), if any.
+// when the earliest task left is due (local µs), if any. Tasks due by the
+// estimate wait aside until a reading of the clock confirms them (a
+// reading wakes the holder).
 func (h *holder) take() (due []heldTask, next int64, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := h.localUs()
+	for _, t := range h.waiting {
+		heap.Push(&h.items, t) // their time has come: looked at again below
+	}
+	h.waiting = h.waiting[:0]
+	var later []heldTask
 	for len(h.items) > 0 && h.items[0].at <= now {
 		t := heap.Pop(&h.items).(heldTask)
 		if h.serverUs(t.batch.b.shard) < h.goesAt(t) {
 			// The clock estimate moved since it was held: not due yet.
 			t.at = max(h.localAt(t), now+100)
-			heap.Push(&h.items, t)
+			later = append(later, t)
+			continue
+		}
+		if h.confirmed != nil && !h.confirmed(t.batch.b.shard, h.goesAt(t), t.held) {
+			h.waiting = append(h.waiting, t)
 			continue
 		}
 		due = append(due, t)
+	}
+	for _, t := range later {
+		heap.Push(&h.items, t)
 	}
 	if len(h.items) > 0 {
 		return due, h.items[0].at, true

@@ -16,6 +16,7 @@ func TestHeldTaskNotPublishedBeforeTheServerClockSurelyReachedIt(t *testing.T) {
 	local := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	s := New(nil, nil, Options{Queue: "q", Shards: 1, KeyPrefix: "p", Lookahead: time.Second,
 		Now: func() time.Time { return local }})
+	s.hold.confirmed = nil // the estimate alone (the readings: TestHeldTaskWaitsForAReading)
 	// The server read its clock as serverUs somewhere in a 200 µs round
 	// trip; at worst, right at its end.
 	const serverUs = 1_795_000_000_000_000
@@ -51,6 +52,7 @@ func TestPublishTickGathersATicksTasks(t *testing.T) {
 	local := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	s := New(nil, nil, Options{Queue: "q", Shards: 1, KeyPrefix: "p", Lookahead: time.Second,
 		PublishTick: 5 * time.Millisecond, Now: func() time.Time { return local }})
+	s.hold.confirmed = nil // the estimate alone
 	const serverUs = 1_795_000_000_000_000 // a multiple of the tick
 	s.clock.observe(0, serverUs, local, local)
 	p := &progress{b: batch{shard: 0}, left: 3, done: func() {}}
@@ -77,5 +79,55 @@ func TestPublishTickGathersATicksTasks(t *testing.T) {
 	// The clock's estimate keeps a µs of slack (TIME is cut to the µs).
 	if len(fired) != 2 || len(fired[0]) != 2 || len(fired[1]) != 1 || at[0] < 5000 || at[0] > 5100 || at[1] < 10000 || at[1] > 10100 {
 		t.Fatalf("publishes %v at %v µs, want the first two tasks at the 5 ms tick and the third at 10 ms", fired, at)
+	}
+}
+
+// A task due by the estimate of the Redis clock goes out only once a
+// reading taken after it was held shows it due; a reading that shows the
+// clock behind (it stepped back) corrects the estimate, and the task waits
+// until the clock, as it now reads, reaches its due time.
+func TestHeldTaskWaitsForAReading(t *testing.T) {
+	local := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	s := New(nil, nil, Options{Queue: "q", Shards: 1, KeyPrefix: "p", Lookahead: time.Second,
+		Now: func() time.Time { return local }})
+	const serverUs = 1_795_000_000_000_000
+	s.clock.observe(0, serverUs, local, local)
+	// A fake reader of the clock, by hand: asked tells whether the holder
+	// asked for a reading; reading is the last one and when it was sent.
+	asked := 0
+	var readUs, sentUs int64
+	s.hold.confirmed = func(shard int, dueUs, heldUs int64) bool {
+		if sentUs >= heldUs && readUs >= dueUs {
+			return true
+		}
+		asked++
+		return false
+	}
+	due := int64(serverUs/1000 + 10)
+	p := &progress{b: batch{shard: 0}, left: 1, done: func() {}}
+	s.hold.add([]heldTask{{task: Task{Entry: "e", DueMs: due}, batch: p}})
+	heldUs := s.clock.localUs()
+
+	local = local.Add(11 * time.Millisecond) // due by the estimate
+	if fired, _, _ := s.hold.take(); len(fired) != 0 || asked != 1 || s.hold.len() != 1 {
+		t.Fatalf("due by the estimate, no reading yet: fired %d, asked %d, held %d; want 0, 1, 1", len(fired), asked, s.hold.len())
+	}
+	// A reading sent before the task was held confirms nothing.
+	readUs, sentUs = due*1000, heldUs-1
+	if fired, _, _ := s.hold.take(); len(fired) != 0 {
+		t.Fatal("confirmed by a reading taken before the task was held")
+	}
+	// The clock stepped back 500 ms: the reading shows it, and corrects
+	// the estimate.
+	before := local
+	readUs, sentUs = serverUs+11_000-500_000, s.clock.local(before)
+	s.clock.observe(0, readUs, before, before)
+	if fired, next, ok := s.hold.take(); len(fired) != 0 || !ok || next < s.clock.local(local)+490_000 {
+		t.Fatalf("after a reading 500 ms behind: fired %d, next at +%d µs (ok %v); want none, in about 499 ms", len(fired), next-s.clock.local(local), ok)
+	}
+	local = local.Add(500 * time.Millisecond)
+	readUs, sentUs = serverUs+10_000, s.clock.local(local) // the clock as it now reads: due
+	if fired, _, _ := s.hold.take(); len(fired) != 1 || s.hold.len() != 0 {
+		t.Fatalf("a reading showing the due time: fired %d, still held %d", len(fired), s.hold.len())
 	}
 }

@@ -110,6 +110,7 @@ type Scanner struct {
 	// stall report.
 	causes *causes
 	hold   *holder
+	check  *clockCheck
 	work   context.Context // publishes and settling: outlives Run's ctx a little
 
 	// The loop's concerns, each in a file of its own.
@@ -174,6 +175,8 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	s.wake.onLayout = opt.OnLayout
 	s.layoutM.Store(int64(opt.Layout))
 	s.hold = newHolder(s.clock.surelyUs, s.clock.localUs, s.fire, opt.PublishTick)
+	s.check = newClockCheck(s.clock, s.clockNode, lim, met)
+	s.check.wake, s.hold.confirmed = s.hold.wake, s.check.due
 	return s
 }
 
@@ -205,6 +208,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 	for _, p := range s.handBack(<-held) {
 		go s.settleBatch(p)
 	}
+	s.check.stop()
 	stopListen()
 	listening.Wait()
 	s.role.resign()
