@@ -176,6 +176,7 @@ type mRun struct {
 	deadWant map[string]string // entry -> reason, every dead letter made
 	members  []*mMember
 	batch    *mBatch
+	stale    *mBatch // the batch of a mover that lost its lock, still running its steps
 	deadB    []*mBatch
 	base     int64 // real ms at the start
 	now      int64 // the model's clock, for dispatch
@@ -373,7 +374,7 @@ func (r *mRun) mAdd(i int, m *mMember, score int64, writer string) {
 // goAdd mirrors a write of the layout-aware producer to shard i.
 func (r *mRun) goAdd(i int, m *mMember, score int64) {
 	if s, ok := r.moving[i][m.name]; ok {
-		if b := r.batch; b != nil && b.j == i && (b.next == 2 || b.next == 3) {
+		if b := r.batch; b != nil && b.j == i && (b.next == 2 || b.next == 3) || r.stale != nil && r.stale.j == i && (r.stale.next == 2 || r.stale.next == 3) {
 			r.event(fmt.Sprintf("layout-aware write unlisted a member a live batch added (same score: %v)", s == score))
 		} else {
 			r.event("layout-aware write unlisted a member a dead mover's batch added")
@@ -411,6 +412,8 @@ func (r *mRun) doStep() {
 		{"mover reads a batch", 30, r.opRead},
 		{"mover step", 12, r.opMoverStep},
 		{"mover dies", 1, r.opMoverDies},
+		{"mover loses its lock (and runs on)", 1, r.opLoseLock},
+		{"step of the mover that lost its lock", 6, r.opStaleStep},
 		{"full pass", 1, r.opPass},
 		{"dead letter appears", 1, r.opDeadLetter},
 	}
@@ -642,10 +645,16 @@ func (r *mRun) opRead() bool {
 }
 
 func (r *mRun) opMoverStep() bool {
-	b := r.batch
-	if b == nil {
+	if r.batch == nil {
 		return false
 	}
+	r.runStep(&r.batch)
+	return true
+}
+
+// runStep runs the next step of *bp, nil once it is done.
+func (r *mRun) runStep(bp **mBatch) {
+	b := *bp
 	switch b.next {
 	case 1:
 		r.stepAdd(b)
@@ -653,9 +662,34 @@ func (r *mRun) opMoverStep() bool {
 		r.stepTake(b)
 	case 3:
 		r.stepUndo(b)
-		r.batch = nil
+		*bp = nil
 	}
 	b.next++
+}
+
+// opLoseLock: the mover holding the lock pauses past the lock's TTL with
+// a batch in progress; another mover takes the lock (the next batch read,
+// or a full pass) while this one, resumed, runs the rest of its page's
+// steps (moveGroups runs them to the end).
+func (r *mRun) opLoseLock() bool {
+	if r.batch == nil || r.stale != nil {
+		return false
+	}
+	r.note("mover loses its lock before step %d of %s, and runs on", r.batch.next, r.batch)
+	r.stale, r.batch = r.batch, nil
+	// Like a dead mover's batch, it stays "in progress" for (b): the next
+	// holder's batches unlist what it added, so its undo may leave a copy
+	// of a task cancelled meanwhile (see the known limits).
+	r.deadB = append(r.deadB, r.stale)
+	return true
+}
+
+func (r *mRun) opStaleStep() bool {
+	if r.stale == nil {
+		return false
+	}
+	r.note("(the mover that lost its lock)")
+	r.runStep(&r.stale)
 	return true
 }
 
@@ -966,7 +1000,7 @@ func (r *mRun) inMove(m *mMember) bool {
 		}
 		return false
 	}
-	if in(r.batch) {
+	if in(r.batch) || in(r.stale) {
 		return true
 	}
 	for _, b := range r.deadB {
@@ -981,13 +1015,14 @@ func (r *mRun) inMove(m *mMember) bool {
 // a final pass moves everything, and (a) to (d) are checked.
 func (r *mRun) quiesce() {
 	r.step++
-	if r.batch != nil {
-		if r.rng.IntN(2) == 0 {
-			r.opMoverDies()
+	if r.batch != nil && r.rng.IntN(2) == 0 {
+		r.opMoverDies()
+	}
+	for r.batch != nil || r.stale != nil {
+		if r.stale == nil || r.batch != nil && r.rng.IntN(2) == 0 {
+			r.opMoverStep()
 		} else {
-			for r.batch != nil {
-				r.opMoverStep()
-			}
+			r.opStaleStep()
 		}
 	}
 	r.pass(-1)

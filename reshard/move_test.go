@@ -3,6 +3,7 @@ package reshard
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,6 +133,44 @@ func TestMoveKeepsProducerSchedule(t *testing.T) {
 			if got := f.pending(t); len(got) != 1 || got[f.j] != f.due {
 				t.Errorf("after the move (added %v, taken %v, %+v): %q pending %v (shard: score), want only in shard %d with %d, the schedule that came last",
 					b.added, b.taken, p, f.m, got, f.j, f.due)
+			}
+		})
+	}
+}
+
+// TestMoveTwoMovers interleaves the steps of two movers' batches of the
+// same task: a mover that lost its lock (A, paused past the lock's TTL)
+// still runs its page's steps while the next holder (B) moves the same
+// task. Whatever the order, the task must end pending in exactly one
+// shard, its new one, with its score: neither mover may undo the copy
+// the other's take relies on.
+func TestMoveTwoMovers(t *testing.T) {
+	for _, order := range []string{"A1 B1 B2 A2 A3 B3", "A1 B1 B2 B3 A2 A3", "B1 A1 A2 B2 B3 A3", "A1 B1 A2 B2 A3 B3", "B1 A1 B2 A2 A3 B3"} {
+		t.Run(order, func(t *testing.T) {
+			ctx := context.Background()
+			f := newMoveFixture(t)
+			m := &Mover{RDB: f.rdb, Keys: f.keys}
+			ts := []task{{score: strconv.FormatInt(f.due, 10), member: f.m}}
+			movers := map[byte]*batchMove{'A': m.batch(f.i, f.j, ts), 'B': m.batch(f.i, f.j, ts)}
+			progress := map[byte]*Progress{'A': {}, 'B': {}}
+			for _, st := range strings.Fields(order) {
+				b := movers[st[0]]
+				var err error
+				switch st[1] {
+				case '1':
+					err = b.add(ctx)
+				case '2':
+					err = b.take(ctx)
+				case '3':
+					err = b.undo(ctx, progress[st[0]])
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", st, err)
+				}
+			}
+			if got := f.pending(t); len(got) != 1 || got[f.j] != f.due {
+				t.Errorf("after %s (A added %v taken %v, B added %v taken %v): %q pending %v (shard: score), want only in shard %d with %d",
+					order, movers['A'].added, movers['A'].taken, movers['B'].added, movers['B'].taken, f.m, got, f.j, f.due)
 			}
 		})
 	}
