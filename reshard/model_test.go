@@ -9,6 +9,10 @@ package reshard
 //   - the mover's three steps for batches it reads (add, take, undo:
 //     batchMove, one step per operation), and the mover dying between
 //     steps (its batch is abandoned; a later full Pass finishes the job);
+//   - the mover losing its lock (paused past its TTL) with a batch in
+//     progress, whose remaining steps it then runs, interleaved with the
+//     next holder's batches and passes (moveGroups runs a page's steps to
+//     their end);
 //   - a full Mover.Pass (horizon 10 min: only the tasks due in an hour
 //     move), run only while no batch is in progress (the lock);
 //   - an old-count producer (raw ZADD / ZREM on the member's shard by F),
@@ -64,12 +68,18 @@ package reshard
 // a flagged member is this limit, on any other a failure. Likewise, a
 // mover that dies after its step 1 leaves the copies it added, so a task
 // cancelled between the batch's read and its step 1 stays pending in its
-// new shard (b is not checked for the members of abandoned batches).
+// new shard (b is not checked for the members of abandoned batches). The
+// same holds for the batch of a mover that lost its lock: the next
+// holder's step 1 or undo may unlist what it added, which its undo then
+// leaves.
 //
 // Found with it: before the moving hash, an undo removed a copy the
 // layout-aware producer had written since step 1 with the same score (a
 // task scheduled again with the same due), losing the task; see
-// TestMoveKeepsProducerSchedule.
+// TestMoveKeepsProducerSchedule. And a mover that lost its lock, running
+// its steps on between the next holder's (A1 B1 B2 A2 A3), undid the copy
+// the other's take relied on, losing the task (seed 18028281370699878225);
+// see TestMoveTwoMovers.
 //
 // Flags: -model.seed=N replays one seed; -model.duration (20 s) bounds the
 // seeds run; -model.steps (300) is the steps per seed; -model.strict.
@@ -701,7 +711,12 @@ func (r *mRun) stepAdd(b *mBatch) {
 	b.add = r.step
 	for k, t := range b.b.ts {
 		var want int64
-		if _, ok := r.pending[b.j][t.member]; !ok {
+		if _, ok := r.pending[b.j][t.member]; ok {
+			if _, ok := r.moving[b.j][t.member]; ok {
+				r.event("step 1 unlisted a member another batch added")
+			}
+			delete(r.moving[b.j], t.member)
+		} else {
 			want = 1
 			s, _ := strconv.ParseInt(t.score, 10, 64)
 			r.mAdd(b.j, r.member(t.member), s, wMover)

@@ -165,8 +165,10 @@ func (m *Mover) moveGroups(ctx context.Context, i int, groups map[int][]task, p 
 		return err
 	}
 	// Once begun, a page's three steps run to their end even if ctx ends
-	// (SIGTERM), so that a stop leaves no task in two shards; only a
-	// process that dies does, which the next pass mends.
+	// (SIGTERM, or the lock lost), so that a stop leaves no task in two
+	// shards; only a process that dies does, which the next pass mends.
+	// A mover that lost its lock may run them while the next holder moves
+	// the same tasks: the steps are safe for that (scripts.go).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	bs := make([]*batchMove, 0, len(groups))

@@ -14,7 +14,8 @@ import (
 //  1. addScript, on the destination: add each task unless the member is
 //     already pending there (a producer on the new M wrote it: the new
 //     layout's scheduling wins), and list it in the destination's moving
-//     hash (P:{Q:j}:moving, member -> score added).
+//     hash (P:{Q:j}:moving, member -> score added). A member pending
+//     there already is unlisted instead: step 2 may rely on that copy.
 //  2. takeScript, on the source: remove each task only if its score is
 //     still the one read. A task rescheduled (another score) or cancelled
 //     (gone) by an old-M producer meanwhile is left alone.
@@ -22,8 +23,8 @@ import (
 //     remove what step 1 added, if it is still what step 1 added: the same
 //     score, and still listed in the moving hash. A rescheduled task moves
 //     with its new score on the next pass; a cancelled one stays
-//     cancelled. Every member of the batch is unlisted (those a mover
-//     that died listed too: one mover runs at a time).
+//     cancelled. Every member of the batch is unlisted (those another
+//     mover listed too).
 //
 // The Go producer (shard.Producer) unlists a member, atomically with its
 // write, whenever it writes the member to a shard during a change: a
@@ -44,8 +45,22 @@ import (
 // step 1 also leaves the copies it added whose source was cancelled
 // meanwhile: those tasks are delivered although cancelled. Only tasks due
 // later than the mover's horizon are moved, so no dispatcher claims one
-// between the steps. One mover runs at a time (the lock): with two, one
-// could undo a task the other had already taken out of the source.
+// between the steps.
+//
+// One mover runs at a time (the lock), but a mover that lost its lock
+// (paused past its TTL) runs its page's steps to their end while the next
+// holder moves: two batches of one task may interleave. Step 2 takes the
+// source's copy whenever the destination held the task at step 1, so a
+// copy that a step 1 found must never be undone: that step 1 unlists it
+// (above), and an undo removes only what is still listed. Without that,
+// in the order A1 B1 B2 A2 A3 (mover A's steps and B's), A's undo removed
+// the copy B's take relied on, and the task was in neither shard. What
+// two such movers still cost is what a mover that died costs: a copy
+// whose listing the other batch removed is not undone, so a task
+// cancelled (or rescheduled) by an old-M producer during both batches may
+// be delivered (at its old due time). A lock checked inside the step
+// scripts cannot replace this: the lock's key {Q} and the shards' keys
+// {Q:i} are in different slots on Redis Cluster, so no script sees both.
 
 // movingTTL bounds how long the moving hash outlives a mover that died
 // between steps 1 and 3 (its entries are harmless: an undo removes only
@@ -55,6 +70,9 @@ const movingTTL = time.Hour
 
 // addScript adds pending tasks to the destination shard, each only if its
 // member is not pending there, and lists those it adds in the moving hash.
+// A member pending there already is unlisted: this batch's step 2 may
+// remove the source's copy on the strength of that one, so no undo may
+// remove it (another mover's batch may have added and listed it).
 //
 // KEYS[1] destination pending shard P:{Q:j}
 // KEYS[2] destination moving hash P:{Q:j}:moving
@@ -69,6 +87,9 @@ end
 local out = {}
 for i = 2, #ARGV, 2 do
   if redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
+    -- Step 2 may now rely on this copy: no batch may undo it, not even
+    -- the one that added it, if that mover lost its lock and runs on.
+    redis.call('HDEL', KEYS[2], ARGV[i + 1])
     out[#out + 1] = 0
   else
     redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
