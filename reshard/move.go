@@ -322,7 +322,7 @@ func (b *batchMove) undoArgs(p *Progress) []any {
 
 // dead moves shard i's misplaced dead letters with their reasons.
 func (m *Mover) dead(ctx context.Context, l shard.Layout, i, batch int, p *Progress) error {
-	src, srcWhy := m.Keys.Dead(i), m.Keys.DeadReason(i)
+	src := m.Keys.Dead(i)
 	var cursor uint64
 	for {
 		page, next, err := m.RDB.ZScan(ctx, src, cursor, "", int64(batch)).Result()
@@ -340,34 +340,76 @@ func (m *Mover) dead(ctx context.Context, l shard.Layout, i, batch int, p *Progr
 			}
 		}
 		for j, ts := range groups {
-			entries := make([]string, len(ts))
-			for k, t := range ts {
-				entries[k] = t.member
+			d := m.deadBatch(i, j, ts)
+			for _, step := range d.steps() {
+				if err := step(ctx); err != nil {
+					return err
+				}
 			}
-			why, err := m.RDB.HMGet(ctx, srcWhy, entries...).Result()
-			if err != nil {
-				return fmt.Errorf("shard %d: read dead-letter reasons: %w", i, err)
-			}
-			args := make([]any, 0, 3*len(ts))
-			for k, t := range ts {
-				reason, _ := why[k].(string)
-				args = append(args, t.score, t.member, reason)
-			}
-			if err := addDeadScript.Run(ctx, m.RDB, []string{m.Keys.Dead(j), m.Keys.DeadReason(j)}, args...).Err(); err != nil {
-				return fmt.Errorf("move %d dead letters from %s to %s: %w", len(ts), src, m.Keys.Dead(j), err)
-			}
-			rm := make([]any, len(entries))
-			for k, e := range entries {
-				rm[k] = e
-			}
-			n, err := takeDeadScript.Run(ctx, m.RDB, []string{src, srcWhy}, rm...).Int64()
-			if err != nil {
-				return fmt.Errorf("move %d dead letters from %s: remove from the source: %w", len(ts), src, err)
-			}
-			p.DeadMoved += n
+			p.DeadMoved += d.moved
 		}
 		if cursor = next; cursor == 0 {
 			return nil
 		}
 	}
+}
+
+// deadMove is one batch's move of dead letters (entries "<due>:<member>")
+// from shard i to shard j, run a step at a time (a test interleaves the
+// steps with requeues and purges).
+type deadMove struct {
+	rdb                      redis.UniversalClient
+	src, srcWhy, dst, dstWhy string
+	ts                       []task // score, entry
+	why                      []any  // the reasons read
+	moved                    int64
+}
+
+func (m *Mover) deadBatch(i, j int, ts []task) *deadMove {
+	return &deadMove{rdb: m.RDB, src: m.Keys.Dead(i), srcWhy: m.Keys.DeadReason(i), dst: m.Keys.Dead(j), dstWhy: m.Keys.DeadReason(j), ts: ts}
+}
+
+// steps are the batch's steps in order.
+func (d *deadMove) steps() []func(context.Context) error {
+	return []func(context.Context) error{d.read, d.add, d.take}
+}
+
+// read reads the reasons, on the source.
+func (d *deadMove) read(ctx context.Context) error {
+	entries := make([]string, len(d.ts))
+	for k, t := range d.ts {
+		entries[k] = t.member
+	}
+	var err error
+	if d.why, err = d.rdb.HMGet(ctx, d.srcWhy, entries...).Result(); err != nil {
+		return fmt.Errorf("read dead-letter reasons of %s: %w", d.src, err)
+	}
+	return nil
+}
+
+// add adds the dead letters to the destination.
+func (d *deadMove) add(ctx context.Context) error {
+	args := make([]any, 0, 3*len(d.ts))
+	for k, t := range d.ts {
+		reason, _ := d.why[k].(string)
+		args = append(args, t.score, t.member, reason)
+	}
+	if err := addDeadScript.Run(ctx, d.rdb, []string{d.dst, d.dstWhy}, args...).Err(); err != nil {
+		return fmt.Errorf("move %d dead letters from %s to %s: %w", len(d.ts), d.src, d.dst, err)
+	}
+	return nil
+}
+
+// take removes them from the source.
+func (d *deadMove) take(ctx context.Context) error {
+	rm := make([]any, len(d.ts))
+	for k, t := range d.ts {
+		rm[k] = t.member
+	}
+	n, err := takeDeadScript.Run(ctx, d.rdb, []string{d.src, d.srcWhy}, rm...).Int64()
+	if err != nil {
+		return fmt.Errorf("move %d dead letters from %s: remove from the source: %w", len(d.ts), d.src, err)
+	}
+	d.moved = n
+	return nil
 }

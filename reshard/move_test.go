@@ -2,6 +2,7 @@ package reshard
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/admin"
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -145,7 +147,7 @@ func TestMoveKeepsProducerSchedule(t *testing.T) {
 // shard, its new one, with its score: neither mover may undo the copy
 // the other's take relies on.
 func TestMoveTwoMovers(t *testing.T) {
-	for _, order := range []string{"A1 B1 B2 A2 A3 B3", "A1 B1 B2 B3 A2 A3", "B1 A1 A2 B2 B3 A3", "A1 B1 A2 B2 A3 B3", "B1 A1 B2 A2 A3 B3"} {
+	for _, order := range []string{"A1 B1 B2 A2 A3 B3", "A1 B1 B2 B3 A2 A3", "A1 B1 B2 B3", "B1 A1 A2 B2 B3 A3", "A1 B1 A2 B2 A3 B3", "B1 A1 B2 A2 A3 B3"} {
 		t.Run(order, func(t *testing.T) {
 			ctx := context.Background()
 			f := newMoveFixture(t)
@@ -173,5 +175,115 @@ func TestMoveTwoMovers(t *testing.T) {
 					order, movers['A'].added, movers['A'].taken, movers['B'].added, movers['B'].taken, f.m, got, f.j, f.due)
 			}
 		})
+	}
+}
+
+// TestDeadMoveRaces runs an operator's requeue or purge of a dead letter
+// (internal/admin, what `dispatcher dead requeue|purge` runs), or the
+// letter requeued and dead-lettered again with another reason, before
+// each step of a batch moving it, then lets the next pass settle what is
+// left. The letter must end as the operator left it: requeued (pending,
+// dead nowhere), purged (dead nowhere), or dead once in its new shard with
+// its latest reason; never duplicated, brought back, or with a stale
+// reason.
+func TestDeadMoveRaces(t *testing.T) {
+	type outcome struct {
+		dead    map[int]string // shard -> reason
+		pending bool           // pending in its shard by 2
+	}
+	actions := []struct {
+		name string
+		do   func(t *testing.T, f *moveFixture, q admin.Queue, d admin.Dead) outcome
+	}{
+		{"requeue", func(t *testing.T, f *moveFixture, q admin.Queue, d admin.Dead) outcome {
+			ok, err := admin.Requeue(context.Background(), f.rdb, q, d, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return outcome{dead: map[int]string{f.j: "nacked"}}
+			}
+			return outcome{dead: map[int]string{}, pending: true}
+		}},
+		{"purge", func(t *testing.T, f *moveFixture, q admin.Queue, d admin.Dead) outcome {
+			ok, err := admin.Purge(context.Background(), f.rdb, q, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return outcome{dead: map[int]string{f.j: "nacked"}}
+			}
+			return outcome{dead: map[int]string{}}
+		}},
+		{"requeued and dead again", func(t *testing.T, f *moveFixture, q admin.Queue, d admin.Dead) outcome {
+			ctx := context.Background()
+			ok, err := admin.Requeue(ctx, f.rdb, q, d, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return outcome{dead: map[int]string{f.j: "nacked"}}
+			}
+			// Dispatched from shard i, failed, dead-lettered there again.
+			pipe := f.rdb.TxPipeline()
+			pipe.ZRem(ctx, f.keys.Pending(f.i), d.Member)
+			pipe.ZAdd(ctx, f.keys.Dead(f.i), redis.Z{Score: float64(d.DueMs), Member: d.Entry})
+			pipe.HSet(ctx, f.keys.DeadReason(f.i), d.Entry, "again")
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return outcome{dead: map[int]string{f.j: "again"}}
+		}},
+	}
+	steps := len((&deadMove{}).steps())
+	for _, a := range actions {
+		for before := range steps {
+			t.Run(fmt.Sprintf("%s before step %d of %d", a.name, before+1, steps), func(t *testing.T) {
+				ctx := context.Background()
+				f := newMoveFixture(t)
+				// The task pending in the fixture is not the dead letter's
+				// body: a requeue would find it pending.
+				if err := f.rdb.ZRem(ctx, f.keys.Pending(f.i), f.m).Err(); err != nil {
+					t.Fatal(err)
+				}
+				dueMs := time.Now().Add(-time.Minute).UnixMilli()
+				d := admin.Dead{Shard: f.i, DueMs: dueMs, Member: f.m, Entry: fmt.Sprintf("%d:%s", dueMs, f.m)}
+				pipe := f.rdb.TxPipeline()
+				pipe.ZAdd(ctx, f.keys.Dead(f.i), redis.Z{Score: float64(dueMs), Member: d.Entry})
+				pipe.HSet(ctx, f.keys.DeadReason(f.i), d.Entry, "nacked")
+				if _, err := pipe.Exec(ctx); err != nil {
+					t.Fatal(err)
+				}
+				q := admin.Queue{Keys: f.keys, Shards: 4, Layout: shard.Layout{Shards: 4, From: 2}}
+				m := &Mover{RDB: f.rdb, Keys: f.keys}
+				b := m.deadBatch(f.i, f.j, []task{{score: strconv.FormatInt(dueMs, 10), member: d.Entry}})
+				var want outcome
+				for k, step := range b.steps() {
+					if k == before {
+						want = a.do(t, f, q, d)
+					}
+					if err := step(ctx); err != nil {
+						t.Fatalf("step %d: %v", k+1, err)
+					}
+				}
+				// The next pass settles what the batch left.
+				if _, err := m.Pass(ctx, shard.Layout{Shards: 4, From: 2}, 0, 4); err != nil {
+					t.Fatal(err)
+				}
+				got := outcome{dead: map[int]string{}}
+				for k := range 4 {
+					if err := f.rdb.ZScore(ctx, f.keys.Dead(k), d.Entry).Err(); err == nil {
+						got.dead[k] = f.rdb.HGet(ctx, f.keys.DeadReason(k), d.Entry).Val()
+					} else if err != redis.Nil {
+						t.Fatal(err)
+					}
+				}
+				got.pending = f.rdb.ZScore(ctx, f.keys.Pending(f.i), f.m).Err() == nil
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("dead letter %q (shard %d -> %d): dead in (shard: reason) %v, pending %v; want dead in %v, pending %v",
+						d.Entry, f.i, f.j, got.dead, got.pending, want.dead, want.pending)
+				}
+			})
+		}
 	}
 }
