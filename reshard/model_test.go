@@ -343,7 +343,7 @@ func (r *mRun) serverNow() int64 {
 func (r *mRun) allKeys() []string {
 	var ks []string
 	for i := range r.span {
-		ks = append(ks, r.keys.Pending(i), r.keys.Dead(i), r.keys.DeadReason(i), r.keys.Moving(i))
+		ks = append(ks, r.keys.Pending(i), r.keys.Dead(i), r.keys.DeadReason(i), r.keys.Moving(i), r.keys.DeadMoving(i))
 	}
 	return append(ks, r.keys.ShardCount(), r.keys.Reshard(), r.keys.Retired(), r.keys.ReshardLock())
 }
@@ -920,7 +920,9 @@ func (r *mRun) check() {
 	pipe := r.rdb.Pipeline()
 	var zs, ds []*redis.ZSliceCmd
 	var rs, mv []*redis.MapStringStringCmd
+	var dmv []*redis.IntCmd
 	for i := range r.span {
+		dmv = append(dmv, pipe.Exists(r.ctx, r.keys.DeadMoving(i)))
 		zs = append(zs, pipe.ZRangeWithScores(r.ctx, r.keys.Pending(i), 0, -1))
 		ds = append(ds, pipe.ZRangeWithScores(r.ctx, r.keys.Dead(i), 0, -1))
 		rs = append(rs, pipe.HGetAll(r.ctx, r.keys.DeadReason(i)))
@@ -963,6 +965,11 @@ func (r *mRun) check() {
 		}
 		if len(why) != nwhy {
 			r.fatalf("shard %d: reasons %v, the model's dead letters %v", i, why, r.dead[i])
+		}
+		// Dead letters move only within a full pass, which settles every
+		// batch it starts.
+		if dmv[i].Val() != 0 {
+			r.fatalf("shard %d: dead letters listed as moving after a pass", i)
 		}
 		listed := mv[i].Val()
 		if len(listed) != len(r.moving[i]) {

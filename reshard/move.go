@@ -339,14 +339,8 @@ func (m *Mover) dead(ctx context.Context, l shard.Layout, i, batch int, p *Progr
 				groups[j] = append(groups[j], task{score: page[k+1], member: page[k]})
 			}
 		}
-		for j, ts := range groups {
-			d := m.deadBatch(i, j, ts)
-			for _, step := range d.steps() {
-				if err := step(ctx); err != nil {
-					return err
-				}
-			}
-			p.DeadMoved += d.moved
+		if err := m.moveDead(ctx, i, groups, p); err != nil {
+			return err
 		}
 		if cursor = next; cursor == 0 {
 			return nil
@@ -354,62 +348,155 @@ func (m *Mover) dead(ctx context.Context, l shard.Layout, i, batch int, p *Progr
 	}
 }
 
-// deadMove is one batch's move of dead letters (entries "<due>:<member>")
-// from shard i to shard j, run a step at a time (a test interleaves the
-// steps with requeues and purges).
+// moveDead moves a page's dead letters from shard i to their shards in
+// the steps of deadMove, each step for all destinations in one pipelined
+// round trip, to their end once begun (as moveGroups).
+func (m *Mover) moveDead(ctx context.Context, i int, groups map[int][]task, p *Progress) error {
+	if len(groups) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	ds := make([]*deadMove, 0, len(groups))
+	for j, ts := range groups {
+		ds = append(ds, m.deadBatch(i, j, ts))
+	}
+	pipe := m.RDB.Pipeline()
+	reads := make([]*redis.SliceCmd, len(ds))
+	for n, d := range ds {
+		reads[n] = d.readCmd(ctx, pipe)
+	}
+	_, _ = pipe.Exec(ctx)
+	for n, d := range ds {
+		if err := d.readDone(reads[n]); err != nil {
+			return err
+		}
+	}
+	for _, st := range deadSteps {
+		cmds, err := runPipelined(ctx, m.RDB, st.script, len(ds), func(n int) ([]string, []any) { return st.call(ds[n]) })
+		if err != nil {
+			return err
+		}
+		for n, c := range cmds {
+			if err := st.done(ds[n], c); err != nil {
+				return err
+			}
+		}
+	}
+	for _, d := range ds {
+		p.DeadMoved += d.moved
+	}
+	return nil
+}
+
+// deadMove is one batch's move of dead letters (entries "<due>:<member>",
+// with their reasons) from shard i to shard j: read the reasons on the
+// source, then the three steps of scripts.go (add, take, undo).
 type deadMove struct {
-	rdb                      redis.UniversalClient
-	src, srcWhy, dst, dstWhy string
-	ts                       []task // score, entry
-	why                      []any  // the reasons read
-	moved                    int64
+	rdb                              redis.UniversalClient
+	src, srcWhy, dst, dstWhy, moving string
+	ts                               []task   // score, entry
+	why                              []string // the reasons read ("": none)
+	added, taken                     []int64
+	moved                            int64 // taken out of the source
 }
 
 func (m *Mover) deadBatch(i, j int, ts []task) *deadMove {
-	return &deadMove{rdb: m.RDB, src: m.Keys.Dead(i), srcWhy: m.Keys.DeadReason(i), dst: m.Keys.Dead(j), dstWhy: m.Keys.DeadReason(j), ts: ts}
+	return &deadMove{rdb: m.RDB, src: m.Keys.Dead(i), srcWhy: m.Keys.DeadReason(i), dst: m.Keys.Dead(j), dstWhy: m.Keys.DeadReason(j),
+		moving: m.Keys.DeadMoving(j), ts: ts}
 }
 
-// steps are the batch's steps in order.
-func (d *deadMove) steps() []func(context.Context) error {
-	return []func(context.Context) error{d.read, d.add, d.take}
-}
-
-// read reads the reasons, on the source.
-func (d *deadMove) read(ctx context.Context) error {
+func (d *deadMove) readCmd(ctx context.Context, c redis.Cmdable) *redis.SliceCmd {
 	entries := make([]string, len(d.ts))
 	for k, t := range d.ts {
 		entries[k] = t.member
 	}
-	var err error
-	if d.why, err = d.rdb.HMGet(ctx, d.srcWhy, entries...).Result(); err != nil {
+	return c.HMGet(ctx, d.srcWhy, entries...)
+}
+
+func (d *deadMove) readDone(c *redis.SliceCmd) error {
+	vals, err := c.Result()
+	if err == nil && len(vals) != len(d.ts) {
+		err = fmt.Errorf("%d reasons for %d entries", len(vals), len(d.ts))
+	}
+	if err != nil {
 		return fmt.Errorf("read dead-letter reasons of %s: %w", d.src, err)
 	}
-	return nil
-}
-
-// add adds the dead letters to the destination.
-func (d *deadMove) add(ctx context.Context) error {
-	args := make([]any, 0, 3*len(d.ts))
-	for k, t := range d.ts {
-		reason, _ := d.why[k].(string)
-		args = append(args, t.score, t.member, reason)
-	}
-	if err := addDeadScript.Run(ctx, d.rdb, []string{d.dst, d.dstWhy}, args...).Err(); err != nil {
-		return fmt.Errorf("move %d dead letters from %s to %s: %w", len(d.ts), d.src, d.dst, err)
+	d.why = make([]string, len(vals))
+	for k, v := range vals {
+		d.why[k], _ = v.(string)
 	}
 	return nil
 }
 
-// take removes them from the source.
-func (d *deadMove) take(ctx context.Context) error {
-	rm := make([]any, len(d.ts))
-	for k, t := range d.ts {
-		rm[k] = t.member
+// deadSteps are the steps after the read, as moveDead pipelines them.
+var deadSteps = []struct {
+	script *redis.Script
+	call   func(d *deadMove) ([]string, []any)
+	done   func(d *deadMove, c *redis.Cmd) error
+}{
+	{addDeadScript, func(d *deadMove) ([]string, []any) {
+		args := make([]any, 0, 1+3*len(d.ts))
+		args = append(args, movingTTL.Milliseconds())
+		for k, t := range d.ts {
+			args = append(args, t.score, t.member, d.why[k])
+		}
+		return []string{d.dst, d.dstWhy, d.moving}, args
+	}, func(d *deadMove, c *redis.Cmd) (err error) {
+		if d.added, err = c.Int64Slice(); err != nil {
+			return fmt.Errorf("move %d dead letters from %s to %s: %w", len(d.ts), d.src, d.dst, err)
+		}
+		return nil
+	}},
+	{takeDeadScript, func(d *deadMove) ([]string, []any) {
+		args := make([]any, 0, 3*len(d.ts))
+		for k, t := range d.ts {
+			args = append(args, t.score, t.member, d.why[k])
+		}
+		return []string{d.src, d.srcWhy}, args
+	}, func(d *deadMove, c *redis.Cmd) (err error) {
+		if d.taken, err = c.Int64Slice(); err != nil {
+			// Those added are in both shards, as read: the next pass
+			// finishes their move.
+			return fmt.Errorf("move %d dead letters from %s: remove from the source: %w", len(d.ts), d.src, err)
+		}
+		for _, f := range d.taken {
+			if f == 1 {
+				d.moved++
+			}
+		}
+		return nil
+	}},
+	{undoDeadScript, func(d *deadMove) ([]string, []any) {
+		args := make([]any, 0, 4*len(d.ts))
+		for k, t := range d.ts {
+			undo := 0
+			if d.added[k] == 1 && d.taken[k] != 1 {
+				undo = 1
+			}
+			args = append(args, t.score, t.member, d.why[k], undo)
+		}
+		return []string{d.dst, d.dstWhy, d.moving}, args
+	}, func(d *deadMove, c *redis.Cmd) error {
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("undo dead-letter moves to %s (requeued, purged or dead again meanwhile): %w", d.dst, err)
+		}
+		return nil
+	}},
+}
+
+// steps are the batch's steps, one Redis call each (a test interleaves
+// them with requeues and purges).
+func (d *deadMove) steps() []func(context.Context) error {
+	out := []func(context.Context) error{func(ctx context.Context) error { return d.readDone(d.readCmd(ctx, d.rdb)) }}
+	for _, st := range deadSteps {
+		out = append(out, func(ctx context.Context) error {
+			keys, args := st.call(d)
+			return st.done(d, st.script.Run(ctx, d.rdb, keys, args...))
+		})
 	}
-	n, err := takeDeadScript.Run(ctx, d.rdb, []string{d.src, d.srcWhy}, rm...).Int64()
-	if err != nil {
-		return fmt.Errorf("move %d dead letters from %s: remove from the source: %w", len(d.ts), d.src, err)
-	}
-	d.moved = n
-	return nil
+	return out
 }

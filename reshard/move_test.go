@@ -287,3 +287,40 @@ func TestDeadMoveRaces(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadMoveTwoMovers is TestMoveTwoMovers for a dead letter: two
+// movers' batches of it interleaved (one lost its lock and runs on) leave
+// it dead once, in its new shard, with its reason.
+func TestDeadMoveTwoMovers(t *testing.T) {
+	for _, order := range []string{"A1 A2 B1 B2 B3 A3 A4 B4", "A1 A2 B1 B2 A3 B3 B4 A4", "B1 B2 A1 A2 A3 B3 B4 A4", "A1 A2 B1 B2 B3 B4"} {
+		t.Run(order, func(t *testing.T) {
+			ctx := context.Background()
+			f := newMoveFixture(t)
+			dueMs := time.Now().Add(-time.Minute).UnixMilli()
+			e := fmt.Sprintf("%d:%s", dueMs, f.m)
+			pipe := f.rdb.TxPipeline()
+			pipe.ZAdd(ctx, f.keys.Dead(f.i), redis.Z{Score: float64(dueMs), Member: e})
+			pipe.HSet(ctx, f.keys.DeadReason(f.i), e, "nacked")
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			m := &Mover{RDB: f.rdb, Keys: f.keys}
+			ts := []task{{score: strconv.FormatInt(dueMs, 10), member: e}}
+			steps := map[byte][]func(context.Context) error{'A': m.deadBatch(f.i, f.j, ts).steps(), 'B': m.deadBatch(f.i, f.j, ts).steps()}
+			for _, st := range strings.Fields(order) {
+				if err := steps[st[0]][st[1]-'1'](ctx); err != nil {
+					t.Fatalf("%s: %v", st, err)
+				}
+			}
+			got := map[int]string{}
+			for k := range 4 {
+				if f.rdb.ZScore(ctx, f.keys.Dead(k), e).Err() == nil {
+					got[k] = f.rdb.HGet(ctx, f.keys.DeadReason(k), e).Val()
+				}
+			}
+			if len(got) != 1 || got[f.j] != "nacked" {
+				t.Errorf("after %s: dead letter %q in (shard: reason) %v, want only in %d with %q", order, e, got, f.j, "nacked")
+			}
+		})
+	}
+}

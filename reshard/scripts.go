@@ -150,40 +150,97 @@ end
 return n
 `)
 
-// addDeadScript adds dead letters (entries "<due_ms>:<member>") and their
-// reasons to the destination shard, each unless already there.
+// Dead letters (entries "<due_ms>:<member>" with a reason each) move in
+// the same three steps, for the same reason, with a listing of their own
+// (P:{Q:j}:dead:moving, entry -> score added): step 2 removes a letter
+// from the source only if it is still there as read, with the reason
+// read, and step 3 undoes the adds step 2 did not confirm. An operator's
+// requeue or purge (`dispatcher dead requeue|purge`) on the source between
+// the read and step 2 then stays done: the letter is not left dead in the
+// destination too (a requeued letter delivered and still dead, a purged
+// one back). A letter requeued and dead-lettered again meanwhile (another
+// reason) moves with its new reason on the next pass.
+
+// addDeadScript adds dead letters and their reasons to the destination
+// shard, each unless already there, and lists those it adds; an entry
+// already there is unlisted (step 2 may rely on it, as in addScript).
 //
 // KEYS[1] destination dead set P:{Q:j}:dead
 // KEYS[2] destination reasons P:{Q:j}:dead:reason
-// ARGV    score1, entry1, reason1, ...
-// Returns the number added.
+// KEYS[3] destination listing P:{Q:j}:dead:moving
+// ARGV[1] the listing's TTL (ms)
+// ARGV    then score1, entry1, reason1, ... (reason "": none)
+// Returns one flag per letter: 1 added, 0 already there.
 var addDeadScript = redis.NewScript(`#!lua flags=allow-oom
-local t1, t2 = redis.call('TYPE', KEYS[1])['ok'], redis.call('TYPE', KEYS[2])['ok']
-if (t1 ~= 'none' and t1 ~= 'zset') or (t2 ~= 'none' and t2 ~= 'hash') then
-  return redis.error_reply('WRONGTYPE dead-letter keys ' .. KEYS[1] .. ' / ' .. KEYS[2] .. ' hold the wrong type; nothing moved')
-end
-local n = 0
-for i = 1, #ARGV, 3 do
-  if not redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
-    redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
-    if ARGV[i + 2] ~= '' then redis.call('HSET', KEYS[2], ARGV[i + 1], ARGV[i + 2]) end
-    n = n + 1
+for k = 1, 3 do
+  local t, want = redis.call('TYPE', KEYS[k])['ok'], 'hash'
+  if k == 1 then want = 'zset' end
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('WRONGTYPE dead-letter key ' .. KEYS[k] .. ' holds a ' .. t .. ', not a ' .. want .. '; nothing moved')
   end
 end
-return n
+local out = {}
+for i = 2, #ARGV, 3 do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
+    redis.call('HDEL', KEYS[3], ARGV[i + 1])
+    out[#out + 1] = 0
+  else
+    redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
+    if ARGV[i + 2] ~= '' then redis.call('HSET', KEYS[2], ARGV[i + 1], ARGV[i + 2]) end
+    redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i])
+    out[#out + 1] = 1
+  end
+end
+if #out > 0 then redis.call('PEXPIRE', KEYS[3], ARGV[1]) end
+return out
 `)
 
 // takeDeadScript removes dead letters and their reasons from the source
-// shard (they are in the destination by then).
+// shard, each only if it is still there with the score and reason read
+// (a requeue or purge removed it, or it was dead-lettered again with
+// another reason: left alone).
 //
 // KEYS[1] source dead set, KEYS[2] source reasons
-// ARGV    entry1, entry2, ...
-// Returns the number removed.
+// ARGV    score1, entry1, reason1, ...
+// Returns one flag per letter: 1 removed, 0 gone, 2 changed.
 var takeDeadScript = redis.NewScript(`#!lua flags=allow-oom
+local out = {}
+for i = 1, #ARGV, 3 do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+  if not s then
+    out[#out + 1] = 0
+  elseif tonumber(s) == tonumber(ARGV[i]) and (redis.call('HGET', KEYS[2], ARGV[i + 1]) or '') == ARGV[i + 2] then
+    redis.call('ZREM', KEYS[1], ARGV[i + 1])
+    redis.call('HDEL', KEYS[2], ARGV[i + 1])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 2
+  end
+end
+return out
+`)
+
+// undoDeadScript unlists the batch's entries and removes from the
+// destination those step 1 added and step 2 left in the source, each only
+// if still listed and still as added (score and reason).
+//
+// KEYS[1] destination dead set, KEYS[2] its reasons, KEYS[3] its listing
+// ARGV    score1, entry1, reason1, undo1, ... (undo: 1 remove, 0 only unlist)
+// Returns the number removed.
+var undoDeadScript = redis.NewScript(`#!lua flags=allow-oom
 local n = 0
-for i = 1, #ARGV do
-  n = n + redis.call('ZREM', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
+for i = 1, #ARGV, 4 do
+  local e = ARGV[i + 1]
+  local listed = redis.call('HGET', KEYS[3], e)
+  if ARGV[i + 3] == '1' and listed and tonumber(listed) == tonumber(ARGV[i]) then
+    local s = redis.call('ZSCORE', KEYS[1], e)
+    if s and tonumber(s) == tonumber(ARGV[i]) and (redis.call('HGET', KEYS[2], e) or '') == ARGV[i + 2] then
+      redis.call('ZREM', KEYS[1], e)
+      redis.call('HDEL', KEYS[2], e)
+      n = n + 1
+    end
+  end
+  if listed then redis.call('HDEL', KEYS[3], e) end
 end
 return n
 `)
