@@ -375,16 +375,8 @@ func (m *Mover) moveDead(ctx context.Context, i int, groups map[int][]task, p *P
 			return err
 		}
 	}
-	for _, st := range deadSteps {
-		cmds, err := runPipelined(ctx, m.RDB, st.script, len(ds), func(n int) ([]string, []any) { return st.call(ds[n]) })
-		if err != nil {
-			return err
-		}
-		for n, c := range cmds {
-			if err := st.done(ds[n], c); err != nil {
-				return err
-			}
-		}
+	if err := runSteps(ctx, m.RDB, deadSteps, ds); err != nil {
+		return err
 	}
 	for _, d := range ds {
 		p.DeadMoved += d.moved
@@ -433,11 +425,7 @@ func (d *deadMove) readDone(c *redis.SliceCmd) error {
 }
 
 // deadSteps are the steps after the read, as moveDead pipelines them.
-var deadSteps = []struct {
-	script *redis.Script
-	call   func(d *deadMove) ([]string, []any)
-	done   func(d *deadMove, c *redis.Cmd) error
-}{
+var deadSteps = []step[*deadMove]{
 	{addDeadScript, func(d *deadMove) ([]string, []any) {
 		args := make([]any, 0, 1+3*len(d.ts))
 		args = append(args, movingTTL.Milliseconds())
@@ -491,12 +479,44 @@ var deadSteps = []struct {
 // steps are the batch's steps, one Redis call each (a test interleaves
 // them with requeues and purges).
 func (d *deadMove) steps() []func(context.Context) error {
-	out := []func(context.Context) error{func(ctx context.Context) error { return d.readDone(d.readCmd(ctx, d.rdb)) }}
-	for _, st := range deadSteps {
-		out = append(out, func(ctx context.Context) error {
-			keys, args := st.call(d)
-			return st.done(d, st.script.Run(ctx, d.rdb, keys, args...))
-		})
+	read := func(ctx context.Context) error { return d.readDone(d.readCmd(ctx, d.rdb)) }
+	return append([]func(context.Context) error{read}, stepsOf(d.rdb, deadSteps, d)...)
+}
+
+// step is one step of a move between shards, one script on one shard
+// per batch: call gives a batch's keys and arguments, done takes its reply.
+type step[B any] struct {
+	script *redis.Script
+	call   func(b B) ([]string, []any)
+	done   func(b B, c *redis.Cmd) error
+}
+
+// runSteps runs steps in order for batches bs, each step for all of them
+// in one pipelined round trip.
+func runSteps[B any](ctx context.Context, rdb redis.UniversalClient, steps []step[B], bs []B) error {
+	for _, st := range steps {
+		cmds, err := runPipelined(ctx, rdb, st.script, len(bs), func(n int) ([]string, []any) { return st.call(bs[n]) })
+		if err != nil {
+			return err
+		}
+		for n, c := range cmds {
+			if err := st.done(bs[n], c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// stepsOf are steps for batch b alone, one Redis call each (tests
+// interleave them with other writers).
+func stepsOf[B any](rdb redis.UniversalClient, steps []step[B], b B) []func(context.Context) error {
+	out := make([]func(context.Context) error, len(steps))
+	for k, st := range steps {
+		out[k] = func(ctx context.Context) error {
+			keys, args := st.call(b)
+			return st.done(b, st.script.Run(ctx, rdb, keys, args...))
+		}
 	}
 	return out
 }

@@ -245,6 +245,101 @@ end
 return n
 `)
 
+// In-flight entries left in a retired shard with their lease run out are
+// handed to their member's shard by the current count in the same three
+// steps (reshard/retired.go). Each hand-over run gives the entries it adds
+// a lease of its own, a marker in (0, 1): run out, so any instance
+// claims them at once, and unlike any other lease (claims' deadlines are
+// whole ms, retries' end in half a ms, released entries have 0). The undo
+// removes only an entry still at its own marker (not claimed since), and
+// step 1 turns another run's marker it finds into 0 (released): its step
+// 2 may rely on that entry, so nobody may undo it.
+
+// handInScript adds in-flight entries to the destination shard with the
+// marker lease, with their failed attempts, each unless the entry is in
+// flight there already.
+//
+// KEYS[1] destination in-flight set, KEYS[2] its attempts hash,
+// KEYS[3] its retrying index
+// ARGV[1] the marker lease
+// ARGV    then entry1, attempts1 ("": none), due1, ...
+// Returns one flag per entry: 1 added, 0 in flight there already.
+var handInScript = redis.NewScript(`#!lua flags=allow-oom
+local want = {'zset', 'hash', 'zset'}
+for k = 1, 3 do
+  local t = redis.call('TYPE', KEYS[k])['ok']
+  if t ~= 'none' and t ~= want[k] then
+    return redis.error_reply('WRONGTYPE key ' .. KEYS[k] .. ' holds a ' .. t .. ', not a ' .. want[k] .. '; nothing moved')
+  end
+end
+local marker = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV, 3 do
+  local e = ARGV[i]
+  local s = redis.call('ZSCORE', KEYS[1], e)
+  if s then
+    local x = tonumber(s)
+    if x > 0 and x < 1 and x ~= marker then redis.call('ZADD', KEYS[1], 'XX', 0, e) end
+    out[#out + 1] = 0
+  else
+    redis.call('ZADD', KEYS[1], ARGV[1], e)
+    if ARGV[i + 1] ~= '' then
+      redis.call('HSET', KEYS[2], e, ARGV[i + 1])
+      redis.call('ZADD', KEYS[3], ARGV[i + 2], e)
+    end
+    out[#out + 1] = 1
+  end
+end
+return out
+`)
+
+// takeInflightScript removes in-flight entries from the retired shard,
+// each only if its lease is still the one read (run out): one confirmed,
+// dead-lettered, retried or claimed again meanwhile is left alone.
+//
+// KEYS[1] in-flight set, KEYS[2] attempts hash, KEYS[3] retrying index
+// ARGV    lease1, entry1, lease2, entry2, ...
+// Returns one flag per entry: 1 removed, 0 gone, 2 changed.
+var takeInflightScript = redis.NewScript(`#!lua flags=allow-oom
+local out = {}
+for i = 1, #ARGV, 2 do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+  if not s then
+    out[#out + 1] = 0
+  elseif tonumber(s) == tonumber(ARGV[i]) then
+    redis.call('ZREM', KEYS[1], ARGV[i + 1])
+    redis.call('HDEL', KEYS[2], ARGV[i + 1])
+    redis.call('ZREM', KEYS[3], ARGV[i + 1])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 2
+  end
+end
+return out
+`)
+
+// undoInflightScript removes the entries a hand-over added whose removal
+// from the retired shard did not happen, each only if still at the
+// hand-over's marker lease (not claimed since).
+//
+// KEYS[1] destination in-flight set, KEYS[2] its attempts hash,
+// KEYS[3] its retrying index
+// ARGV[1] the marker lease, ARGV[2..] the entries
+// Returns the number removed.
+var undoInflightScript = redis.NewScript(`#!lua flags=allow-oom
+local n = 0
+for i = 2, #ARGV do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if s and tonumber(s) == tonumber(ARGV[1]) then
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('ZREM', KEYS[3], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+`)
+
 // startScript starts a change of the shard count, atomically with the
 // check that none is in progress. All keys carry the hash tag {Q}.
 //
