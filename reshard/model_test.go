@@ -9,6 +9,10 @@ package reshard
 //   - the mover's three steps for batches it reads (add, take, undo:
 //     batchMove, one step per operation), and the mover dying between
 //     steps (its batch is abandoned; a later full Pass finishes the job);
+//   - the mover losing its lock (paused past its TTL) with a batch in
+//     progress, whose remaining steps it then runs, interleaved with the
+//     next holder's batches and passes (moveGroups runs a page's steps to
+//     their end);
 //   - a full Mover.Pass (horizon 10 min: only the tasks due in an hour
 //     move), run only while no batch is in progress (the lock);
 //   - an old-count producer (raw ZADD / ZREM on the member's shard by F),
@@ -64,12 +68,18 @@ package reshard
 // a flagged member is this limit, on any other a failure. Likewise, a
 // mover that dies after its step 1 leaves the copies it added, so a task
 // cancelled between the batch's read and its step 1 stays pending in its
-// new shard (b is not checked for the members of abandoned batches).
+// new shard (b is not checked for the members of abandoned batches). The
+// same holds for the batch of a mover that lost its lock: the next
+// holder's step 1 or undo may unlist what it added, which its undo then
+// leaves.
 //
 // Found with it: before the moving hash, an undo removed a copy the
 // layout-aware producer had written since step 1 with the same score (a
 // task scheduled again with the same due), losing the task; see
-// TestMoveKeepsProducerSchedule.
+// TestMoveKeepsProducerSchedule. And a mover that lost its lock, running
+// its steps on between the next holder's (A1 B1 B2 A2 A3), undid the copy
+// the other's take relied on, losing the task (seed 18028281370699878225);
+// see TestMoveTwoMovers.
 //
 // Flags: -model.seed=N replays one seed; -model.duration (20 s) bounds the
 // seeds run; -model.steps (300) is the steps per seed; -model.strict.
@@ -176,6 +186,7 @@ type mRun struct {
 	deadWant map[string]string // entry -> reason, every dead letter made
 	members  []*mMember
 	batch    *mBatch
+	stale    *mBatch // the batch of a mover that lost its lock, still running its steps
 	deadB    []*mBatch
 	base     int64 // real ms at the start
 	now      int64 // the model's clock, for dispatch
@@ -332,7 +343,7 @@ func (r *mRun) serverNow() int64 {
 func (r *mRun) allKeys() []string {
 	var ks []string
 	for i := range r.span {
-		ks = append(ks, r.keys.Pending(i), r.keys.Dead(i), r.keys.DeadReason(i), r.keys.Moving(i))
+		ks = append(ks, r.keys.Pending(i), r.keys.Dead(i), r.keys.DeadReason(i), r.keys.Moving(i), r.keys.DeadMoving(i))
 	}
 	return append(ks, r.keys.ShardCount(), r.keys.Reshard(), r.keys.Retired(), r.keys.ReshardLock())
 }
@@ -373,7 +384,7 @@ func (r *mRun) mAdd(i int, m *mMember, score int64, writer string) {
 // goAdd mirrors a write of the layout-aware producer to shard i.
 func (r *mRun) goAdd(i int, m *mMember, score int64) {
 	if s, ok := r.moving[i][m.name]; ok {
-		if b := r.batch; b != nil && b.j == i && (b.next == 2 || b.next == 3) {
+		if b := r.batch; b != nil && b.j == i && (b.next == 2 || b.next == 3) || r.stale != nil && r.stale.j == i && (r.stale.next == 2 || r.stale.next == 3) {
 			r.event(fmt.Sprintf("layout-aware write unlisted a member a live batch added (same score: %v)", s == score))
 		} else {
 			r.event("layout-aware write unlisted a member a dead mover's batch added")
@@ -411,6 +422,8 @@ func (r *mRun) doStep() {
 		{"mover reads a batch", 30, r.opRead},
 		{"mover step", 12, r.opMoverStep},
 		{"mover dies", 1, r.opMoverDies},
+		{"mover loses its lock (and runs on)", 1, r.opLoseLock},
+		{"step of the mover that lost its lock", 6, r.opStaleStep},
 		{"full pass", 1, r.opPass},
 		{"dead letter appears", 1, r.opDeadLetter},
 	}
@@ -642,10 +655,16 @@ func (r *mRun) opRead() bool {
 }
 
 func (r *mRun) opMoverStep() bool {
-	b := r.batch
-	if b == nil {
+	if r.batch == nil {
 		return false
 	}
+	r.runStep(&r.batch)
+	return true
+}
+
+// runStep runs the next step of *bp, nil once it is done.
+func (r *mRun) runStep(bp **mBatch) {
+	b := *bp
 	switch b.next {
 	case 1:
 		r.stepAdd(b)
@@ -653,9 +672,34 @@ func (r *mRun) opMoverStep() bool {
 		r.stepTake(b)
 	case 3:
 		r.stepUndo(b)
-		r.batch = nil
+		*bp = nil
 	}
 	b.next++
+}
+
+// opLoseLock: the mover holding the lock pauses past the lock's TTL with
+// a batch in progress; another mover takes the lock (the next batch read,
+// or a full pass) while this one, resumed, runs the rest of its page's
+// steps (moveGroups runs them to the end).
+func (r *mRun) opLoseLock() bool {
+	if r.batch == nil || r.stale != nil {
+		return false
+	}
+	r.note("mover loses its lock before step %d of %s, and runs on", r.batch.next, r.batch)
+	r.stale, r.batch = r.batch, nil
+	// Like a dead mover's batch, it stays "in progress" for (b): the next
+	// holder's batches unlist what it added, so its undo may leave a copy
+	// of a task cancelled meanwhile (see the known limits).
+	r.deadB = append(r.deadB, r.stale)
+	return true
+}
+
+func (r *mRun) opStaleStep() bool {
+	if r.stale == nil {
+		return false
+	}
+	r.note("(the mover that lost its lock)")
+	r.runStep(&r.stale)
 	return true
 }
 
@@ -667,7 +711,12 @@ func (r *mRun) stepAdd(b *mBatch) {
 	b.add = r.step
 	for k, t := range b.b.ts {
 		var want int64
-		if _, ok := r.pending[b.j][t.member]; !ok {
+		if _, ok := r.pending[b.j][t.member]; ok {
+			if _, ok := r.moving[b.j][t.member]; ok {
+				r.event("step 1 unlisted a member another batch added")
+			}
+			delete(r.moving[b.j], t.member)
+		} else {
 			want = 1
 			s, _ := strconv.ParseInt(t.score, 10, 64)
 			r.mAdd(b.j, r.member(t.member), s, wMover)
@@ -871,7 +920,9 @@ func (r *mRun) check() {
 	pipe := r.rdb.Pipeline()
 	var zs, ds []*redis.ZSliceCmd
 	var rs, mv []*redis.MapStringStringCmd
+	var dmv []*redis.IntCmd
 	for i := range r.span {
+		dmv = append(dmv, pipe.Exists(r.ctx, r.keys.DeadMoving(i)))
 		zs = append(zs, pipe.ZRangeWithScores(r.ctx, r.keys.Pending(i), 0, -1))
 		ds = append(ds, pipe.ZRangeWithScores(r.ctx, r.keys.Dead(i), 0, -1))
 		rs = append(rs, pipe.HGetAll(r.ctx, r.keys.DeadReason(i)))
@@ -914,6 +965,11 @@ func (r *mRun) check() {
 		}
 		if len(why) != nwhy {
 			r.fatalf("shard %d: reasons %v, the model's dead letters %v", i, why, r.dead[i])
+		}
+		// Dead letters move only within a full pass, which settles every
+		// batch it starts.
+		if dmv[i].Val() != 0 {
+			r.fatalf("shard %d: dead letters listed as moving after a pass", i)
 		}
 		listed := mv[i].Val()
 		if len(listed) != len(r.moving[i]) {
@@ -966,7 +1022,7 @@ func (r *mRun) inMove(m *mMember) bool {
 		}
 		return false
 	}
-	if in(r.batch) {
+	if in(r.batch) || in(r.stale) {
 		return true
 	}
 	for _, b := range r.deadB {
@@ -981,13 +1037,14 @@ func (r *mRun) inMove(m *mMember) bool {
 // a final pass moves everything, and (a) to (d) are checked.
 func (r *mRun) quiesce() {
 	r.step++
-	if r.batch != nil {
-		if r.rng.IntN(2) == 0 {
-			r.opMoverDies()
+	if r.batch != nil && r.rng.IntN(2) == 0 {
+		r.opMoverDies()
+	}
+	for r.batch != nil || r.stale != nil {
+		if r.stale == nil || r.batch != nil && r.rng.IntN(2) == 0 {
+			r.opMoverStep()
 		} else {
-			for r.batch != nil {
-				r.opMoverStep()
-			}
+			r.opStaleStep()
 		}
 	}
 	r.pass(-1)

@@ -165,8 +165,10 @@ func (m *Mover) moveGroups(ctx context.Context, i int, groups map[int][]task, p 
 		return err
 	}
 	// Once begun, a page's three steps run to their end even if ctx ends
-	// (SIGTERM), so that a stop leaves no task in two shards; only a
-	// process that dies does, which the next pass mends.
+	// (SIGTERM, or the lock lost), so that a stop leaves no task in two
+	// shards; only a process that dies does, which the next pass mends.
+	// A mover that lost its lock may run them while the next holder moves
+	// the same tasks: the steps are safe for that (scripts.go).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	bs := make([]*batchMove, 0, len(groups))
@@ -320,7 +322,7 @@ func (b *batchMove) undoArgs(p *Progress) []any {
 
 // dead moves shard i's misplaced dead letters with their reasons.
 func (m *Mover) dead(ctx context.Context, l shard.Layout, i, batch int, p *Progress) error {
-	src, srcWhy := m.Keys.Dead(i), m.Keys.DeadReason(i)
+	src := m.Keys.Dead(i)
 	var cursor uint64
 	for {
 		page, next, err := m.RDB.ZScan(ctx, src, cursor, "", int64(batch)).Result()
@@ -337,35 +339,184 @@ func (m *Mover) dead(ctx context.Context, l shard.Layout, i, batch int, p *Progr
 				groups[j] = append(groups[j], task{score: page[k+1], member: page[k]})
 			}
 		}
-		for j, ts := range groups {
-			entries := make([]string, len(ts))
-			for k, t := range ts {
-				entries[k] = t.member
-			}
-			why, err := m.RDB.HMGet(ctx, srcWhy, entries...).Result()
-			if err != nil {
-				return fmt.Errorf("shard %d: read dead-letter reasons: %w", i, err)
-			}
-			args := make([]any, 0, 3*len(ts))
-			for k, t := range ts {
-				reason, _ := why[k].(string)
-				args = append(args, t.score, t.member, reason)
-			}
-			if err := addDeadScript.Run(ctx, m.RDB, []string{m.Keys.Dead(j), m.Keys.DeadReason(j)}, args...).Err(); err != nil {
-				return fmt.Errorf("move %d dead letters from %s to %s: %w", len(ts), src, m.Keys.Dead(j), err)
-			}
-			rm := make([]any, len(entries))
-			for k, e := range entries {
-				rm[k] = e
-			}
-			n, err := takeDeadScript.Run(ctx, m.RDB, []string{src, srcWhy}, rm...).Int64()
-			if err != nil {
-				return fmt.Errorf("move %d dead letters from %s: remove from the source: %w", len(ts), src, err)
-			}
-			p.DeadMoved += n
+		if err := m.moveDead(ctx, i, groups, p); err != nil {
+			return err
 		}
 		if cursor = next; cursor == 0 {
 			return nil
 		}
 	}
+}
+
+// moveDead moves a page's dead letters from shard i to their shards in
+// the steps of deadMove, each step for all destinations in one pipelined
+// round trip, to their end once begun (as moveGroups).
+func (m *Mover) moveDead(ctx context.Context, i int, groups map[int][]task, p *Progress) error {
+	if len(groups) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	ds := make([]*deadMove, 0, len(groups))
+	for j, ts := range groups {
+		ds = append(ds, m.deadBatch(i, j, ts))
+	}
+	pipe := m.RDB.Pipeline()
+	reads := make([]*redis.SliceCmd, len(ds))
+	for n, d := range ds {
+		reads[n] = d.readCmd(ctx, pipe)
+	}
+	_, _ = pipe.Exec(ctx)
+	for n, d := range ds {
+		if err := d.readDone(reads[n]); err != nil {
+			return err
+		}
+	}
+	if err := runSteps(ctx, m.RDB, deadSteps, ds); err != nil {
+		return err
+	}
+	for _, d := range ds {
+		p.DeadMoved += d.moved
+	}
+	return nil
+}
+
+// deadMove is one batch's move of dead letters (entries "<due>:<member>",
+// with their reasons) from shard i to shard j: read the reasons on the
+// source, then the three steps of scripts.go (add, take, undo).
+type deadMove struct {
+	rdb                              redis.UniversalClient
+	src, srcWhy, dst, dstWhy, moving string
+	ts                               []task   // score, entry
+	why                              []string // the reasons read ("": none)
+	added, taken                     []int64
+	moved                            int64 // taken out of the source
+}
+
+func (m *Mover) deadBatch(i, j int, ts []task) *deadMove {
+	return &deadMove{rdb: m.RDB, src: m.Keys.Dead(i), srcWhy: m.Keys.DeadReason(i), dst: m.Keys.Dead(j), dstWhy: m.Keys.DeadReason(j),
+		moving: m.Keys.DeadMoving(j), ts: ts}
+}
+
+func (d *deadMove) readCmd(ctx context.Context, c redis.Cmdable) *redis.SliceCmd {
+	entries := make([]string, len(d.ts))
+	for k, t := range d.ts {
+		entries[k] = t.member
+	}
+	return c.HMGet(ctx, d.srcWhy, entries...)
+}
+
+func (d *deadMove) readDone(c *redis.SliceCmd) error {
+	vals, err := c.Result()
+	if err == nil && len(vals) != len(d.ts) {
+		err = fmt.Errorf("%d reasons for %d entries", len(vals), len(d.ts))
+	}
+	if err != nil {
+		return fmt.Errorf("read dead-letter reasons of %s: %w", d.src, err)
+	}
+	d.why = make([]string, len(vals))
+	for k, v := range vals {
+		d.why[k], _ = v.(string)
+	}
+	return nil
+}
+
+// deadSteps are the steps after the read, as moveDead pipelines them.
+var deadSteps = []step[*deadMove]{
+	{addDeadScript, func(d *deadMove) ([]string, []any) {
+		args := make([]any, 0, 1+3*len(d.ts))
+		args = append(args, movingTTL.Milliseconds())
+		for k, t := range d.ts {
+			args = append(args, t.score, t.member, d.why[k])
+		}
+		return []string{d.dst, d.dstWhy, d.moving}, args
+	}, func(d *deadMove, c *redis.Cmd) (err error) {
+		if d.added, err = c.Int64Slice(); err != nil {
+			return fmt.Errorf("move %d dead letters from %s to %s: %w", len(d.ts), d.src, d.dst, err)
+		}
+		return nil
+	}},
+	{takeDeadScript, func(d *deadMove) ([]string, []any) {
+		args := make([]any, 0, 3*len(d.ts))
+		for k, t := range d.ts {
+			args = append(args, t.score, t.member, d.why[k])
+		}
+		return []string{d.src, d.srcWhy}, args
+	}, func(d *deadMove, c *redis.Cmd) (err error) {
+		if d.taken, err = c.Int64Slice(); err != nil {
+			// Those added are in both shards, as read: the next pass
+			// finishes their move.
+			return fmt.Errorf("move %d dead letters from %s: remove from the source: %w", len(d.ts), d.src, err)
+		}
+		for _, f := range d.taken {
+			if f == 1 {
+				d.moved++
+			}
+		}
+		return nil
+	}},
+	{undoDeadScript, func(d *deadMove) ([]string, []any) {
+		args := make([]any, 0, 4*len(d.ts))
+		for k, t := range d.ts {
+			undo := 0
+			if d.added[k] == 1 && d.taken[k] != 1 {
+				undo = 1
+			}
+			args = append(args, t.score, t.member, d.why[k], undo)
+		}
+		return []string{d.dst, d.dstWhy, d.moving}, args
+	}, func(d *deadMove, c *redis.Cmd) error {
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("undo dead-letter moves to %s (requeued, purged or dead again meanwhile): %w", d.dst, err)
+		}
+		return nil
+	}},
+}
+
+// steps are the batch's steps, one Redis call each (a test interleaves
+// them with requeues and purges).
+func (d *deadMove) steps() []func(context.Context) error {
+	read := func(ctx context.Context) error { return d.readDone(d.readCmd(ctx, d.rdb)) }
+	return append([]func(context.Context) error{read}, stepsOf(d.rdb, deadSteps, d)...)
+}
+
+// step is one step of a move between shards, one script on one shard
+// per batch: call gives a batch's keys and arguments, done takes its reply.
+type step[B any] struct {
+	script *redis.Script
+	call   func(b B) ([]string, []any)
+	done   func(b B, c *redis.Cmd) error
+}
+
+// runSteps runs steps in order for batches bs, each step for all of them
+// in one pipelined round trip.
+func runSteps[B any](ctx context.Context, rdb redis.UniversalClient, steps []step[B], bs []B) error {
+	for _, st := range steps {
+		cmds, err := runPipelined(ctx, rdb, st.script, len(bs), func(n int) ([]string, []any) { return st.call(bs[n]) })
+		if err != nil {
+			return err
+		}
+		for n, c := range cmds {
+			if err := st.done(bs[n], c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// stepsOf are steps for batch b alone, one Redis call each (tests
+// interleave them with other writers).
+func stepsOf[B any](rdb redis.UniversalClient, steps []step[B], b B) []func(context.Context) error {
+	out := make([]func(context.Context) error, len(steps))
+	for k, st := range steps {
+		out[k] = func(ctx context.Context) error {
+			keys, args := st.call(b)
+			return st.done(b, st.script.Run(ctx, rdb, keys, args...))
+		}
+	}
+	return out
 }

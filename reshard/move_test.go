@@ -2,12 +2,15 @@ package reshard
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/admin"
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -132,6 +135,191 @@ func TestMoveKeepsProducerSchedule(t *testing.T) {
 			if got := f.pending(t); len(got) != 1 || got[f.j] != f.due {
 				t.Errorf("after the move (added %v, taken %v, %+v): %q pending %v (shard: score), want only in shard %d with %d, the schedule that came last",
 					b.added, b.taken, p, f.m, got, f.j, f.due)
+			}
+		})
+	}
+}
+
+// TestMoveTwoMovers interleaves the steps of two movers' batches of the
+// same task: a mover that lost its lock (A, paused past the lock's TTL)
+// still runs its page's steps while the next holder (B) moves the same
+// task. Whatever the order, the task must end pending in exactly one
+// shard, its new one, with its score: neither mover may undo the copy
+// the other's take relies on.
+func TestMoveTwoMovers(t *testing.T) {
+	for _, order := range []string{"A1 B1 B2 A2 A3 B3", "A1 B1 B2 B3 A2 A3", "A1 B1 B2 B3", "B1 A1 A2 B2 B3 A3", "A1 B1 A2 B2 A3 B3", "B1 A1 B2 A2 A3 B3"} {
+		t.Run(order, func(t *testing.T) {
+			ctx := context.Background()
+			f := newMoveFixture(t)
+			m := &Mover{RDB: f.rdb, Keys: f.keys}
+			ts := []task{{score: strconv.FormatInt(f.due, 10), member: f.m}}
+			movers := map[byte]*batchMove{'A': m.batch(f.i, f.j, ts), 'B': m.batch(f.i, f.j, ts)}
+			progress := map[byte]*Progress{'A': {}, 'B': {}}
+			for _, st := range strings.Fields(order) {
+				b := movers[st[0]]
+				var err error
+				switch st[1] {
+				case '1':
+					err = b.add(ctx)
+				case '2':
+					err = b.take(ctx)
+				case '3':
+					err = b.undo(ctx, progress[st[0]])
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", st, err)
+				}
+			}
+			if got := f.pending(t); len(got) != 1 || got[f.j] != f.due {
+				t.Errorf("after %s (A added %v taken %v, B added %v taken %v): %q pending %v (shard: score), want only in shard %d with %d",
+					order, movers['A'].added, movers['A'].taken, movers['B'].added, movers['B'].taken, f.m, got, f.j, f.due)
+			}
+		})
+	}
+}
+
+// TestDeadMoveRaces runs an operator's requeue or purge of a dead letter
+// (internal/admin, what `dispatcher dead requeue|purge` runs), or the
+// letter requeued and dead-lettered again with another reason, before
+// each step of a batch moving it, then lets the next pass settle what is
+// left. The letter must end as the operator left it: requeued (pending,
+// dead nowhere), purged (dead nowhere), or dead once in its new shard with
+// its latest reason; never duplicated, brought back, or with a stale
+// reason.
+func TestDeadMoveRaces(t *testing.T) {
+	type outcome struct {
+		dead    map[int]string // shard -> reason
+		pending bool           // pending in its shard by 2
+	}
+	actions := []struct {
+		name string
+		do   func(t *testing.T, f *moveFixture, q admin.Queue, d admin.Dead) outcome
+	}{
+		{"requeue", func(t *testing.T, f *moveFixture, q admin.Queue, d admin.Dead) outcome {
+			ok, err := admin.Requeue(context.Background(), f.rdb, q, d, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return outcome{dead: map[int]string{f.j: "nacked"}}
+			}
+			return outcome{dead: map[int]string{}, pending: true}
+		}},
+		{"purge", func(t *testing.T, f *moveFixture, q admin.Queue, d admin.Dead) outcome {
+			ok, err := admin.Purge(context.Background(), f.rdb, q, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return outcome{dead: map[int]string{f.j: "nacked"}}
+			}
+			return outcome{dead: map[int]string{}}
+		}},
+		{"requeued and dead again", func(t *testing.T, f *moveFixture, q admin.Queue, d admin.Dead) outcome {
+			ctx := context.Background()
+			ok, err := admin.Requeue(ctx, f.rdb, q, d, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return outcome{dead: map[int]string{f.j: "nacked"}}
+			}
+			// Dispatched from shard i, failed, dead-lettered there again.
+			pipe := f.rdb.TxPipeline()
+			pipe.ZRem(ctx, f.keys.Pending(f.i), d.Member)
+			pipe.ZAdd(ctx, f.keys.Dead(f.i), redis.Z{Score: float64(d.DueMs), Member: d.Entry})
+			pipe.HSet(ctx, f.keys.DeadReason(f.i), d.Entry, "again")
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return outcome{dead: map[int]string{f.j: "again"}}
+		}},
+	}
+	steps := len((&deadMove{}).steps())
+	for _, a := range actions {
+		for before := range steps {
+			t.Run(fmt.Sprintf("%s before step %d of %d", a.name, before+1, steps), func(t *testing.T) {
+				ctx := context.Background()
+				f := newMoveFixture(t)
+				// The task pending in the fixture is not the dead letter's
+				// body: a requeue would find it pending.
+				if err := f.rdb.ZRem(ctx, f.keys.Pending(f.i), f.m).Err(); err != nil {
+					t.Fatal(err)
+				}
+				dueMs := time.Now().Add(-time.Minute).UnixMilli()
+				d := admin.Dead{Shard: f.i, DueMs: dueMs, Member: f.m, Entry: fmt.Sprintf("%d:%s", dueMs, f.m)}
+				pipe := f.rdb.TxPipeline()
+				pipe.ZAdd(ctx, f.keys.Dead(f.i), redis.Z{Score: float64(dueMs), Member: d.Entry})
+				pipe.HSet(ctx, f.keys.DeadReason(f.i), d.Entry, "nacked")
+				if _, err := pipe.Exec(ctx); err != nil {
+					t.Fatal(err)
+				}
+				q := admin.Queue{Keys: f.keys, Shards: 4, Layout: shard.Layout{Shards: 4, From: 2}}
+				m := &Mover{RDB: f.rdb, Keys: f.keys}
+				b := m.deadBatch(f.i, f.j, []task{{score: strconv.FormatInt(dueMs, 10), member: d.Entry}})
+				var want outcome
+				for k, step := range b.steps() {
+					if k == before {
+						want = a.do(t, f, q, d)
+					}
+					if err := step(ctx); err != nil {
+						t.Fatalf("step %d: %v", k+1, err)
+					}
+				}
+				// The next pass settles what the batch left.
+				if _, err := m.Pass(ctx, shard.Layout{Shards: 4, From: 2}, 0, 4); err != nil {
+					t.Fatal(err)
+				}
+				got := outcome{dead: map[int]string{}}
+				for k := range 4 {
+					if err := f.rdb.ZScore(ctx, f.keys.Dead(k), d.Entry).Err(); err == nil {
+						got.dead[k] = f.rdb.HGet(ctx, f.keys.DeadReason(k), d.Entry).Val()
+					} else if err != redis.Nil {
+						t.Fatal(err)
+					}
+				}
+				got.pending = f.rdb.ZScore(ctx, f.keys.Pending(f.i), f.m).Err() == nil
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("dead letter %q (shard %d -> %d): dead in (shard: reason) %v, pending %v; want dead in %v, pending %v",
+						d.Entry, f.i, f.j, got.dead, got.pending, want.dead, want.pending)
+				}
+			})
+		}
+	}
+}
+
+// TestDeadMoveTwoMovers is TestMoveTwoMovers for a dead letter: two
+// movers' batches of it interleaved (one lost its lock and runs on) leave
+// it dead once, in its new shard, with its reason.
+func TestDeadMoveTwoMovers(t *testing.T) {
+	for _, order := range []string{"A1 A2 B1 B2 B3 A3 A4 B4", "A1 A2 B1 B2 A3 B3 B4 A4", "B1 B2 A1 A2 A3 B3 B4 A4", "A1 A2 B1 B2 B3 B4"} {
+		t.Run(order, func(t *testing.T) {
+			ctx := context.Background()
+			f := newMoveFixture(t)
+			dueMs := time.Now().Add(-time.Minute).UnixMilli()
+			e := fmt.Sprintf("%d:%s", dueMs, f.m)
+			pipe := f.rdb.TxPipeline()
+			pipe.ZAdd(ctx, f.keys.Dead(f.i), redis.Z{Score: float64(dueMs), Member: e})
+			pipe.HSet(ctx, f.keys.DeadReason(f.i), e, "nacked")
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			m := &Mover{RDB: f.rdb, Keys: f.keys}
+			ts := []task{{score: strconv.FormatInt(dueMs, 10), member: e}}
+			steps := map[byte][]func(context.Context) error{'A': m.deadBatch(f.i, f.j, ts).steps(), 'B': m.deadBatch(f.i, f.j, ts).steps()}
+			for _, st := range strings.Fields(order) {
+				if err := steps[st[0]][st[1]-'1'](ctx); err != nil {
+					t.Fatalf("%s: %v", st, err)
+				}
+			}
+			got := map[int]string{}
+			for k := range 4 {
+				if f.rdb.ZScore(ctx, f.keys.Dead(k), e).Err() == nil {
+					got[k] = f.rdb.HGet(ctx, f.keys.DeadReason(k), e).Val()
+				}
+			}
+			if len(got) != 1 || got[f.j] != "nacked" {
+				t.Errorf("after %s: dead letter %q in (shard: reason) %v, want only in %d with %q", order, e, got, f.j, "nacked")
 			}
 		})
 	}

@@ -123,14 +123,14 @@ func TestShrinkAndRetired(t *testing.T) {
 	now := time.Now().UnixMilli()
 	rdb.ZAdd(ctx, k.Pending(shard.Index([]byte(late), 8)), redis.Z{Score: float64(now), Member: late})
 	n, err := reshard.SweepRetired(ctx, rdb, k, l, "test")
-	if err != nil || n != 1 {
-		t.Fatalf("SweepRetired: %d, %v; want 1 moved", n, err)
+	if err != nil || n != (reshard.Swept{Moved: 1}) {
+		t.Fatalf("SweepRetired: %+v, %v; want 1 moved", n, err)
 	}
 	if s, err := rdb.ZScore(ctx, k.Pending(shard.Index([]byte(late), 2)), late).Result(); err != nil || int64(s) != now {
 		t.Fatalf("late task in its shard by 2: %v, %v", s, err)
 	}
-	if n, err := reshard.SweepRetired(ctx, rdb, k, l, "test"); err != nil || n != 0 {
-		t.Fatalf("second SweepRetired: %d, %v", n, err)
+	if n, err := reshard.SweepRetired(ctx, rdb, k, l, "test"); err != nil || n != (reshard.Swept{}) {
+		t.Fatalf("second SweepRetired: %+v, %v", n, err)
 	}
 
 	// Growing back past the retired count forgets it. (No dispatcher runs

@@ -190,36 +190,31 @@ func waitLock(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, o
 
 // SweepRetired moves what producers still hashing with a retired (larger)
 // shard count wrote to the shards a shrink retired, which no dispatcher
-// serves: it checks them with one EXISTS per key, and only if one holds
-// something takes the lock and moves it, due or not. It returns how many
-// tasks it moved; 0 without a retired count, or while another mover runs.
-func SweepRetired(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l shard.Layout, name string) (int64, error) {
+// serves, due or not, and hands tasks left in flight there whose lease
+// ran out to their shards' dispatchers. It checks the shards with one
+// round trip, and only if one holds something takes the lock. It does
+// nothing without a retired count, or while another mover runs.
+func SweepRetired(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, l shard.Layout, name string) (Swept, error) {
 	if l.Retired <= l.Shards || l.Changing() {
-		return 0, nil
+		return Swept{}, nil
 	}
-	pipe := rdb.Pipeline()
-	var cmds []*redis.IntCmd
-	for i := l.Shards; i < l.Retired; i++ {
-		cmds = append(cmds, pipe.Exists(ctx, keys.Pending(i), keys.Dead(i)))
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, fmt.Errorf("queue %s: check the retired shards %d..%d: %w", keys.Queue, l.Shards, l.Retired-1, err)
-	}
-	found := false
-	for _, c := range cmds {
-		found = found || c.Val() > 0
-	}
-	if !found {
-		return 0, nil
+	if found, err := retiredWork(ctx, rdb, keys, l); err != nil || !found {
+		return Swept{}, err
 	}
 	lock, _, err := TryLock(ctx, rdb, keys, name)
 	if err != nil || lock == nil {
-		return 0, err
+		return Swept{}, err
 	}
 	defer lock.Unlock(context.WithoutCancel(ctx))
 	ctx, stop := lock.Guard(ctx)
 	defer stop()
 	m := &Mover{RDB: rdb, Keys: keys, Horizon: -1}
 	p, err := m.Pass(ctx, l, l.Shards, l.Retired)
-	return p.Moved + p.Kept + p.DeadMoved, err
+	sw := Swept{Moved: p.Moved + p.Kept + p.DeadMoved}
+	for i := l.Shards; i < l.Retired && ctx.Err() == nil; i++ {
+		n, rerr := m.reclaimInflight(ctx, l, i)
+		sw.Reclaimed += n
+		err = errors.Join(err, rerr)
+	}
+	return sw, err
 }

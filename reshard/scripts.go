@@ -14,7 +14,8 @@ import (
 //  1. addScript, on the destination: add each task unless the member is
 //     already pending there (a producer on the new M wrote it: the new
 //     layout's scheduling wins), and list it in the destination's moving
-//     hash (P:{Q:j}:moving, member -> score added).
+//     hash (P:{Q:j}:moving, member -> score added). A member pending
+//     there already is unlisted instead: step 2 may rely on that copy.
 //  2. takeScript, on the source: remove each task only if its score is
 //     still the one read. A task rescheduled (another score) or cancelled
 //     (gone) by an old-M producer meanwhile is left alone.
@@ -22,8 +23,8 @@ import (
 //     remove what step 1 added, if it is still what step 1 added: the same
 //     score, and still listed in the moving hash. A rescheduled task moves
 //     with its new score on the next pass; a cancelled one stays
-//     cancelled. Every member of the batch is unlisted (those a mover
-//     that died listed too: one mover runs at a time).
+//     cancelled. Every member of the batch is unlisted (those another
+//     mover listed too).
 //
 // The Go producer (shard.Producer) unlists a member, atomically with its
 // write, whenever it writes the member to a shard during a change: a
@@ -44,8 +45,22 @@ import (
 // step 1 also leaves the copies it added whose source was cancelled
 // meanwhile: those tasks are delivered although cancelled. Only tasks due
 // later than the mover's horizon are moved, so no dispatcher claims one
-// between the steps. One mover runs at a time (the lock): with two, one
-// could undo a task the other had already taken out of the source.
+// between the steps.
+//
+// One mover runs at a time (the lock), but a mover that lost its lock
+// (paused past its TTL) runs its page's steps to their end while the next
+// holder moves: two batches of one task may interleave. Step 2 takes the
+// source's copy whenever the destination held the task at step 1, so a
+// copy that a step 1 found must never be undone: that step 1 unlists it
+// (above), and an undo removes only what is still listed. Without that,
+// in the order A1 B1 B2 A2 A3 (mover A's steps and B's), A's undo removed
+// the copy B's take relied on, and the task was in neither shard. What
+// two such movers still cost is what a mover that died costs: a copy
+// whose listing the other batch removed is not undone, so a task
+// cancelled (or rescheduled) by an old-M producer during both batches may
+// be delivered (at its old due time). A lock checked inside the step
+// scripts cannot replace this: the lock's key {Q} and the shards' keys
+// {Q:i} are in different slots on Redis Cluster, so no script sees both.
 
 // movingTTL bounds how long the moving hash outlives a mover that died
 // between steps 1 and 3 (its entries are harmless: an undo removes only
@@ -55,6 +70,9 @@ const movingTTL = time.Hour
 
 // addScript adds pending tasks to the destination shard, each only if its
 // member is not pending there, and lists those it adds in the moving hash.
+// A member pending there already is unlisted: this batch's step 2 may
+// remove the source's copy on the strength of that one, so no undo may
+// remove it (another mover's batch may have added and listed it).
 //
 // KEYS[1] destination pending shard P:{Q:j}
 // KEYS[2] destination moving hash P:{Q:j}:moving
@@ -69,6 +87,9 @@ end
 local out = {}
 for i = 2, #ARGV, 2 do
   if redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
+    -- Step 2 may now rely on this copy: no batch may undo it, not even
+    -- the one that added it, if that mover lost its lock and runs on.
+    redis.call('HDEL', KEYS[2], ARGV[i + 1])
     out[#out + 1] = 0
   else
     redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
@@ -129,40 +150,192 @@ end
 return n
 `)
 
-// addDeadScript adds dead letters (entries "<due_ms>:<member>") and their
-// reasons to the destination shard, each unless already there.
+// Dead letters (entries "<due_ms>:<member>" with a reason each) move in
+// the same three steps, for the same reason, with a listing of their own
+// (P:{Q:j}:dead:moving, entry -> score added): step 2 removes a letter
+// from the source only if it is still there as read, with the reason
+// read, and step 3 undoes the adds step 2 did not confirm. An operator's
+// requeue or purge (`dispatcher dead requeue|purge`) on the source between
+// the read and step 2 then stays done: the letter is not left dead in the
+// destination too (a requeued letter delivered and still dead, a purged
+// one back). A letter requeued and dead-lettered again meanwhile (another
+// reason) moves with its new reason on the next pass.
+
+// addDeadScript adds dead letters and their reasons to the destination
+// shard, each unless already there, and lists those it adds; an entry
+// already there is unlisted (step 2 may rely on it, as in addScript).
 //
 // KEYS[1] destination dead set P:{Q:j}:dead
 // KEYS[2] destination reasons P:{Q:j}:dead:reason
-// ARGV    score1, entry1, reason1, ...
-// Returns the number added.
+// KEYS[3] destination listing P:{Q:j}:dead:moving
+// ARGV[1] the listing's TTL (ms)
+// ARGV    then score1, entry1, reason1, ... (reason "": none)
+// Returns one flag per letter: 1 added, 0 already there.
 var addDeadScript = redis.NewScript(`#!lua flags=allow-oom
-local t1, t2 = redis.call('TYPE', KEYS[1])['ok'], redis.call('TYPE', KEYS[2])['ok']
-if (t1 ~= 'none' and t1 ~= 'zset') or (t2 ~= 'none' and t2 ~= 'hash') then
-  return redis.error_reply('WRONGTYPE dead-letter keys ' .. KEYS[1] .. ' / ' .. KEYS[2] .. ' hold the wrong type; nothing moved')
+for k = 1, 3 do
+  local t, want = redis.call('TYPE', KEYS[k])['ok'], 'hash'
+  if k == 1 then want = 'zset' end
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('WRONGTYPE dead-letter key ' .. KEYS[k] .. ' holds a ' .. t .. ', not a ' .. want .. '; nothing moved')
+  end
 end
-local n = 0
-for i = 1, #ARGV, 3 do
-  if not redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
+local out = {}
+for i = 2, #ARGV, 3 do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
+    redis.call('HDEL', KEYS[3], ARGV[i + 1])
+    out[#out + 1] = 0
+  else
     redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
     if ARGV[i + 2] ~= '' then redis.call('HSET', KEYS[2], ARGV[i + 1], ARGV[i + 2]) end
-    n = n + 1
+    redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i])
+    out[#out + 1] = 1
   end
+end
+if #out > 0 then redis.call('PEXPIRE', KEYS[3], ARGV[1]) end
+return out
+`)
+
+// takeDeadScript removes dead letters and their reasons from the source
+// shard, each only if it is still there with the score and reason read
+// (a requeue or purge removed it, or it was dead-lettered again with
+// another reason: left alone).
+//
+// KEYS[1] source dead set, KEYS[2] source reasons
+// ARGV    score1, entry1, reason1, ...
+// Returns one flag per letter: 1 removed, 0 gone, 2 changed.
+var takeDeadScript = redis.NewScript(`#!lua flags=allow-oom
+local out = {}
+for i = 1, #ARGV, 3 do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+  if not s then
+    out[#out + 1] = 0
+  elseif tonumber(s) == tonumber(ARGV[i]) and (redis.call('HGET', KEYS[2], ARGV[i + 1]) or '') == ARGV[i + 2] then
+    redis.call('ZREM', KEYS[1], ARGV[i + 1])
+    redis.call('HDEL', KEYS[2], ARGV[i + 1])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 2
+  end
+end
+return out
+`)
+
+// undoDeadScript unlists the batch's entries and removes from the
+// destination those step 1 added and step 2 left in the source, each only
+// if still listed and still as added (score and reason).
+//
+// KEYS[1] destination dead set, KEYS[2] its reasons, KEYS[3] its listing
+// ARGV    score1, entry1, reason1, undo1, ... (undo: 1 remove, 0 only unlist)
+// Returns the number removed.
+var undoDeadScript = redis.NewScript(`#!lua flags=allow-oom
+local n = 0
+for i = 1, #ARGV, 4 do
+  local e = ARGV[i + 1]
+  local listed = redis.call('HGET', KEYS[3], e)
+  if ARGV[i + 3] == '1' and listed and tonumber(listed) == tonumber(ARGV[i]) then
+    local s = redis.call('ZSCORE', KEYS[1], e)
+    if s and tonumber(s) == tonumber(ARGV[i]) and (redis.call('HGET', KEYS[2], e) or '') == ARGV[i + 2] then
+      redis.call('ZREM', KEYS[1], e)
+      redis.call('HDEL', KEYS[2], e)
+      n = n + 1
+    end
+  end
+  if listed then redis.call('HDEL', KEYS[3], e) end
 end
 return n
 `)
 
-// takeDeadScript removes dead letters and their reasons from the source
-// shard (they are in the destination by then).
+// In-flight entries left in a retired shard with their lease run out are
+// handed to their member's shard by the current count in the same three
+// steps (reshard/retired.go). Each hand-over run gives the entries it adds
+// a lease of its own, a marker in (0, 1): run out, so any instance
+// claims them at once, and unlike any other lease (claims' deadlines are
+// whole ms, retries' end in half a ms, released entries have 0). The undo
+// removes only an entry still at its own marker (not claimed since), and
+// step 1 turns another run's marker it finds into 0 (released): its step
+// 2 may rely on that entry, so nobody may undo it.
+
+// handInScript adds in-flight entries to the destination shard with the
+// marker lease, with their failed attempts, each unless the entry is in
+// flight there already.
 //
-// KEYS[1] source dead set, KEYS[2] source reasons
-// ARGV    entry1, entry2, ...
+// KEYS[1] destination in-flight set, KEYS[2] its attempts hash,
+// KEYS[3] its retrying index
+// ARGV[1] the marker lease
+// ARGV    then entry1, attempts1 ("": none), due1, ...
+// Returns one flag per entry: 1 added, 0 in flight there already.
+var handInScript = redis.NewScript(`#!lua flags=allow-oom
+local want = {'zset', 'hash', 'zset'}
+for k = 1, 3 do
+  local t = redis.call('TYPE', KEYS[k])['ok']
+  if t ~= 'none' and t ~= want[k] then
+    return redis.error_reply('WRONGTYPE key ' .. KEYS[k] .. ' holds a ' .. t .. ', not a ' .. want[k] .. '; nothing moved')
+  end
+end
+local marker = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV, 3 do
+  local e = ARGV[i]
+  local s = redis.call('ZSCORE', KEYS[1], e)
+  if s then
+    local x = tonumber(s)
+    if x > 0 and x < 1 and x ~= marker then redis.call('ZADD', KEYS[1], 'XX', 0, e) end
+    out[#out + 1] = 0
+  else
+    redis.call('ZADD', KEYS[1], ARGV[1], e)
+    if ARGV[i + 1] ~= '' then
+      redis.call('HSET', KEYS[2], e, ARGV[i + 1])
+      redis.call('ZADD', KEYS[3], ARGV[i + 2], e)
+    end
+    out[#out + 1] = 1
+  end
+end
+return out
+`)
+
+// takeInflightScript removes in-flight entries from the retired shard,
+// each only if its lease is still the one read (run out): one confirmed,
+// dead-lettered, retried or claimed again meanwhile is left alone.
+//
+// KEYS[1] in-flight set, KEYS[2] attempts hash, KEYS[3] retrying index
+// ARGV    lease1, entry1, lease2, entry2, ...
+// Returns one flag per entry: 1 removed, 0 gone, 2 changed.
+var takeInflightScript = redis.NewScript(`#!lua flags=allow-oom
+local out = {}
+for i = 1, #ARGV, 2 do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+  if not s then
+    out[#out + 1] = 0
+  elseif tonumber(s) == tonumber(ARGV[i]) then
+    redis.call('ZREM', KEYS[1], ARGV[i + 1])
+    redis.call('HDEL', KEYS[2], ARGV[i + 1])
+    redis.call('ZREM', KEYS[3], ARGV[i + 1])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 2
+  end
+end
+return out
+`)
+
+// undoInflightScript removes the entries a hand-over added whose removal
+// from the retired shard did not happen, each only if still at the
+// hand-over's marker lease (not claimed since).
+//
+// KEYS[1] destination in-flight set, KEYS[2] its attempts hash,
+// KEYS[3] its retrying index
+// ARGV[1] the marker lease, ARGV[2..] the entries
 // Returns the number removed.
-var takeDeadScript = redis.NewScript(`#!lua flags=allow-oom
+var undoInflightScript = redis.NewScript(`#!lua flags=allow-oom
 local n = 0
-for i = 1, #ARGV do
-  n = n + redis.call('ZREM', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
+for i = 2, #ARGV do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if s and tonumber(s) == tonumber(ARGV[1]) then
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('ZREM', KEYS[3], ARGV[i])
+    n = n + 1
+  end
 end
 return n
 `)

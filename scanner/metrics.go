@@ -54,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dispatcher_queue_reshard_left",
 			Help: "While the queue's shard count changes: what the mover's last pass left in the old layout (tasks due soon in a shard other than theirs, and what the shards being retired still hold); 0 otherwise.",
 		}, []string{"queue"}),
-		retired: counter("dispatcher_tasks_retired_moved_total", "Tasks moved out of shards a shrink retired: written by producers still hashing with the old, larger count.", "queue"),
+		retired: counter("dispatcher_tasks_retired_moved_total", "Tasks moved out of shards a shrink retired: written by producers still hashing with the old, larger count, or left in flight there, their lease run out, by an instance that stopped.", "queue"),
 		batch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dispatcher_claim_batch_size", Help: "Tasks taken per claim that took any.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),

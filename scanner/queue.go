@@ -128,14 +128,18 @@ func (q *Queue) watch(ctx context.Context, sc *Scanner) (shard.Layout, bool) {
 			}
 		}
 		if sc.Sweeping() && l.Retired > 0 {
-			n, err := reshard.SweepRetired(ctx, q.rdb, q.keys, l, q.opt.InstanceID)
+			sw, err := reshard.SweepRetired(ctx, q.rdb, q.keys, l, q.opt.InstanceID)
 			if err != nil && ctx.Err() == nil {
 				q.log.Warn("cannot move tasks out of retired shards", "err", err)
 			}
-			if n > 0 {
-				q.opt.Metrics.retiredMoved(q.opt.Queue, n)
+			q.opt.Metrics.retiredMoved(q.opt.Queue, sw.Moved+sw.Reclaimed)
+			if sw.Moved > 0 {
 				q.log.Warn("moved tasks that producers wrote to shards retired by a shrink: a producer still hashes with the old shard count",
-					"moved", n, "retired_shards", l.Retired, "shards", l.Shards)
+					"moved", sw.Moved, "retired_shards", l.Retired, "shards", l.Shards)
+			}
+			if sw.Reclaimed > 0 {
+				q.log.Warn("handed out tasks left in flight in shards retired by a shrink, their lease run out: an instance stopped holding them",
+					"reclaimed", sw.Reclaimed, "retired_shards", l.Retired, "shards", l.Shards)
 			}
 		}
 	}

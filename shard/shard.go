@@ -95,6 +95,11 @@ func (k Keys) Paused(i int) string { return k.tag(i) + ":paused" }
 // move never undoes a schedule that came after its add (reshard/scripts.go).
 func (k Keys) Moving(i int) string { return k.tag(i) + ":moving" }
 
+// DeadMoving is Moving for dead letters: the entries a move has added to
+// this shard's dead-letter set, not yet confirmed, mapped to the score
+// added (hash, expiring).
+func (k Keys) DeadMoving(i int) string { return k.tag(i) + ":dead:moving" }
+
 // BulkProgress is how far bulk run id (`dispatcher cancel|reschedule
 // --match`) has walked shard i (hash, expiring): in the shard's hash tag,
 // so the script that changes a batch records it in the same step.

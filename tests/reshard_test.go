@@ -231,6 +231,63 @@ func TestReshardShrinkBacklog(t *testing.T) {
 	h.verify(q.Name, late, 30*time.Second, 0)
 }
 
+// TestReshardRetiredInflight: after a shrink from 4 to 2 shards has
+// finished, retired shards still hold tasks in flight whose lease ran out:
+// an instance claimed them there in the moment before it applied the
+// finish and was killed before confirming them (one of them after a
+// failed publish, with its attempt counted). No dispatcher serves those
+// shards any more; the sweeping instance hands the tasks to their shards
+// by 2, and they are delivered.
+func TestReshardRetiredInflight(t *testing.T) {
+	q := queueSpec{Name: "retiredinflight", Shards: 2}
+	h := newHarness(t, q)
+	ctx := context.Background()
+	k := shard.Keys{Prefix: h.prefix, Queue: q.Name}
+	if err := h.rdb.Set(ctx, k.ShardCount(), 4, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := reshard.Reshard(ctx, h.rdb, k, 2, reshard.Options{Name: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := reshard.Close(ctx, h.rdb, k, reshard.Options{Name: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := shard.ReadLayout(ctx, h.rdb, k); err != nil || l != (shard.Layout{Shards: 2, Retired: 4}) {
+		t.Fatalf("layout after the shrink: %+v, %v", l, err)
+	}
+	want := map[string]int64{}
+	due := time.Now().Add(-2 * time.Second).UnixMilli()
+	lease := float64(time.Now().Add(-time.Second).UnixMilli()) // ran out
+	for n := 0; len(want) < 2; n++ {
+		m := fmt.Sprintf("held-%d", n)
+		i := shard.Index([]byte(m), 4)
+		if i < 2 {
+			continue
+		}
+		e := fmt.Sprintf("%d:%s", due, m)
+		pipe := h.rdb.TxPipeline()
+		pipe.ZAdd(ctx, k.Inflight(i), redis.Z{Score: lease, Member: e})
+		if len(want) == 1 { // a publish failed once; its backoff ran out
+			pipe.HSet(ctx, k.Attempts(i), e, 1)
+			pipe.ZAdd(ctx, k.Retrying(i), redis.Z{Score: float64(due), Member: e})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want[shard.MessageID([]byte(m), due)] = due
+	}
+	h.start()
+	h.verify(q.Name, want, 30*time.Second, 0)
+	eventually(t, 10*time.Second, "nothing left in flight", func() bool {
+		for i := range 4 {
+			if h.rdb.Exists(ctx, k.Inflight(i), k.Attempts(i), k.Retrying(i)).Val() > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // TestReshardKillAndResume: the reshard command SIGKILLed in the middle of
 // a move, then run again: it waits out the dead mover's lock, resumes,
 // and every task ends in its shard exactly once.
