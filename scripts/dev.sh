@@ -73,6 +73,14 @@ ensure_services() {
 	ensure_rabbit
 }
 
+# modules lists the directory of every Go module in the repository: the
+# daemon's at the root, and nested ones (shard/, the producer library with
+# its own go.mod) that the root's ./... does not reach.
+modules() {
+	{ git ls-files --cached --others --exclude-standard '*go.mod' 2>/dev/null || find . -name go.mod -not -path './.git/*'; } |
+		grep -v '/testdata/' | xargs -n1 dirname | sort -u
+}
+
 cmd="${1:-}"
 case "$cmd" in
 run)
@@ -99,10 +107,15 @@ test)
 	if [ -n "$unformatted" ]; then
 		echo "gofmt needed on:"; echo "$unformatted"; exit 1
 	fi
-	log "go vet"
-	go vet ./...
-	log "go test -race"
-	go test -race -count=1 -timeout 15m "${@:2}" ./...
+	# go vet and go test ./... stay inside one module: run them in each.
+	for mod in $(modules); do
+		log "go vet ($mod)"
+		(cd "$mod" && go vet ./...)
+	done
+	for mod in $(modules); do
+		log "go test -race ($mod)"
+		(cd "$mod" && go test -race -count=1 -timeout 15m "${@:2}" ./...)
+	done
 	;;
 *)
 	echo "usage: $0 run|test [go test flags]" >&2
