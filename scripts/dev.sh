@@ -86,9 +86,13 @@ case "$cmd" in
 run)
 	ensure_services
 	log "building ./bin/dispatcher"
-	# dispatcher --version: the checkout's commit (see cmd/dispatcher/cli_version.go)
-	go build -ldflags "-X main.buildVersion=$(git describe --always --dirty --tags 2>/dev/null || echo devel)" \
-		-o bin/dispatcher ./cmd/dispatcher
+	# dispatcher --version: devel and the checkout's commit, +dirty with
+	# uncommitted changes (cmd/dispatcher/cli_version.go). Given at link time
+	# because a machine's GOFLAGS may hold -buildvcs=false; release builds
+	# set the version too (.goreleaser.yaml).
+	commit="$(git rev-parse HEAD 2>/dev/null || true)"
+	if [ -n "$commit" ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then commit="$commit+dirty"; fi
+	go build -ldflags "-X main.buildCommit=$commit" -o bin/dispatcher ./cmd/dispatcher
 	export DISPATCHER_QUEUES="${DISPATCHER_QUEUES:-default}"
 	export DISPATCHER_QUEUE_DEFAULT_SHARDS="${DISPATCHER_QUEUE_DEFAULT_SHARDS:-16}"
 	export DISPATCHER_QUEUE_DEFAULT_EXCHANGE="${DISPATCHER_QUEUE_DEFAULT_EXCHANGE:-tasks}"
