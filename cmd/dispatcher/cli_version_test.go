@@ -119,4 +119,5 @@ func TestVersionOfDevelopmentBuild(t *testing.T) {
 	if !strings.HasPrefix(got, want+", committed ") {
 		t.Errorf("--version of a development build in a clone at %s: %q, want it to begin %q", head, got, want)
 	}
+	t.Logf("%s", strings.TrimSpace(got))
 }
