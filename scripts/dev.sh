@@ -2,6 +2,7 @@
 # One entry point for a fresh Debian machine with Go:
 #   scripts/dev.sh run    install/start Redis and RabbitMQ if needed, build, run the dispatcher
 #   scripts/dev.sh test   install/start them if needed, then gofmt, go vet and go test -race
+#                         in every Go module, and the release check
 # Tests find the servers through DISPATCHER_TEST_REDIS_URL / DISPATCHER_TEST_AMQP_URL,
 # or on localhost; set DEV_SKIP_SERVICES=1 to leave services alone.
 set -euo pipefail
@@ -120,6 +121,8 @@ test)
 		log "go test -race ($mod)"
 		(cd "$mod" && go test -race -count=1 -timeout 15m "${@:2}" ./...)
 	done
+	# goreleaser check, a snapshot build, RELEASES against CHANGELOG.md.
+	scripts/release-check.sh
 	;;
 *)
 	echo "usage: $0 run|test [go test flags]" >&2

@@ -12,6 +12,9 @@ import (
 //	go build -ldflags "-X main.buildVersion=v0.2.0 -X main.buildCommit=<hash>
 //	  -X main.buildDate=2026-11-24T21:11:28Z" ./cmd/dispatcher
 //
+// buildDate is the commit's date, not the time of the build, so that
+// building a release again gives the same binary.
+//
 // A build without them is a development build: "devel", with the commit
 // and its time from the build's VCS stamp when there is one (go build in a
 // git checkout, unless -buildvcs=false), "+dirty" for uncommitted changes.
@@ -25,15 +28,16 @@ var pseudoVersion = regexp.MustCompile(`\d{14}-[0-9a-f]{12}|\+dirty`)
 
 // version is what dispatcher --version prints after "dispatcher ":
 //
-//	v0.2.0 (commit 14d1be795316, built 2026-11-24T21:11:28Z, go1.26.8 linux/amd64)
-//	devel (commit 14d1be795316+dirty, committed 2026-11-24T21:11:28Z, go1.26.8 linux/amd64)
+//	v0.2.0 (commit 14d1be795316 of 2026-11-24T21:11:28Z, go1.26.8 linux/amd64)
+//	devel (commit 14d1be795316+dirty of 2026-11-24T21:11:28Z, go1.26.8 linux/amd64)
 func version() string {
 	info, _ := debug.ReadBuildInfo()
 	return describeVersion(buildVersion, buildCommit, buildDate, info)
 }
 
 // describeVersion makes version's text from the link-time values and the
-// build info (nil when there is none).
+// build info (nil when there is none). The commit is shortened to 12
+// digits, keeping a "+dirty".
 func describeVersion(ver, commit, date string, info *debug.BuildInfo) string {
 	var rev, modified, vcsTime string
 	if info != nil {
@@ -58,29 +62,19 @@ func describeVersion(ver, commit, date string, info *debug.BuildInfo) string {
 	if ver == "" {
 		ver = "devel"
 	}
-	when := ""
-	switch {
-	case commit != "":
-		if date != "" {
-			when = "built " + date
-		}
-	case rev != "":
-		commit = rev + modified
-		if vcsTime != "" {
-			when = "committed " + vcsTime
-		}
-	default:
-		commit = "unknown"
+	if commit == "" && rev != "" {
+		commit, date = rev+modified, vcsTime
+	}
+	if commit == "" {
+		commit, date = "unknown", ""
 	}
 	if i := strings.IndexByte(commit, '+'); i > 12 {
 		commit = commit[:12] + commit[i:]
 	} else if i < 0 && len(commit) > 12 {
 		commit = commit[:12]
 	}
-	parts := []string{"commit " + commit}
-	if when != "" {
-		parts = append(parts, when)
+	if date != "" {
+		commit += " of " + date
 	}
-	parts = append(parts, runtime.Version()+" "+runtime.GOOS+"/"+runtime.GOARCH)
-	return ver + " (" + strings.Join(parts, ", ") + ")"
+	return ver + " (commit " + commit + ", " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + ")"
 }

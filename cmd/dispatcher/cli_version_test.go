@@ -29,14 +29,14 @@ func TestDescribeVersion(t *testing.T) {
 		want              string
 	}{
 		{"release build", "v0.2.0", rev, "2026-12-01T10:00:00Z", checkout,
-			"v0.2.0 (commit 14d1be79531f, built 2026-12-01T10:00:00Z, " + goPlatform + ")"},
+			"v0.2.0 (commit 14d1be79531f of 2026-12-01T10:00:00Z, " + goPlatform + ")"},
 		{"snapshot build of a dirty tree", "v0.2.0-snapshot.14d1be7", rev + "+dirty", "2026-12-01T10:00:00Z", nil,
-			"v0.2.0-snapshot.14d1be7 (commit 14d1be79531f+dirty, built 2026-12-01T10:00:00Z, " + goPlatform + ")"},
+			"v0.2.0-snapshot.14d1be7 (commit 14d1be79531f+dirty of 2026-12-01T10:00:00Z, " + goPlatform + ")"},
 		{"go build in a checkout", "", "", "", checkout,
-			"devel (commit 14d1be79531f, committed 2026-11-24T21:11:28Z, " + goPlatform + ")"},
+			"devel (commit 14d1be79531f of 2026-11-24T21:11:28Z, " + goPlatform + ")"},
 		{"go build with uncommitted changes", "", "", "",
 			vcs("v0.0.0-20261124211128-14d1be79531f+dirty", "vcs.revision", rev, "vcs.time", "2026-11-24T21:11:28Z", "vcs.modified", "true"),
-			"devel (commit 14d1be79531f+dirty, committed 2026-11-24T21:11:28Z, " + goPlatform + ")"},
+			"devel (commit 14d1be79531f+dirty of 2026-11-24T21:11:28Z, " + goPlatform + ")"},
 		{"go build after a tag", "", "", "", vcs("v0.1.1-0.20261124211128-14d1be79531f", "vcs.revision", rev),
 			"devel (commit 14d1be79531f, " + goPlatform + ")"},
 		{"go build on a tag", "", "", "", vcs("v0.1.0", "vcs.revision", rev, "vcs.modified", "false"),
@@ -84,7 +84,7 @@ func versionOf(t *testing.T, bin string) string {
 func TestVersionOfReleaseBuild(t *testing.T) {
 	bin := buildDispatcher(t, "dispatcher-release", "-ldflags",
 		"-X main.buildVersion=v1.2.3 -X main.buildCommit=0123456789abcdef0123456789abcdef01234567 -X main.buildDate=2026-12-01T10:00:00Z")
-	want := "dispatcher v1.2.3 (commit 0123456789ab, built 2026-12-01T10:00:00Z, " + goPlatform + ")\n"
+	want := "dispatcher v1.2.3 (commit 0123456789ab of 2026-12-01T10:00:00Z, " + goPlatform + ")\n"
 	if got := versionOf(t, bin); got != want {
 		t.Errorf("--version of a release build:\n got %q\nwant %q", got, want)
 	}
@@ -116,7 +116,7 @@ func TestVersionOfDevelopmentBuild(t *testing.T) {
 	if status != "" {
 		want += "+dirty"
 	}
-	if !strings.HasPrefix(got, want+", committed ") {
+	if !strings.HasPrefix(got, want+" of ") {
 		t.Errorf("--version of a development build in a clone at %s: %q, want it to begin %q", head, got, want)
 	}
 	t.Logf("%s", strings.TrimSpace(got))
