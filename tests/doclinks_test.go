@@ -26,11 +26,11 @@ var (
 
 // TestDocLinksResolve: every relative link in the README, CONTRACT.md,
 // CHANGELOG.md and the Markdown under docs/, deploy/ and examples/ names a
-// file that exists, and its #anchor, in a Markdown file, one of that file's headings (as
-// GitHub spells them) or <a id> anchors. A renamed heading or moved file
-// otherwise leaves a dead link behind (docs/testing.md pointed at
-// producers.md#java-jedis-lz4-java after the heading became "Java
-// (lz4-java)").
+// file that exists, and its #anchor, in a Markdown file, one of that
+// file's headings (as GitHub spells them) or <a id> anchors. A renamed
+// heading or moved file otherwise leaves a dead link behind
+// (docs/testing.md pointed at producers.md#java-jedis-lz4-java after the
+// heading became "Java (lz4-java)").
 func TestDocLinksResolve(t *testing.T) {
 	var files []string
 	for _, root := range docRoots {
