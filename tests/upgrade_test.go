@@ -147,6 +147,9 @@ func TestRollingUpgrade(t *testing.T) {
 
 	queues := []queueSpec{{Name: "roll", Shards: 16}, {Name: "roll4", Shards: 4}}
 	rates := map[string]int{"roll": 200, "roll4": 100}
+	// Both builds run with the harness's settings: a setting only the
+	// current tree knew would stop the release at its start (exit 2), as it
+	// would in a real rolling upgrade (docs/upgrading.md#settings-across-versions).
 	h := newHarness(t, queues...)
 	// x-published-us: the publish time on the Redis clock, to judge "early".
 	h.extra["DISPATCHER_STAMP_PUBLISHED"] = "true"
@@ -188,6 +191,7 @@ func TestRollingUpgrade(t *testing.T) {
 			mu.Unlock()
 		}()
 	}
+	defer verifying.Wait() // also when the roll ends the test early
 
 	// roll replaces each of running, one at a time, with an instance that
 	// start gives: start it, let it dispatch, then SIGTERM the one it
