@@ -52,12 +52,8 @@ func Start(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, to i
 	} else if n > 0 {
 		return Started{}, fmt.Errorf("queue %s is paused: resume it (`dispatcher resume --queue %s`) before changing its shard count", keys.Queue, keys.Queue)
 	}
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		return Started{}, fmt.Errorf("read the Redis clock: %w", err)
-	}
 	res, err := startScript.Run(ctx, rdb, []string{keys.ShardCount(), keys.Reshard(), keys.Retired()},
-		to, now.UnixMilli()).StringSlice()
+		to).StringSlice()
 	if err != nil {
 		return Started{}, fmt.Errorf("queue %s: start the change to %d shards: %w", keys.Queue, to, err)
 	}

@@ -344,7 +344,10 @@ return n
 // check that none is in progress. All keys carry the hash tag {Q}.
 //
 // KEYS[1] P:{Q}:shards, KEYS[2] P:{Q}:reshard, KEYS[3] P:{Q}:retired
-// ARGV[1] the new shard count, ARGV[2] now (ms, for the record)
+// ARGV[1] the new shard count
+// The change's start (started_ms) is the Redis clock as the script records
+// it: reshard moves nothing until shard.LayoutSettle after it, so it must
+// not be read before (a pause between the two would shorten the wait).
 // Returns {"started", from}, {"resume", from} (the same change is in
 // progress), {"busy", from, to} (another is), {"same", m} (nothing to
 // change) or {"none"} (no shard count recorded).
@@ -357,7 +360,9 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'busy', r[1], r[2]}
 end
 if cur == ARGV[1] then return {'same', cur} end
-redis.call('HSET', KEYS[2], 'from', cur, 'to', ARGV[1], 'started_ms', ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[2], 'from', cur, 'to', ARGV[1], 'started_ms', string.format('%d', now))
 redis.call('SET', KEYS[1], ARGV[1])
 return {'started', cur}
 `)

@@ -112,7 +112,9 @@ func (p *Producer) readLayout(ctx context.Context, fresh bool) readLayout {
 	switch {
 	case err == nil:
 	case cur != nil && !errors.Is(err, ErrNoLayout):
-		next.l = cur.l
+		// The last layout read, as old as it is: a write by it must not
+		// look as if it used a fresh one (settled).
+		next.l, next.sent = cur.l, cur.sent
 	default:
 		next.l = Layout{Shards: p.shards}
 	}
@@ -436,5 +438,7 @@ func (p *Producer) Cancel(ctx context.Context, member []byte) (bool, error) {
 		}
 		return nil
 	})
-	return removed && err == nil, err
+	// removed also with an error: a task removed before a failed layout
+	// re-check is cancelled, and running Cancel again would say false.
+	return removed, err
 }
