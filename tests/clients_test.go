@@ -328,3 +328,123 @@ func TestClientNodeDispatcher(t *testing.T) {
 		return out
 	})
 }
+
+// fencedBlocks returns the code of the blocks fenced as lang in a Markdown
+// file, one after the other.
+func fencedBlocks(t *testing.T, path, lang string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var code strings.Builder
+	text := string(b)
+	for {
+		m := fence.FindStringSubmatchIndex(text)
+		if m == nil {
+			break
+		}
+		body := strings.TrimPrefix(text[m[1]:], "\n")
+		end := strings.Index(body, "\n```")
+		if end < 0 {
+			t.Fatalf("%s: a code block is not closed", path)
+		}
+		if text[m[2]:m[3]] == lang {
+			code.WriteString(body[:end+1])
+		}
+		text = body[end+len("\n```"):]
+	}
+	if code.Len() == 0 {
+		t.Fatalf("%s has no %s code block", path, lang)
+	}
+	return code.String()
+}
+
+// TestClientREADMEExamples runs the example of each package's README word
+// for word, but for the Redis URL, which points at a private server whose
+// queue orders has 16 shards recorded, and checks what it left there:
+// {"order":42} rescheduled 5 minutes after {"order":44}, {"order":43}
+// cancelled.
+func TestClientREADMEExamples(t *testing.T) {
+	const readmeURL = "redis://localhost:6379/0"
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	rdb := srv.Client()
+	ctx := context.Background()
+	k := shard.Keys{Prefix: shard.DefaultPrefix, Queue: "orders"}
+	example := func(t *testing.T, path, lang string) string {
+		code := fencedBlocks(t, path, lang)
+		if strings.Count(code, readmeURL) != 1 {
+			t.Fatalf("%s: the example does not name %s once:\n%s", path, readmeURL, code)
+		}
+		if err := rdb.FlushAll(ctx).Err(); err != nil { // the test's own server
+			t.Fatal(err)
+		}
+		if err := rdb.Set(ctx, k.ShardCount(), 16, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Replace(code, readmeURL, srv.URL(), 1)
+	}
+	check := func(t *testing.T) (due int64) {
+		t.Helper()
+		score := func(m string) (int64, bool) {
+			s, err := rdb.ZScore(ctx, k.Pending(shard.Index([]byte(m), 16)), m).Result()
+			return int64(s), err == nil
+		}
+		s42, ok42 := score(`{"order":42}`)
+		s44, ok44 := score(`{"order":44}`)
+		_, ok43 := score(`{"order":43}`)
+		if !ok42 || !ok44 || ok43 || s42-s44 != 300_000 {
+			t.Fatalf("after the example: order 42 pending %v at %d, order 44 pending %v at %d (want 42 due 5 min after 44), "+
+				"order 43 pending %v (want cancelled)", ok42, s42, ok44, s44, ok43)
+		}
+		if lag := time.Until(time.UnixMilli(s44)); lag < 9*time.Minute || lag > 11*time.Minute {
+			t.Fatalf("order 44 due in %s, want about 10 minutes", lag)
+		}
+		return s44
+	}
+
+	t.Run("python", func(t *testing.T) {
+		requireClientPython(t)
+		code := example(t, clientPython+"/README.md", "py")
+		script := filepath.Join(t.TempDir(), "example.py")
+		if err := os.WriteFile(script, []byte(code), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		pkg, err := filepath.Abs(clientPython)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runIn(t, ".", []string{"PYTHONPATH=" + pkg}, nil, time.Minute, systemPython, script)
+		check(t)
+	})
+
+	t.Run("node", func(t *testing.T) {
+		ensureNodeModules(t)
+		code := example(t, clientNode+"/README.md", "js")
+		dir := t.TempDir()
+		pkg, err := filepath.Abs(clientNode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The example requires dispatcher-producer and ioredis by name.
+		if err := os.MkdirAll(filepath.Join(dir, "nm"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(pkg, filepath.Join(dir, "nm", "dispatcher-producer")); err != nil {
+			t.Fatal(err)
+		}
+		// Its await needs an async function; the open connection would keep
+		// node running.
+		wrapped := "(async () => {\n" + code + "})().then(() => process.exit(0), (err) => {\n" +
+			"  console.error(err);\n  process.exit(1);\n});\n"
+		if err := os.WriteFile(filepath.Join(dir, "example.js"), []byte(wrapped), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out := runIn(t, dir, []string{"NODE_PATH=" + filepath.Join(dir, "nm") + ":" + filepath.Join(pkg, "node_modules")},
+			nil, time.Minute, "node", "example.js")
+		due := check(t)
+		if want := shard.MessageID([]byte(`{"order":42}`), due); strings.TrimSpace(out) != want {
+			t.Fatalf("the example printed %q, want the message id %s", out, want)
+		}
+	})
+}

@@ -317,11 +317,14 @@ func publishCopy(t *testing.T, conn *amqp.Connection, exchange, key string, task
 var fence = regexp.MustCompile("(?m)^```([A-Za-z0-9_+-]*)[ \t]*$")
 
 // TestDocSnippetsAreExamples: a snippet in another language than Go in the
-// README or docs/producers.md is an excerpt of an example that
-// TestPythonProducerJavaConsumer runs, word for word; shell commands and
-// plain text (a diagram) are allowed, any other language is not.
+// README or docs/producers.md is an excerpt, word for word, of an example
+// that the tests run: examples/ (TestPythonProducerJavaConsumer), or the
+// producer packages' README examples (TestClientREADMEExamples), fenced py
+// and js there; shell commands and plain text (a diagram) are allowed, any
+// other language is not.
 func TestDocSnippetsAreExamples(t *testing.T) {
-	examples := map[string]string{"python": examplePython, "java": exampleJava}
+	examples := map[string]string{"python": examplePython, "java": exampleJava,
+		"py": clientPython + "/README.md", "js": clientNode + "/README.md"}
 	sources := map[string]string{}
 	for lang, path := range examples {
 		b, err := os.ReadFile(path)
@@ -329,6 +332,9 @@ func TestDocSnippetsAreExamples(t *testing.T) {
 			t.Fatal(err)
 		}
 		sources[lang] = string(b)
+		if strings.HasSuffix(path, "README.md") {
+			sources[lang] = fencedBlocks(t, path, lang) // its example's code, not its prose
+		}
 	}
 	checked := 0
 	for _, doc := range []string{"../README.md", "../docs/producers.md"} {
@@ -353,7 +359,7 @@ func TestDocSnippetsAreExamples(t *testing.T) {
 			text = body[end+len("\n```"):]
 			switch lang {
 			case "go", "sh", "":
-			case "python", "java":
+			case "python", "java", "py", "js":
 				checked++
 				if !strings.Contains(sources[lang], snippet) {
 					t.Errorf("%s: this %s snippet is not word for word in %s, which the tests run:\n%s",
@@ -365,5 +371,5 @@ func TestDocSnippetsAreExamples(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d Python and Java snippets are excerpts of the examples", checked)
+	t.Logf("%d Python, Java and JavaScript snippets are excerpts of the examples", checked)
 }
