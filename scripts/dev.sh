@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian machine with Go:
-#   scripts/dev.sh run    install/start Redis and RabbitMQ if needed, build, run the dispatcher
+#   scripts/dev.sh run    install/start Redis and RabbitMQ if needed, and what examples/ needs
+#                         (DEV_SKIP_EXAMPLE_DEPS=1 skips that), build, run the dispatcher
 #   scripts/dev.sh test   install/start them if needed, then gofmt, go vet and go test -race
 #                         in every Go module, and the release check
 # Tests find the servers through DISPATCHER_TEST_REDIS_URL / DISPATCHER_TEST_AMQP_URL,
@@ -42,10 +43,19 @@ ensure_rabbit() {
 	log "rabbitmq did not come up"; return 1
 }
 
-# The cluster contract test runs a Python producer with Debian's interpreter.
+# The Python producers (examples/python, clients/python, the cluster contract
+# test's) run with Debian's interpreter; the package's test installs it with
+# pip and setuptools into a virtual environment, offline.
 ensure_python_test_deps() {
-	/usr/bin/python3 -c 'import redis.cluster, xxhash' 2>/dev/null && return 0
-	apt_install python3-redis python3-xxhash
+	/usr/bin/python3 -c 'import setuptools, wheel, pip, venv, redis.cluster, xxhash' 2>/dev/null && return 0
+	apt_install python3-redis python3-xxhash python3-pip python3-setuptools python3-wheel python3-venv
+}
+
+# The Node producer package (clients/node): its tests run with node --test;
+# tests/clients_test.go runs npm ci there itself, from npm's cache once it ran.
+ensure_node() {
+	command -v node >/dev/null && command -v npm >/dev/null && return 0
+	apt_install nodejs npm
 }
 
 # Test tools from Debian: promtool (package prometheus) checks and unit-tests
@@ -89,6 +99,11 @@ cmd="${1:-}"
 case "$cmd" in
 run)
 	ensure_services
+	# What examples/ needs (examples/README.md); DEV_SKIP_EXAMPLE_DEPS=1 skips it.
+	if [ "${DEV_SKIP_EXAMPLE_DEPS:-}" != 1 ]; then
+		ensure_python_test_deps
+		ensure_example_deps
+	fi
 	log "building ./bin/dispatcher"
 	# dispatcher --version: devel and the checkout's commit, +dirty with
 	# uncommitted changes (cmd/dispatcher/cli_version.go). Given at link time
@@ -110,6 +125,7 @@ test)
 	ensure_python_test_deps
 	ensure_test_tools
 	ensure_example_deps
+	ensure_node
 	log "gofmt"
 	unformatted="$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"
 	if [ -n "$unformatted" ]; then

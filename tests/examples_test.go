@@ -109,7 +109,9 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	const shards = 8
 	h := newHarness(t, queueSpec{Name: "examples", Shards: shards})
 	exchange, routingKey := h.prefix+".examples", "examples"
-	queue := h.prefix + ".java-consumer" // the consumer's own durable queue
+	// The consumer's own queue, durable so that it outlives the consumer
+	// and the acks can be checked after it exits.
+	queue := h.prefix + ".java-consumer"
 	t.Cleanup(func() {
 		if ch, err := h.conn.Channel(); err == nil {
 			ch.QueueDelete(queue, false, false, false)
@@ -122,7 +124,7 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	consumer := exec.CommandContext(ctx, "java", "-cp", javaCP, "Consumer", testenv.AMQPURL(t), exchange, routingKey,
-		queue, "--expect", fmt.Sprint(total), "--quiet-ms", "1500", "--timeout", "40")
+		queue, "--durable", "--expect", fmt.Sprint(total), "--quiet-ms", "1500", "--timeout", "40")
 	t.Logf("running %s", strings.Join(consumer.Args, " "))
 	stdout, err := consumer.StdoutPipe()
 	if err != nil {
@@ -280,6 +282,57 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	}
 	t.Logf("Python producer -> dispatcher -> Java consumer: %d tasks, 1 duplicate dropped, in %v (with compiling)",
 		len(delivered), time.Since(began).Round(100*time.Millisecond))
+
+	javaConsumerQueueGoesWithIt(t, h, javaCP, exchange, routingKey, want[injected])
+}
+
+// javaConsumerQueueGoesWithIt: without --durable, the Java consumer's
+// queue lives only as long as the consumer, so that no queue is left bound
+// to the exchange collecting tasks that no one reads.
+func javaConsumerQueueGoesWithIt(t *testing.T, h *harness, javaCP, exchange, routingKey string, task exampleTask) {
+	t.Helper()
+	queue := h.prefix + ".java-exclusive"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	consumer := exec.CommandContext(ctx, "java", "-cp", javaCP, "Consumer", testenv.AMQPURL(t), exchange, routingKey,
+		queue, "--expect", "1", "--quiet-ms", "200", "--timeout", "40")
+	stdout, err := consumer.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncBuffer{}
+	consumer.Stderr = stderr
+	if err := consumer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "ready") || !strings.Contains(sc.Text(), "exclusive") {
+		consumer.Process.Kill()
+		consumer.Wait()
+		t.Fatalf("the Java consumer without --durable started with %q\nstderr:\n%s", sc.Text(), stderr.String())
+	}
+	publishCopy(t, h.conn, exchange, routingKey, task)
+	var rest []string
+	for sc.Scan() {
+		rest = append(rest, sc.Text())
+	}
+	if err := consumer.Wait(); err != nil {
+		t.Fatalf("the Java consumer without --durable: %v\noutput:\n%s\nstderr:\n%s", err, strings.Join(rest, "\n"), stderr.String())
+	}
+	if len(rest) == 0 || rest[0] != "delivered "+task.MessageID+" "+task.Member {
+		t.Fatalf("the Java consumer without --durable printed %q, want the task %s delivered first", rest, task.MessageID)
+	}
+	ch, err := h.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if q, err := ch.QueueDeclarePassive(queue, false, true, true, false, nil); err == nil {
+		ch.QueueDelete(queue, false, false, false)
+		t.Fatalf("the queue %s of a consumer without --durable is still there after it stopped (%d messages)", queue, q.Messages)
+	} else if !strings.Contains(err.Error(), "NOT_FOUND") {
+		t.Fatalf("declare %s passively: %v, want NOT_FOUND", queue, err)
+	}
 }
 
 // publishCopy publishes, as a second delivery of one scheduling would
@@ -317,11 +370,14 @@ func publishCopy(t *testing.T, conn *amqp.Connection, exchange, key string, task
 var fence = regexp.MustCompile("(?m)^```([A-Za-z0-9_+-]*)[ \t]*$")
 
 // TestDocSnippetsAreExamples: a snippet in another language than Go in the
-// README or docs/producers.md is an excerpt of an example that
-// TestPythonProducerJavaConsumer runs, word for word; shell commands and
-// plain text (a diagram) are allowed, any other language is not.
+// README or docs/producers.md is an excerpt, word for word, of an example
+// that the tests run: examples/ (TestPythonProducerJavaConsumer), or the
+// producer packages' README examples (TestClientREADMEExamples), fenced py
+// and js there; shell commands and plain text (a diagram) are allowed, any
+// other language is not.
 func TestDocSnippetsAreExamples(t *testing.T) {
-	examples := map[string]string{"python": examplePython, "java": exampleJava}
+	examples := map[string]string{"python": examplePython, "java": exampleJava,
+		"py": clientPython + "/README.md", "js": clientNode + "/README.md"}
 	sources := map[string]string{}
 	for lang, path := range examples {
 		b, err := os.ReadFile(path)
@@ -329,6 +385,9 @@ func TestDocSnippetsAreExamples(t *testing.T) {
 			t.Fatal(err)
 		}
 		sources[lang] = string(b)
+		if strings.HasSuffix(path, "README.md") {
+			sources[lang] = fencedBlocks(t, path, lang) // its example's code, not its prose
+		}
 	}
 	checked := 0
 	for _, doc := range []string{"../README.md", "../docs/producers.md"} {
@@ -353,7 +412,7 @@ func TestDocSnippetsAreExamples(t *testing.T) {
 			text = body[end+len("\n```"):]
 			switch lang {
 			case "go", "sh", "":
-			case "python", "java":
+			case "python", "java", "py", "js":
 				checked++
 				if !strings.Contains(sources[lang], snippet) {
 					t.Errorf("%s: this %s snippet is not word for word in %s, which the tests run:\n%s",
@@ -365,5 +424,5 @@ func TestDocSnippetsAreExamples(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d Python and Java snippets are excerpts of the examples", checked)
+	t.Logf("%d Python, Java and JavaScript snippets are excerpts of the examples", checked)
 }

@@ -2,8 +2,13 @@
 // client (Debian: librabbitmq-client-java) and lz4-java's XXH64 (Debian:
 // liblz4-java). It follows CONTRACT.md only.
 //
-// It declares a durable queue, binds it to the queue's exchange with its
-// routing key, and consumes with manual acks and a prefetch: each task is
+// It declares its queue, binds it to the queue's exchange with its routing
+// key, and consumes with manual acks and a prefetch. By default the queue is
+// exclusive and auto-delete: it lives as long as this consumer, so it never
+// collects messages that no one will read. With --durable it is a durable,
+// shared queue that outlives the consumer (several workers, restarts): it
+// keeps collecting while no consumer runs, so delete it once done with it
+// (rabbitmqctl delete_queue QUEUE). Each task is
 // "worked on" (printed), then acked, so a crash in between gets it
 // delivered again. Delivery is at least once, so it drops duplicates by
 // message_id (and acks them). It checks every message against the contract:
@@ -18,9 +23,10 @@
 // /usr/share/java/slf4j-simple.jar:/usr/share/java/lz4-java.jar (one line).
 //
 // Arguments: AMQP_URI EXCHANGE ROUTING_KEY QUEUE, then optionally
-// --expect N (exit once N distinct tasks were done and none came for
-// --quiet-ms, default 1000), --timeout SECONDS (give up; exit 1) and
-// --prefetch N (default 50). Without --expect it runs until SIGINT/SIGTERM.
+// --durable (see above), --expect N (exit once N distinct tasks were done
+// and none came for --quiet-ms, default 1000), --timeout SECONDS (give up;
+// exit 1) and --prefetch N (default 50). Without --expect it runs until
+// SIGINT/SIGTERM.
 // It prints "ready ..." once consuming, "delivered <message_id> <body>" per
 // task done, "duplicate <message_id> dropped" per duplicate, "rejected
 // <message_id>: <why>" per message that breaks the contract, and last
@@ -151,20 +157,30 @@ public final class Consumer {
             System.out.println("XXH64 test vectors: " + VECTORS.length + " ok");
             return;
         }
-        if (args.length < 4 || args.length % 2 != 0) {
-            System.err.println("usage: Consumer AMQP_URI EXCHANGE ROUTING_KEY QUEUE [--expect N] [--quiet-ms MS]"
-                    + " [--timeout SECONDS] [--prefetch N] | --check-vectors");
+        String usage = "usage: Consumer AMQP_URI EXCHANGE ROUTING_KEY QUEUE [--durable] [--expect N] [--quiet-ms MS]"
+                + " [--timeout SECONDS] [--prefetch N] | --check-vectors";
+        if (args.length < 4) {
+            System.err.println(usage);
             System.exit(2);
         }
         String uri = args[0], exchange = args[1], routingKey = args[2], queue = args[3];
         long expect = 0, quietMs = 1000, timeoutS = 0;
         int prefetch = 50;
-        for (int i = 4; i < args.length; i += 2) {
+        boolean durable = false;
+        for (int i = 4; i < args.length; i++) {
+            if (args[i].equals("--durable")) {
+                durable = true;
+                continue;
+            }
+            if (i + 1 >= args.length) {
+                System.err.println("Consumer: option " + args[i] + " needs a value; " + usage);
+                System.exit(2);
+            }
             switch (args[i]) {
-                case "--expect" -> expect = Long.parseLong(args[i + 1]);
-                case "--quiet-ms" -> quietMs = Long.parseLong(args[i + 1]);
-                case "--timeout" -> timeoutS = Long.parseLong(args[i + 1]);
-                case "--prefetch" -> prefetch = Integer.parseInt(args[i + 1]);
+                case "--expect" -> expect = Long.parseLong(args[++i]);
+                case "--quiet-ms" -> quietMs = Long.parseLong(args[++i]);
+                case "--timeout" -> timeoutS = Long.parseLong(args[++i]);
+                case "--prefetch" -> prefetch = Integer.parseInt(args[++i]);
                 default -> {
                     System.err.println("Consumer: unknown option " + args[i]);
                     System.exit(2);
@@ -199,7 +215,11 @@ public final class Consumer {
             Channel ch = conn.createChannel();
             // The same declaration as the dispatcher's operator's: a durable direct exchange.
             ch.exchangeDeclare(exchange, BuiltinExchangeType.DIRECT, true);
-            ch.queueDeclare(queue, true, false, false, null);
+            if (durable) {
+                ch.queueDeclare(queue, true, false, false, null); // durable, shared, kept after this consumer
+            } else {
+                ch.queueDeclare(queue, false, true, true, null); // exclusive, deleted with this connection
+            }
             ch.queueBind(queue, exchange, routingKey);
             ch.basicQos(prefetch); // at most this many unacked messages at a time
             ch.basicConsume(queue, false, (consumerTag, d) -> c.handle(ch, d), consumerTag -> {
@@ -207,7 +227,9 @@ public final class Consumer {
                 cancelled.set(1);
                 stop.countDown();
             });
-            System.out.println("ready: consuming " + queue + ", bound to " + exchange + " with key " + routingKey);
+            System.out.println("ready: consuming " + queue + (durable ? " (durable, kept after this consumer)"
+                    : " (exclusive, deleted when this consumer stops)") + ", bound to " + exchange + " with key "
+                    + routingKey);
 
             long deadline = timeoutS > 0 ? System.nanoTime() + TimeUnit.SECONDS.toNanos(timeoutS) : Long.MAX_VALUE;
             while (!stop.await(50, TimeUnit.MILLISECONDS)) {

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Steady load for the resharding test: RATE tasks a second for SECONDS,
-each due a uniform 0..SPREAD seconds after it is scheduled, through
-examples/python/producer.py's Producer. For the first half it hashes with
-a fixed --shards (a producer not yet switched); then it follows the count
-recorded in Redis. Prints one line per task: message_id due_ms."""
+each due a uniform 0..SPREAD seconds after it is scheduled. For the first
+half it ZADDs by a fixed --shards, as a producer that never switched does;
+then it schedules through the Python package (clients/python), which
+follows the count recorded in Redis. Prints one line per task: message_id
+due_ms."""
 
 import argparse
 import os
@@ -11,8 +12,8 @@ import random
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
-import producer  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python"))
+import dispatcher_producer as dp  # noqa: E402
 import redis  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -26,8 +27,25 @@ ap.add_argument("--spread", type=float, default=30)
 a = ap.parse_args()
 
 r = redis.Redis.from_url(a.redis)
-fixed = producer.Producer(r, a.prefix, a.queue, a.shards, wake=True)
-follow = producer.Producer(r, a.prefix, a.queue, None, wake=True)
+keys = dp.Keys(a.prefix, a.queue)
+
+
+class Fixed:
+    """A producer with a fixed shard count: plain ZADDs and wake-ups."""
+
+    def schedule_many(self, batch):
+        pipe = r.pipeline(transaction=False)
+        now_ms = int(time.time() * 1000)
+        for m, due in batch:
+            i = dp.shard_of(m, a.shards)
+            pipe.zadd(keys.pending(i), {m: due})
+            if due - now_ms < 1000:
+                pipe.publish(keys.wake(), f"due:{i}:{due}")
+        pipe.execute()
+
+
+fixed = Fixed()
+follow = dp.Producer(r, a.queue, a.prefix)
 rng = random.Random(7)
 start = time.monotonic()
 n = 0
@@ -46,9 +64,10 @@ while True:
         batch.append((m, due))
         n += 1
     if batch:
-        p.schedule(batch)
+        p.schedule_many(batch)
         for m, due in batch:
-            out.write(f"{producer.message_id(m, due)} {due}\n")
+            out.write(f"{dp.message_id(m, due)} {due}\n")
     time.sleep(0.01)
 out.flush()
-print(f"switched {p is follow} layout {follow.layout()}", file=sys.stderr)
+layout = follow.layout()
+print(f"switched {p is follow} layout ({layout.shards}, {layout.changing_from})", file=sys.stderr)
