@@ -13,7 +13,6 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -28,9 +27,8 @@ func pendingKey(prefix, queue string, member []byte, m int) string {
 // producer of queue "orders" with m shards.
 func setup(t *testing.T, m int) (*redis.Client, string, *shard.Producer) {
 	t.Helper()
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t)
-	testenv.CleanRedis(t, rdb, prefix)
+	rdb := testRedis(t)
+	prefix := testPrefix(t, rdb)
 	p, err := shard.NewProducer(rdb, prefix, "orders", m)
 	if err != nil {
 		t.Fatalf("NewProducer: %v", err)
@@ -282,9 +280,8 @@ func TestNewProducer(t *testing.T) {
 
 func TestEnsureShardCount(t *testing.T) {
 	ctx := context.Background()
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t)
-	testenv.CleanRedis(t, rdb, prefix)
+	rdb := testRedis(t)
+	prefix := testPrefix(t, rdb)
 	keys := shard.Keys{Prefix: prefix, Queue: "orders"}
 
 	if err := shard.EnsureShardCount(ctx, rdb, keys, 16); err != nil {

@@ -11,7 +11,7 @@ import (
 )
 
 // The documents whose relative links TestDocLinksResolve follows.
-var docRoots = []string{"../README.md", "../CONTRACT.md", "../docs", "../deploy", "../examples"}
+var docRoots = []string{"../README.md", "../CONTRACT.md", "../CHANGELOG.md", "../docs", "../deploy", "../examples"}
 
 var (
 	// [text](target) and ![alt](target), with an optional "title".
@@ -24,13 +24,13 @@ var (
 	mdLinkInner = regexp.MustCompile(`!?\[([^\]]*)\]\([^)]*\)`)
 )
 
-// TestDocLinksResolve: every relative link in the README, CONTRACT.md and
-// the Markdown under docs/, deploy/ and examples/ names a file that exists,
-// and its #anchor, in a Markdown file, one of that file's headings (as
-// GitHub spells them) or <a id> anchors. A renamed heading or moved file
-// otherwise leaves a dead link behind (docs/testing.md pointed at
-// producers.md#java-jedis-lz4-java after the heading became "Java
-// (lz4-java)").
+// TestDocLinksResolve: every relative link in the README, CONTRACT.md,
+// CHANGELOG.md and the Markdown under docs/, deploy/ and examples/ names a
+// file that exists, and its #anchor, in a Markdown file, one of that
+// file's headings (as GitHub spells them) or <a id> anchors. A renamed
+// heading or moved file otherwise leaves a dead link behind
+// (docs/testing.md pointed at producers.md#java-jedis-lz4-java after the
+// heading became "Java (lz4-java)").
 func TestDocLinksResolve(t *testing.T) {
 	var files []string
 	for _, root := range docRoots {

@@ -89,7 +89,14 @@ type proc struct {
 // start runs the dispatcher with env (on top of a clean environment).
 func start(t testing.TB, env map[string]string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary)
+	return startBinary(t, binary, env)
+}
+
+// startBinary is start with another build of the dispatcher, e.g. a
+// previous release (upgrade_test.go).
+func startBinary(t testing.TB, bin string, env map[string]string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin)
 	cmd.Env = childEnv(env)
 	p := &proc{t: t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out

@@ -2,7 +2,7 @@
 // how the shards of a queue spread over the primaries of a Redis Cluster
 // whose slots redis-cli --cluster create allocated.
 //
-//	go run ./shard/internal/slottable [-primaries 3] [-names 10000]
+//	go -C shard run ./internal/slottable [-primaries 3] [-names 10000]
 package main
 
 import (

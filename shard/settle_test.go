@@ -1,42 +1,13 @@
-package shard
+package shard_test
 
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/dispatcher/dispatcher/shard"
 )
-
-// testRedis connects to the tests' Redis (DISPATCHER_TEST_REDIS_URL, or
-// localhost) and cleans the keys under prefix after the test.
-func testRedis(t *testing.T, prefix string) *redis.Client {
-	t.Helper()
-	u := os.Getenv("DISPATCHER_TEST_REDIS_URL")
-	if u == "" {
-		u = "redis://127.0.0.1:6379/0"
-	}
-	opt, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatalf("DISPATCHER_TEST_REDIS_URL: %v", err)
-	}
-	rdb := redis.NewClient(opt)
-	ctx := context.Background()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("no Redis for tests at %s: %v", opt.Addr, err)
-	}
-	clean := func() {
-		keys, _ := rdb.Keys(ctx, prefix+":*").Result()
-		if len(keys) > 0 {
-			rdb.Del(ctx, keys...)
-		}
-	}
-	clean()
-	t.Cleanup(func() { clean(); rdb.Close() })
-	return rdb
-}
 
 // TestSlowWriteChecksTheLayoutAgain: a write whose reply comes
 // LayoutRecheck or more after the layout it used was read may have
@@ -47,9 +18,9 @@ func testRedis(t *testing.T, prefix string) *redis.Client {
 // shards.
 func TestSlowWriteChecksTheLayoutAgain(t *testing.T) {
 	ctx := context.Background()
-	prefix := fmt.Sprintf("settle%d", time.Now().UnixNano())
-	rdb := testRedis(t, prefix)
-	p, err := NewProducer(rdb, prefix, "q", 4)
+	rdb := testRedis(t)
+	prefix := testPrefix(t, rdb)
+	p, err := shard.NewProducer(rdb, prefix, "q", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,19 +29,19 @@ func TestSlowWriteChecksTheLayoutAgain(t *testing.T) {
 	rdb.Set(ctx, k.ShardCount(), 8, 0)
 	rdb.HSet(ctx, k.Reshard(), "from", 4, "to", 8)
 	// The layout by 4 read just now (within LayoutTTL, so used as is),
-	// and every write taking 4 s.
-	stale := func() { p.layout.Store(&readLayout{l: Layout{Shards: 4}, sent: time.Now(), read: true}) }
-	p.age = func(sent time.Time) time.Duration { return time.Since(sent) + 4*time.Second }
+	// and every write taking 4 s more than it does.
+	took := 4 * time.Second
+	stale := func() { shard.UseLayout(p, shard.Layout{Shards: 4}, took) }
 
 	// A member whose shard differs by 4 and by 8.
 	var m []byte
 	for n := 0; ; n++ {
 		m = []byte(fmt.Sprintf("task-%d", n))
-		if Index(m, 4) != Index(m, 8) {
+		if shard.Index(m, 4) != shard.Index(m, 8) {
 			break
 		}
 	}
-	old, next := k.Pending(Index(m, 4)), k.Pending(Index(m, 8))
+	old, next := k.Pending(shard.Index(m, 4)), k.Pending(shard.Index(m, 8))
 	due := time.Now().Add(time.Hour)
 
 	stale()
@@ -102,7 +73,7 @@ func TestSlowWriteChecksTheLayoutAgain(t *testing.T) {
 	}
 
 	stale()
-	if err := p.ScheduleMany(ctx, []Task{{Member: m, Due: due}}); err != nil {
+	if err := p.ScheduleMany(ctx, []shard.Task{{Member: m, Due: due}}); err != nil {
 		t.Fatal(err)
 	}
 	if rdb.ZScore(ctx, next, string(m)).Val() != float64(due.UnixMilli()) || rdb.Exists(ctx, old).Val() != 0 {
@@ -110,7 +81,7 @@ func TestSlowWriteChecksTheLayoutAgain(t *testing.T) {
 	}
 
 	// A write that took no time trusts the layout it used: no second read.
-	p.age = time.Since
+	took = 0
 	stale()
 	if err := p.Schedule(ctx, m, due); err != nil {
 		t.Fatal(err)
