@@ -9,10 +9,14 @@ import (
 	"github.com/dispatcher/dispatcher/internal/redact"
 )
 
-// Var describes one setting for --help and for spotting unknown variables.
+// Var describes one setting for --help, for the settings reference
+// (docs/reference/settings.md) and for spotting unknown variables.
 type Var struct {
 	Key, Default, Desc string
 	Required           bool
+	// See is where the docs say more, a path from the repository root
+	// with an optional #anchor (tag see).
+	See string
 }
 
 // vars lists the settings of spec (a pointer to Settings or Queue); keys
@@ -34,10 +38,15 @@ func vars(prefix string, spec any) []Var {
 		if text := f.Tag.Get("defaultText"); text != "" { // derived from other settings
 			def = text
 		}
-		out = append(out, Var{Key: key, Default: def, Desc: f.Tag.Get("desc"), Required: f.Tag.Get("required") == "true" || f.Tag.Get("required") == "daemon"})
+		out = append(out, Var{Key: key, Default: def, Desc: f.Tag.Get("desc"), See: f.Tag.Get("see"),
+			Required: f.Tag.Get("required") == "true" || f.Tag.Get("required") == "daemon"})
 	}
 	return out
 }
+
+// QueueVarPrefix stands for a queue's variable prefix in --help and the
+// settings reference.
+const QueueVarPrefix = Prefix + "_QUEUE_<NAME>"
 
 // Usage prints every variable with its default and meaning, in lines
 // that fit an 80-column terminal.
@@ -55,13 +64,18 @@ func Usage(w io.Writer) {
 				def = "default " + redact.URL(def)
 			}
 			fmt.Fprintf(w, "\n%s (%s)\n", v.Key, def)
-			for _, l := range wrap(v.Desc, 76) {
+			desc := v.Desc
+			if v.See != "" {
+				file, _, _ := strings.Cut(v.See, "#") // anchors would overflow the line
+				desc += " (see " + file + ")"
+			}
+			for _, l := range wrap(desc, 76) {
 				fmt.Fprintf(w, "    %s\n", l)
 			}
 		}
 	}
 	print(vars(Prefix, &Settings{}))
-	print(vars(Prefix+"_QUEUE_<NAME>", &Queue{}))
+	print(vars(QueueVarPrefix, &Queue{}))
 	fmt.Fprintln(w, "\n<NAME> is the queue name upper-cased, every character outside A-Z 0-9")
 	fmt.Fprintln(w, "written as _.")
 }

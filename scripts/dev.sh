@@ -78,6 +78,10 @@ ensure_example_deps() {
 	[ -f /usr/share/java/amqp-client.jar ] || pkgs+=(librabbitmq-client-java)
 	[ -f /usr/share/java/lz4-java.jar ] || pkgs+=(liblz4-java)
 	command -v javac >/dev/null || pkgs+=(default-jdk-headless)
+	# docs/consumers.md's consumers (tests/consumers_doc_test.go): pika, and
+	# SQLite's JDBC driver for the Java one's database.
+	/usr/bin/python3 -c 'import pika' 2>/dev/null || pkgs+=(python3-pika)
+	[ -f /usr/share/java/sqlite-jdbc.jar ] || pkgs+=(libxerial-sqlite-jdbc-java)
 	[ "${#pkgs[@]}" = 0 ] || apt_install "${pkgs[@]}"
 }
 

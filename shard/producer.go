@@ -54,8 +54,10 @@ func pipelineInOrder(rdb redis.UniversalClient) bool {
 	return ok
 }
 
-// NewProducer returns a producer for queue with m shards under prefix.
-// m must equal the dispatcher's DISPATCHER_QUEUE_<NAME>_SHARDS.
+// NewProducer returns a producer for queue under prefix. m is the shard
+// count it uses while none is recorded in Redis; once a dispatcher has
+// recorded one (P:{Q}:shards), the producer follows that, read at most
+// LayoutTTL before each write.
 func NewProducer(rdb redis.UniversalClient, prefix, queue string, m int) (*Producer, error) {
 	if !ValidQueueName(queue) {
 		return nil, fmt.Errorf("queue name %q: want 1 to 64 characters of A-Z a-z 0-9 _ . -", queue)
