@@ -67,6 +67,25 @@ func (h *delayStart) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// scheduled returns a producer of k on c by 4 shards, wake-ups off, and n
+// tasks it scheduled due in 10 minutes (old); later is 20 minutes ahead.
+func scheduled(t *testing.T, c redis.UniversalClient, k shard.Keys, n int) (p *shard.Producer, ms [][]byte, old, later time.Time) {
+	t.Helper()
+	p, err := shard.NewProducer(c, k.Prefix, k.Queue, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetWakeWithin(0)
+	old, later = time.Now().Add(10*time.Minute), time.Now().Add(20*time.Minute)
+	ms = members(n)
+	for _, m := range ms {
+		if err := p.Schedule(context.Background(), m, old); err != nil { // reads the layout by 4
+			t.Fatal(err)
+		}
+	}
+	return p, ms, old, later
+}
+
 func members(n int) [][]byte {
 	var out [][]byte
 	for i := 0; i < n; i++ {
@@ -105,18 +124,7 @@ func TestFailedLayoutReadsKeepTheLayoutsAge(t *testing.T) {
 	pc := redis.NewClient(rdb.Options())
 	pc.AddHook(hook)
 	t.Cleanup(func() { pc.Close() })
-	p, err := shard.NewProducer(pc, k.Prefix, k.Queue, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.SetWakeWithin(0)
-	old, later := time.Now().Add(10*time.Minute), time.Now().Add(20*time.Minute)
-	ms := members(50)
-	for _, m := range ms {
-		if err := p.Schedule(ctx, m, old); err != nil { // reads the layout by 4
-			t.Fatal(err)
-		}
-	}
+	p, ms, old, later := scheduled(t, pc, k, 50)
 	hook.on.Store(true)
 	if _, _, err := reshard.Reshard(ctx, rdb, k, 8, reshard.Options{Name: "test"}); err != nil {
 		t.Fatal(err)
@@ -150,18 +158,7 @@ func TestFailedLayoutReadsKeepTheLayoutsAge(t *testing.T) {
 func TestChangeStartsWhenRecorded(t *testing.T) {
 	ctx := context.Background()
 	rdb, k := setup(t, 4)
-	p, err := shard.NewProducer(rdb, k.Prefix, k.Queue, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.SetWakeWithin(0)
-	old, later := time.Now().Add(10*time.Minute), time.Now().Add(20*time.Minute)
-	ms := members(50)
-	for _, m := range ms {
-		if err := p.Schedule(ctx, m, old); err != nil {
-			t.Fatal(err)
-		}
-	}
+	p, ms, _, later := scheduled(t, rdb, k, 50)
 	read := make(chan time.Time, 1)
 	hook := &delayStart{reshardKey: k.Reshard(), pause: 6 * time.Second, before: func() {
 		at := time.Now()

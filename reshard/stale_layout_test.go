@@ -2,7 +2,6 @@ package reshard_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -20,20 +19,7 @@ import (
 func TestRescheduleWithLayoutReadBeforeTheChange(t *testing.T) {
 	ctx := context.Background()
 	rdb, k := setup(t, 4)
-	p, err := shard.NewProducer(rdb, k.Prefix, k.Queue, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.SetWakeWithin(0)
-	old, later := time.Now().Add(10*time.Minute), time.Now().Add(20*time.Minute)
-	var members [][]byte
-	for i := 0; i < 200; i++ {
-		m := []byte(fmt.Sprintf("task-%d", i))
-		members = append(members, m)
-		if err := p.Schedule(ctx, m, old); err != nil {
-			t.Fatal(err)
-		}
-	}
+	p, members, _, later := scheduled(t, rdb, k, 200)
 	if l := p.Layout(ctx); l != (shard.Layout{Shards: 4}) { // read now, used for the next second
 		t.Fatalf("layout %+v", l)
 	}
