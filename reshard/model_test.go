@@ -65,7 +65,16 @@ package reshard
 // score from none): a take or undo may then remove that write, losing the
 // schedule. The model flags a member when a take or undo removes a copy a
 // raw producer wrote after the batch read it; a violation of (a) or (c) on
-// a flagged member is this limit, on any other a failure. Likewise, a
+// a flagged member is this limit, on any other a failure. Two movers carry
+// it one step further: a batch A of a mover that lost its lock finds the
+// member gone at its take (cancelled), an old-count producer writes it
+// again with the score A read, the next holder's batch B reads and adds
+// it, listing the same score A listed; A's undo then removes B's copy (it
+// cannot tell it from its own) and B's take removes the source's: in
+// neither shard (seed 14098515862825334917 of the model before it flagged
+// this). The model flags a member when an undo removes a copy another
+// batch added after an old-count write of that score since the undoing
+// batch's read, and fails on such an undo without one. Likewise, a
 // mover that dies after its step 1 leaves the copies it added, so a task
 // cancelled between the batch's read and its step 1 stays pending in its
 // new shard (b is not checked for the members of abandoned batches). The
@@ -150,6 +159,9 @@ type mMember struct {
 	// flagged: a take or undo removed a copy a raw producer wrote after
 	// the batch read it (the known limit), with what.
 	flagged string
+	// oldWrites: the last step at which a writer by the old count wrote
+	// each score to the member's shard by F.
+	oldWrites map[int64]int
 }
 
 type mBatch struct {
@@ -274,7 +286,8 @@ func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats) *mRun {
 			name = "a:b " + name // a member with a colon: dead entries split at the first one
 		}
 		b := []byte(name)
-		r.members = append(r.members, &mMember{name: name, old: shard.Index(b, r.from), new: shard.Index(b, r.to), scores: map[int64]bool{}})
+		r.members = append(r.members, &mMember{name: name, old: shard.Index(b, r.from), new: shard.Index(b, r.to),
+			scores: map[int64]bool{}, oldWrites: map[int64]int{}})
 	}
 	if err := rdb.Set(r.ctx, r.keys.ShardCount(), r.from, 0).Err(); err != nil {
 		t.Fatal(err)
@@ -455,6 +468,9 @@ func (r *mRun) rawAdd(m *mMember, who string, score int64) {
 		r.fatalf("ZADD: %v", err)
 	}
 	r.mAdd(i, m, score, who)
+	if who == wOld {
+		m.oldWrites[score] = r.step
+	}
 	r.scheduled(m, score)
 }
 
@@ -791,6 +807,22 @@ func (r *mRun) stepUndo(b *mBatch) {
 // removed notes a take or undo removing copy c: one a raw producer wrote
 // after the batch read it is the known limit.
 func (r *mRun) removed(b *mBatch, m *mMember, c mCopy, how string) {
+	if how == "undo" && c.writer == wMover && c.step != b.add {
+		// Another batch's step 1 added this copy and listed the score this
+		// batch listed; this undo cannot tell the two apart. That batch
+		// read the score in the source after this one's take found it
+		// gone: a writer by the old count wrote it there again meanwhile
+		// (the known limit, two movers deep: the other batch's take then
+		// removes that write, and the task is in neither shard).
+		if st, ok := m.oldWrites[c.score]; ok && st > b.read {
+			r.event("undo removed a copy another batch added with the same score, after an old-count write of it again")
+			m.flagged = fmt.Sprintf("undo at step %d removed the copy %d another batch added at step %d, after the old-count write of %d at step %d, after %s",
+				r.step, c.score, c.step, c.score, st, b)
+		} else {
+			r.event("undo removed a copy another batch added")
+		}
+		return
+	}
 	if c.writer == wMover || c.step <= b.read {
 		return
 	}
