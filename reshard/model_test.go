@@ -57,20 +57,6 @@ package reshard
 //	    nowhere, once no batch that read it is between its step 1 and its
 //	    step 3 (a batch whose mover died stays "in progress" until the end:
 //	    see the known finding below).
-//	(e) no move undoes a write of a producer that reads the layout. The
-//	    conflict rule (below) may keep the new count's copy over a later
-//	    write of the stale-layout producer only if a producer wrote that
-//	    copy (two producers that disagreed on the layout in the change's
-//	    first second); a copy a move carried there kept over it is STALE
-//	    LAYOUT UNDONE: the reschedule is undone, the task goes back to the
-//	    due time the move carried. A stale-layout Reschedule or Cancel that
-//	    finds nothing in the old count's shard while a finished move
-//	    carried the task to its new shard is STALE LAYOUT MISSED; a task
-//	    the stale-layout producer cancelled (its only copy) pending again
-//	    outside a move in progress is STALE LAYOUT CANCEL UNDONE. A slow
-//	    producer's operation must return what its write again by the new
-//	    layout says (a Cancel: cancelled if either write removed a copy),
-//	    and is then checked as the layout-aware producer's, by (a) to (c).
 //
 // At the end, any batch in progress is finished or abandoned, and a final
 // Pass (horizon -1: everything) runs with no producer activity; then
@@ -92,6 +78,21 @@ package reshard
 //	    (a raw producer reaches only its own count's shard).
 //	(d) every dead letter is in its member's shard by T, exactly once, with
 //	    the reason it had (none if it had none).
+//	(e) throughout, no move undoes a write of a producer that reads the
+//	    layout. The conflict rule (above) may keep the new count's copy
+//	    over a later write of the stale-layout producer only if a
+//	    producer wrote that copy (two producers that disagreed on the
+//	    layout in the change's first second); a copy a move carried
+//	    there kept over it is STALE LAYOUT UNDONE: the reschedule is
+//	    undone, the task goes back to the due time the move carried. A
+//	    stale-layout Reschedule or Cancel that finds nothing in the old
+//	    count's shard while a finished move carried the task to its new
+//	    shard is STALE LAYOUT MISSED; a task the stale-layout producer
+//	    cancelled (its only copy) pending again outside a move in
+//	    progress is STALE LAYOUT CANCEL UNDONE. A slow producer's
+//	    operation must return what its write again by the new layout
+//	    says (a Cancel: cancelled if either write removed a copy), and
+//	    is then checked as the layout-aware producer's, by (a) to (c).
 //
 // Known limits (counted and logged; fatal with -model.strict): a raw
 // producer that writes a member again with the same score after it was
