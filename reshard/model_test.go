@@ -4,7 +4,15 @@ package reshard
 // and dead letters between shards (the three steps in scripts.go), on the
 // real Redis, against a pure-Go mirror of the queue's shards. One seed
 // changes a queue's shard count from F to T (2..4 to 2..8, growing or
-// shrinking) with Start, then interleaves, one Redis call at a time:
+// shrinking) with Start. Its first phase is the settle window (reshard
+// moves nothing until shard.LayoutSettle has passed since the change was
+// recorded: settle in run.go): 10 to 40 steps of producers and dispatch
+// only, in which a stale-layout producer (a shard.Producer whose layout
+// was read just before Start, used as read for up to a second) writes by
+// the old count: Schedule, ScheduleMany, Reschedule, Cancel. At its end
+// settle must still be waiting; the model then records the change as
+// started LayoutSettle earlier, and settle must let the moves start. Then
+// it interleaves, one Redis call at a time:
 //
 //   - the mover's three steps for batches it reads (add, take, undo:
 //     batchMove, one step per operation), and the mover dying between
@@ -23,7 +31,20 @@ package reshard
 //     against a model clock that only reaches the near tasks, never the
 //     ones due in an hour: the horizon's promise that no claim takes a
 //     task between a move's steps);
-//   - dead letters appearing in a shard (with a reason or without).
+//   - dead letters appearing in a shard (with a reason or without);
+//   - in one seed in four, one to three slow producers: each a
+//     shard.Producer on a client of its own whose commands wait at a gate
+//     (gate_test.go). Its one operation (Schedule, Reschedule or Cancel)
+//     read the layout before Start; its write by the old count lands at a
+//     random step, in the settle window or after moves began, and its
+//     reply comes LayoutRecheck after that read, so the producer reads the
+//     layout again, finds it changed and writes again by it (settled in
+//     shard/producer.go), at a later step. Most have a member of their
+//     own (due in an hour by the old count, which no other producer
+//     writes until the operation returned), and most of those land their
+//     write just after a move carried that member to its new shard: the
+//     write the recheck is for. The seed runs past its steps until every
+//     slow producer wrote again.
 //
 // After every step the shards' pending sets, dead letters (with reasons)
 // and moving hashes must equal the mirror exactly (every script's flags
@@ -57,6 +78,21 @@ package reshard
 //	    (a raw producer reaches only its own count's shard).
 //	(d) every dead letter is in its member's shard by T, exactly once, with
 //	    the reason it had (none if it had none).
+//	(e) throughout, no move undoes a write of a producer that reads the
+//	    layout. The conflict rule (above) may keep the new count's copy
+//	    over a later write of the stale-layout producer only if a
+//	    producer wrote that copy (two producers that disagreed on the
+//	    layout in the change's first second); a copy a move carried
+//	    there kept over it is STALE LAYOUT UNDONE: the reschedule is
+//	    undone, the task goes back to the due time the move carried. A
+//	    stale-layout Reschedule or Cancel that finds nothing in the old
+//	    count's shard while a finished move carried the task to its new
+//	    shard is STALE LAYOUT MISSED; a task the stale-layout producer
+//	    cancelled (its only copy) pending again outside a move in
+//	    progress is STALE LAYOUT CANCEL UNDONE. A slow producer's
+//	    operation must return what its write again by the new layout
+//	    says (a Cancel: cancelled if either write removed a copy), and
+//	    is then checked as the layout-aware producer's, by (a) to (c).
 //
 // Known limits (counted and logged; fatal with -model.strict): a raw
 // producer that writes a member again with the same score after it was
@@ -73,6 +109,23 @@ package reshard
 // holder's step 1 or undo may unlist what it added, which its undo then
 // leaves.
 //
+// Two movers carry the first limit one step further: a batch A of a mover
+// that lost its lock finds the member gone at its take (cancelled), an
+// old-count producer writes it again with the score A read, the next
+// holder's batch B reads and adds it, listing the score A listed; A's undo
+// then removes B's copy (it cannot tell it from its own) and B's take
+// removes the source's: in neither shard (TestModel failed so on seed
+// 14098515862825334917 before it flagged this). The model flags a member
+// when an undo removes a copy another batch added after an old-count write
+// of that score since the undoing batch's read; a loss after such an undo
+// without that write is a failure.
+//
+// With -model.stalemoves the settle rule is broken: the window lasts one
+// to three steps, settle is not asked, and the stale-layout producer goes
+// on writing after moves began (as it could before reshard waited
+// LayoutSettle): the model must report STALE LAYOUT (UNDONE, MISSED or
+// CANCEL UNDONE). TestModelCatchesStaleLayoutAfterMove expects an UNDONE.
+//
 // Found with it: before the moving hash, an undo removed a copy the
 // layout-aware producer had written since step 1 with the same score (a
 // task scheduled again with the same due), losing the task; see
@@ -82,7 +135,8 @@ package reshard
 // see TestMoveTwoMovers.
 //
 // Flags: -model.seed=N replays one seed; -model.duration (20 s) bounds the
-// seeds run; -model.steps (300) is the steps per seed; -model.strict.
+// seeds run; -model.steps (300) is the steps per seed; -model.strict;
+// -model.stalemoves.
 
 import (
 	"context"
@@ -107,20 +161,42 @@ var (
 	modelDuration = flag.Duration("model.duration", 20*time.Second, "TestModel: total running time over seeds")
 	modelSteps    = flag.Int("model.steps", 300, "TestModel: steps per seed")
 	modelStrict   = flag.Bool("model.strict", false, "TestModel: fail on the known limits instead of counting them")
+	modelViolate  = flag.Bool("model.stalemoves", false,
+		"TestModel: break the settle rule: the stale-layout producer writes after moves began; the model must then report STALE LAYOUT")
 )
 
 const (
 	mHorizon  = 10 * time.Minute // the full passes' horizon during a run
 	mLogSteps = 25
+	// mStaleFor is how long after its layout read the stale-layout
+	// producer writes: well within shard.LayoutTTL, after which it would
+	// read the layout again.
+	mStaleFor = 800 * time.Millisecond
+	// mSlowEvery: one seed in this many has slow producers (each costs
+	// shard.LayoutRecheck of real time).
+	mSlowEvery = 4
 )
 
 // Writers of a pending copy.
 const (
-	wOld   = "old-count producer"
-	wNew   = "new-count producer"
-	wGo    = "layout-aware producer"
-	wMover = "mover"
+	wOld = "old-count producer"
+	wNew = "new-count producer"
+	wGo  = "layout-aware producer"
+	// A shard.Producer whose layout was read just before the change: it
+	// writes by the old count (plain ZADD, the reschedule script, ZREM on
+	// the member's shard by F) for up to a second.
+	wStale = "stale-layout producer"
+	// A shard.Producer whose layout was read before the change and whose
+	// write's reply came LayoutRecheck later: its first write, by the old
+	// count; then the write again by the layout read again.
+	wSlow      = "slow producer, its write by the old count"
+	wSlowAgain = "slow producer, its write again by the new layout"
+	wMover     = "mover"
 )
+
+// oldCount reports whether a writer writes by the old count only, with
+// writes a move cannot tell from its own when they have the same score.
+func oldCount(writer string) bool { return writer == wOld || writer == wStale || writer == wSlow }
 
 type mCopy struct {
 	score  int64
@@ -138,13 +214,26 @@ type mMember struct {
 	name     string
 	old, new int // its shard by F, by T
 	// last is its last operation: "schedule", "cancel" (raw), "go-cancel",
-	// "dispatch" or "".
-	last   string
-	latest int64 // the score of its latest schedule (if it had one)
-	scores map[int64]bool
+	// "stale-cancel" (the stale-layout producer's, which removed the only
+	// copy), "mixed-cancel" (the stale-layout producer's, with a copy a
+	// producer wrote in the new count's shard left), "slow" (a slow
+	// producer's first write landed, its write again to come), "dispatch"
+	// or "".
+	last     string
+	latest   int64  // the score of its latest schedule (if it had one)
+	latestBy string // its writer
+	scores   map[int64]bool
 	// won: the conflict rule kept the new count's copy, with this score,
-	// over the latest schedule (0: no).
-	won int64
+	// written by wonBy, over the latest schedule (0: no).
+	won   int64
+	wonBy string
+	// oldWrites: the last step at which a writer by the old count wrote
+	// each score to the member's shard by F.
+	oldWrites map[int64]int
+	// reserved: a slow producer's own member, which no other producer
+	// writes while its operation is under way (so that a move, not
+	// another producer, carries it to its new shard first).
+	reserved bool
 	// dispatched: the shard and step of its last dispatch.
 	dispatchedFrom, dispatchedAt int
 	// flagged: a take or undo removed a copy a raw producer wrote after
@@ -188,16 +277,29 @@ type mRun struct {
 	batch    *mBatch
 	stale    *mBatch // the batch of a mover that lost its lock, still running its steps
 	deadB    []*mBatch
-	base     int64 // real ms at the start
-	now      int64 // the model's clock, for dispatch
-	step     int
-	log      []string
-	cur      strings.Builder
-	stats    *mStats
+	// The change's first LayoutSettle: phase 1, no move (settle in
+	// run.go), until step settleEnd; phase 2, moves.
+	phase     int
+	settleEnd int
+	started   time.Time
+	// staleProd: a shard.Producer whose layout was read (at staleRead)
+	// just before the change.
+	staleProd *shard.Producer
+	staleRead time.Time
+	slow      []*mSlow
+	violate   bool  // the stale-layout producer writes in phase 2 too
+	catch     bool  // fatalf panics with a modelFailure
+	base      int64 // real ms at the start
+	now       int64 // the model's clock, for dispatch
+	step      int
+	log       []string
+	cur       strings.Builder
+	stats     *mStats
 }
 
 type mStats struct {
 	seeds, steps int
+	slowSeeds    int
 	ops, events  map[string]int
 }
 
@@ -211,17 +313,68 @@ func TestModel(t *testing.T) {
 	st := &mStats{ops: map[string]int{}, events: map[string]int{}}
 	start := time.Now()
 	defer func() {
-		t.Logf("TestModel: %d seeds, %d steps in %v", st.seeds, st.steps, time.Since(start).Round(time.Millisecond))
+		t.Logf("TestModel: %d seeds (%d with slow producers), %d steps in %v", st.seeds, st.slowSeeds, st.steps, time.Since(start).Round(time.Millisecond))
 		t.Logf("operations: %s", formatCounts(st.ops))
 		t.Logf("events: %s", formatCounts(st.events))
 	}()
 	if *modelSeed != 0 {
-		runModel(t, rdb, *modelSeed, st)
+		runModel(t, rdb, *modelSeed, st, *modelViolate, false)
 		return
 	}
 	for time.Since(start) < total-time.Second {
-		runModel(t, rdb, rand.Uint64()|1, st)
+		runModel(t, rdb, rand.Uint64()|1, st, *modelViolate, false)
 	}
+}
+
+// TestModelCatchesStaleLayoutAfterMove shows that the model's checks are
+// not idle: with the settle rule broken (the stale-layout producer writes
+// by the old count after moves began, as it could before reshard waited
+// LayoutSettle), a reschedule is undone by the move (the task goes back to
+// the due time the move carried), and the model must report it.
+func TestModelCatchesStaleLayoutAfterMove(t *testing.T) {
+	rdb := testenv.Redis(t)
+	st := &mStats{ops: map[string]int{}, events: map[string]int{}}
+	kinds := map[string]int{}
+	for n := 1; n <= 200; n++ {
+		seed := rand.Uint64() | 1
+		msg := catchModel(func() { runModel(t, rdb, seed, st, true, true) })
+		if msg == "" {
+			continue
+		}
+		kind, _, ok := strings.Cut(msg, ": ")
+		if !strings.HasPrefix(kind, "STALE LAYOUT") || !ok {
+			t.Fatalf("seed %d: the model reported something else than the stale layout:\n%s", seed, msg)
+		}
+		kinds[kind]++
+		if kind == "STALE LAYOUT UNDONE" {
+			t.Logf("after %d seeds (reports: %v), seed %d: the model reported, as it must:\n%s", n, kinds, seed, firstLines(msg, 3))
+			return
+		}
+	}
+	t.Fatalf("200 seeds of a stale-layout producer writing after moves began: the model reported no undone reschedule (reports: %v)", kinds)
+}
+
+// modelFailure is what fatalf panics with when the run catches.
+type modelFailure string
+
+// catchModel runs f and returns the failure the model reported, if any.
+func catchModel(f func()) (msg string) {
+	defer func() {
+		if x := recover(); x != nil {
+			mf, ok := x.(modelFailure)
+			if !ok {
+				panic(x)
+			}
+			msg = string(mf)
+		}
+	}()
+	f()
+	return ""
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
 
 func formatCounts(m map[string]int) string {
@@ -237,11 +390,17 @@ func formatCounts(m map[string]int) string {
 	return b.String()
 }
 
-func runModel(t *testing.T, rdb *redis.Client, seed uint64, st *mStats) {
+// runModel runs one seed; violate: the stale-layout producer writes after
+// moves began too (and no slow producers); catch: a failure panics with a
+// modelFailure.
+func runModel(t *testing.T, rdb *redis.Client, seed uint64, st *mStats, violate, catch bool) {
 	t.Helper()
-	r := newRun(t, rdb, seed, st)
+	r := newRun(t, rdb, seed, st, violate, catch)
+	defer r.stopSlow()
 	r.check()
-	for r.step = 1; r.step <= *modelSteps; r.step++ {
+	// Seeds with slow producers go on until their writes were made again
+	// (LayoutRecheck after their layout read).
+	for r.step = 1; r.step <= *modelSteps || r.slowLeft() && time.Since(r.started) < 2*shard.LayoutSettle; r.step++ {
 		r.doStep()
 		r.check()
 		r.endStep()
@@ -251,11 +410,11 @@ func runModel(t *testing.T, rdb *redis.Client, seed uint64, st *mStats) {
 	r.rdb.Del(r.ctx, r.allKeys()...)
 }
 
-func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats) *mRun {
+func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats, violate, catch bool) *mRun {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	r := &mRun{t: t, ctx: context.Background(), rdb: rdb, seed: seed, rng: rng, stats: st, deadWant: map[string]string{},
-		keys: shard.Keys{Prefix: testenv.Name(t) + "-" + strconv.FormatUint(seed, 10), Queue: "q"}}
+		keys: shard.Keys{Prefix: testenv.Name(t) + "-" + strconv.FormatUint(seed, 10), Queue: "q"}, violate: violate, catch: catch}
 	testenv.CleanRedis(t, rdb, r.keys.Prefix)
 	r.from = 2 + rng.IntN(3)
 	for r.to = r.from; r.to == r.from; {
@@ -274,7 +433,8 @@ func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats) *mRun {
 			name = "a:b " + name // a member with a colon: dead entries split at the first one
 		}
 		b := []byte(name)
-		r.members = append(r.members, &mMember{name: name, old: shard.Index(b, r.from), new: shard.Index(b, r.to), scores: map[int64]bool{}})
+		r.members = append(r.members, &mMember{name: name, old: shard.Index(b, r.from), new: shard.Index(b, r.to),
+			scores: map[int64]bool{}, oldWrites: map[int64]int{}})
 	}
 	if err := rdb.Set(r.ctx, r.keys.ShardCount(), r.from, 0).Err(); err != nil {
 		t.Fatal(err)
@@ -290,9 +450,34 @@ func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats) *mRun {
 	for range rng.IntN(4) {
 		r.opDeadLetter()
 	}
+	// Producers that read the layout just before the change: one that
+	// writes by it for a while (mStaleFor), and, in some seeds, slow ones,
+	// each with one write whose reply comes LayoutRecheck after that read.
+	var err error
+	if r.staleProd, err = shard.NewProducer(rdb, r.keys.Prefix, r.keys.Queue, r.from); err != nil {
+		t.Fatal(err)
+	}
+	r.staleProd.SetWakeWithin(0)
+	r.staleRead = time.Now() // before the read is sent: its age is less
+	if l := r.staleProd.Layout(r.ctx); l != (shard.Layout{Shards: r.from}) {
+		t.Fatalf("seed %d: stale-layout producer's layout %v, want %d shards", seed, l, r.from)
+	}
+	// (Not with the settle rule broken: that run is about the stale-layout
+	// producer, and replays of its seeds must match.)
+	if slow := rng.IntN(mSlowEvery) == 0; slow && !violate {
+		st.slowSeeds++
+		for range 1 + rng.IntN(3) {
+			r.launchSlow()
+		}
+	}
 	s, err := Start(r.ctx, rdb, r.keys, r.to)
 	if err != nil || s.From != r.from {
 		t.Fatalf("seed %d: Start: %+v, %v", seed, s, err)
+	}
+	r.started = time.Now()
+	r.phase, r.settleEnd = 1, 10+rng.IntN(31)
+	if violate {
+		r.settleEnd = 1 + rng.IntN(3)
 	}
 	r.layout = shard.Layout{Shards: r.to, From: r.from}
 	if r.prod, err = shard.NewProducer(rdb, r.keys.Prefix, r.keys.Queue, r.from); err != nil {
@@ -328,8 +513,18 @@ func (r *mRun) event(name string) { r.stats.events[name]++ }
 
 func (r *mRun) fatalf(format string, args ...any) {
 	r.t.Helper()
-	r.t.Fatalf("TestModel seed %d (%d -> %d shards), step %d: %s\n  this step: %s\n  last steps:\n    %s\n  replay: go test ./reshard/ -run TestModel -model.seed=%d",
-		r.seed, r.from, r.to, r.step, fmt.Sprintf(format, args...), r.cur.String(), strings.Join(r.log, "\n    "), r.seed)
+	flags := ""
+	if r.violate {
+		flags = " -model.stalemoves"
+	}
+	what := fmt.Sprintf(format, args...)
+	where := fmt.Sprintf("TestModel seed %d (%d -> %d shards), step %d", r.seed, r.from, r.to, r.step)
+	ctx := fmt.Sprintf("\n  this step: %s\n  last steps:\n    %s\n  replay: go test ./reshard/ -run 'TestModel$' -model.seed=%d%s",
+		r.cur.String(), strings.Join(r.log, "\n    "), r.seed, flags)
+	if r.catch {
+		panic(modelFailure(what + "\n  " + where + ctx))
+	}
+	r.t.Fatal(where + ": " + what + ctx)
 }
 
 func (r *mRun) serverNow() int64 {
@@ -349,6 +544,26 @@ func (r *mRun) allKeys() []string {
 }
 
 func pick[T any](r *mRun, xs []T) T { return xs[r.rng.IntN(len(xs))] }
+
+// someMember picks a member for a producer: any but those reserved.
+func (r *mRun) someMember() *mMember { return pick(r, r.free()) }
+
+// someMembers picks up to n distinct members for a producer.
+func (r *mRun) someMembers(n int) []*mMember {
+	ms := r.free()
+	r.rng.Shuffle(len(ms), func(a, b int) { ms[a], ms[b] = ms[b], ms[a] })
+	return ms[:min(n, len(ms))]
+}
+
+func (r *mRun) free() []*mMember {
+	var ms []*mMember
+	for _, m := range r.members {
+		if !m.reserved {
+			ms = append(ms, m)
+		}
+	}
+	return ms
+}
 
 // due is a random due time: near (the model's clock reaches it; never
 // moved during the run) or in about an hour (moved, never due).
@@ -381,8 +596,8 @@ func (r *mRun) mAdd(i int, m *mMember, score int64, writer string) {
 	r.pending[i][m.name] = mCopy{score: score, writer: writer, step: r.step}
 }
 
-// goAdd mirrors a write of the layout-aware producer to shard i.
-func (r *mRun) goAdd(i int, m *mMember, score int64) {
+// goAdd mirrors a write of a layout-aware producer (writer) to shard i.
+func (r *mRun) goAdd(i int, m *mMember, score int64, writer string) {
 	if s, ok := r.moving[i][m.name]; ok {
 		if b := r.batch; b != nil && b.j == i && (b.next == 2 || b.next == 3) || r.stale != nil && r.stale.j == i && (r.stale.next == 2 || r.stale.next == 3) {
 			r.event(fmt.Sprintf("layout-aware write unlisted a member a live batch added (same score: %v)", s == score))
@@ -390,12 +605,12 @@ func (r *mRun) goAdd(i int, m *mMember, score int64) {
 			r.event("layout-aware write unlisted a member a dead mover's batch added")
 		}
 	}
-	r.mAdd(i, m, score, wGo)
+	r.mAdd(i, m, score, writer)
 	delete(r.moving[i], m.name)
 }
 
-func (r *mRun) scheduled(m *mMember, score int64) {
-	m.last, m.latest, m.won, m.flagged = "schedule", score, 0, ""
+func (r *mRun) scheduled(m *mMember, score int64, writer string) {
+	m.last, m.latest, m.latestBy, m.won, m.wonBy, m.flagged = "schedule", score, writer, 0, "", ""
 	m.scores[score] = true
 }
 
@@ -409,6 +624,21 @@ type mOp struct {
 
 func (r *mRun) doStep() {
 	r.now += int64(r.rng.IntN(12))
+	// The settle window ends after its steps, or, whatever the steps,
+	// well before LayoutSettle of real time has passed since the change.
+	if r.phase == 1 && (r.step > r.settleEnd || time.Since(r.started) > 2*time.Second) {
+		r.endSettle()
+	}
+	sw := [4]int{4, 1, 4, 3} // the stale-layout producer's operations
+	if r.violate {
+		// Writing on after moves began, a schedule is undone by a later
+		// move (UNDONE); a reschedule or cancel mostly misses the task
+		// (MISSED), which ends the seed first.
+		sw = [4]int{12, 3, 2, 1}
+	}
+	moves := func(op func() bool) func() bool {
+		return func() bool { return r.phase == 2 && op() }
+	}
 	ops := []mOp{
 		{"old-count producer ZADD", 8, func() bool { return r.opRawAdd(wOld) }},
 		{"old-count producer ZREM", 3, func() bool { return r.opRawRem(wOld) }},
@@ -419,13 +649,20 @@ func (r *mRun) doStep() {
 		{"Producer.Reschedule", 4, r.opReschedule},
 		{"Producer.Cancel", 4, r.opCancel},
 		{"dispatch due tasks of a shard", 4, r.opDispatch},
-		{"mover reads a batch", 30, r.opRead},
-		{"mover step", 12, r.opMoverStep},
-		{"mover dies", 1, r.opMoverDies},
-		{"mover loses its lock (and runs on)", 1, r.opLoseLock},
-		{"step of the mover that lost its lock", 6, r.opStaleStep},
-		{"full pass", 1, r.opPass},
+		{"mover reads a batch", 30, moves(r.opRead)},
+		{"mover step", 12, moves(r.opMoverStep)},
+		{"mover dies", 1, moves(r.opMoverDies)},
+		{"mover loses its lock (and runs on)", 1, moves(r.opLoseLock)},
+		{"step of the mover that lost its lock", 6, moves(r.opStaleStep)},
+		{"full pass", 1, moves(r.opPass)},
 		{"dead letter appears", 1, r.opDeadLetter},
+		{"stale-layout Producer.Schedule", sw[0], r.opStaleSchedule},
+		{"stale-layout Producer.ScheduleMany", sw[1], r.opStaleScheduleMany},
+		{"stale-layout Producer.Reschedule", sw[2], r.opStaleReschedule},
+		{"stale-layout Producer.Cancel", sw[3], r.opStaleCancel},
+		{"slow producer's write lands (by the old count)", 2, func() bool { return r.opSlowLand(false) }},
+		{"slow producer's write lands (by the old count), just after a move carried its task", 30, func() bool { return r.opSlowLand(true) }},
+		{"slow producer's reply, LayoutRecheck late: it writes again", 4, r.opSlowAgain},
 	}
 	sum := 0
 	for _, op := range ops {
@@ -455,11 +692,14 @@ func (r *mRun) rawAdd(m *mMember, who string, score int64) {
 		r.fatalf("ZADD: %v", err)
 	}
 	r.mAdd(i, m, score, who)
-	r.scheduled(m, score)
+	if who == wOld {
+		m.oldWrites[score] = r.step
+	}
+	r.scheduled(m, score, who)
 }
 
 func (r *mRun) opRawAdd(who string) bool {
-	m := pick(r, r.members)
+	m := r.someMember()
 	score := r.due()
 	if r.rng.IntN(3) == 0 && m.latest != 0 {
 		score = m.latest // a retry of the same schedule
@@ -469,7 +709,7 @@ func (r *mRun) opRawAdd(who string) bool {
 }
 
 func (r *mRun) opRawRem(who string) bool {
-	m := pick(r, r.members)
+	m := r.someMember()
 	i := m.old
 	if who == wNew {
 		i = m.new
@@ -489,7 +729,7 @@ func (r *mRun) opRawRem(who string) bool {
 }
 
 func (r *mRun) opSchedule() bool {
-	m := pick(r, r.members)
+	m := r.someMember()
 	score := r.due()
 	if r.rng.IntN(3) == 0 && m.latest != 0 {
 		score = m.latest
@@ -498,26 +738,25 @@ func (r *mRun) opSchedule() bool {
 	if err := r.prod.Schedule(r.ctx, []byte(m.name), time.UnixMilli(score)); err != nil {
 		r.fatalf("Schedule: %v", err)
 	}
-	r.goSchedule(m, score)
+	r.goSchedule(m, score, wGo)
 	return true
 }
 
-// goSchedule mirrors the layout-aware Schedule: ZADD on the new shard
+// goSchedule mirrors a layout-aware Schedule: ZADD on the new shard
 // (unlisting the member from its moving hash), then ZREM on the old one.
-func (r *mRun) goSchedule(m *mMember, score int64) {
-	r.goAdd(m.new, m, score)
+func (r *mRun) goSchedule(m *mMember, score int64, writer string) {
+	r.goAdd(m.new, m, score, writer)
 	if m.old != m.new {
 		delete(r.pending[m.old], m.name)
 	}
-	r.scheduled(m, score)
+	r.scheduled(m, score, writer)
 }
 
 func (r *mRun) opScheduleMany() bool {
 	var tasks []shard.Task
 	var ms []*mMember
 	var scores []int64
-	for _, k := range r.rng.Perm(len(r.members))[:1+r.rng.IntN(3)] {
-		m := r.members[k]
+	for _, m := range r.someMembers(1 + r.rng.IntN(3)) {
 		ms, scores = append(ms, m), append(scores, r.due())
 		tasks = append(tasks, shard.Task{Member: []byte(m.name), Due: time.UnixMilli(scores[len(scores)-1])})
 	}
@@ -526,13 +765,13 @@ func (r *mRun) opScheduleMany() bool {
 		r.fatalf("ScheduleMany: %v", err)
 	}
 	for k, m := range ms {
-		r.goSchedule(m, scores[k])
+		r.goSchedule(m, scores[k], wGo)
 	}
 	return true
 }
 
 func (r *mRun) opReschedule() bool {
-	m := pick(r, r.members)
+	m := r.someMember()
 	score := r.due()
 	if r.rng.IntN(3) == 0 && m.latest != 0 {
 		score = m.latest
@@ -546,14 +785,14 @@ func (r *mRun) opReschedule() bool {
 		if err != nil {
 			r.fatalf("Reschedule of a member pending in its new shard: %v", err)
 		}
-		r.goAdd(m.new, m, score)
-		r.scheduled(m, score)
+		r.goAdd(m.new, m, score, wGo)
+		r.scheduled(m, score, wGo)
 	case inOld:
 		if err != nil {
 			r.fatalf("Reschedule of a member pending in its old shard: %v", err)
 		}
 		delete(r.moving[m.old], m.name) // the reschedule script on the old shard
-		r.goSchedule(m, score)
+		r.goSchedule(m, score, wGo)
 	default:
 		if !errors.Is(err, shard.ErrNotPending) {
 			r.fatalf("Reschedule of a member pending nowhere: %v, want ErrNotPending", err)
@@ -564,7 +803,7 @@ func (r *mRun) opReschedule() bool {
 }
 
 func (r *mRun) opCancel() bool {
-	m := pick(r, r.members)
+	m := r.someMember()
 	r.note("Cancel %q", m.name)
 	ok, err := r.prod.Cancel(r.ctx, []byte(m.name))
 	if err != nil {
@@ -748,7 +987,7 @@ func (r *mRun) stepTake(b *mBatch) {
 			switch {
 			case m.last != "schedule" || m.latest != s:
 			case ok && nc.score != s:
-				r.won(m, nc.score)
+				r.won(m, nc)
 			case !ok && b.b.added[k] == 0 && m.dispatchedFrom == b.j && m.dispatchedAt > b.add:
 				// The copy step 1 found in the new shard, which won, was
 				// dispatched since.
@@ -791,22 +1030,50 @@ func (r *mRun) stepUndo(b *mBatch) {
 // removed notes a take or undo removing copy c: one a raw producer wrote
 // after the batch read it is the known limit.
 func (r *mRun) removed(b *mBatch, m *mMember, c mCopy, how string) {
+	if how == "undo" && c.writer == wMover && c.step != b.add {
+		// Another batch's step 1 added this copy and listed the score this
+		// batch listed; this undo cannot tell the two apart. That batch
+		// read the score in the source after this one's take found it
+		// gone: a writer by the old count wrote it there again meanwhile
+		// (the known limit, two movers deep: the other batch's take then
+		// removes that write, and the task is in neither shard).
+		if st, ok := m.oldWrites[c.score]; ok && st > b.read {
+			r.event("undo removed a copy another batch added with the same score, after an old-count write of it again")
+			m.flagged = fmt.Sprintf("undo at step %d removed the copy %d another batch added at step %d, after the old-count write of %d at step %d, after %s",
+				r.step, c.score, c.step, c.score, st, b)
+		} else {
+			r.event("undo removed a copy another batch added")
+		}
+		return
+	}
 	if c.writer == wMover || c.step <= b.read {
 		return
 	}
 	r.event(fmt.Sprintf("%s removed a copy the %s wrote (same score) after the batch read it", how, c.writer))
-	if c.writer == wOld || c.writer == wNew {
+	if oldCount(c.writer) || c.writer == wNew {
 		m.flagged = fmt.Sprintf("%s at step %d removed the copy %d the %s wrote at step %d, after %s",
 			how, r.step, c.score, c.writer, c.step, b)
 	}
 }
 
-// won notes the conflict rule keeping the new count's copy, score, over
-// m's latest schedule.
-func (r *mRun) won(m *mMember, score int64) {
-	r.note("conflict rule: %q keeps the new count's copy %d over its latest schedule %d", m.name, score, m.latest)
+// won notes the conflict rule keeping the new count's copy nc over m's
+// latest schedule. Over a stale-layout producer's write, the documented
+// rule holds only for a copy a producer wrote (the two disagreed on the
+// layout in the change's first second); a copy a move carried there means
+// the move undid a later write: the task goes back to the due time the
+// move carried, the failure the settle rule exists for.
+func (r *mRun) won(m *mMember, nc mCopy) {
+	if m.latestBy == wStale && nc.writer == wMover {
+		r.fatalf("STALE LAYOUT UNDONE: %q: a move keeps the copy it carried to shard %d (due %d, at step %d) over the latest schedule, due %d, "+
+			"which the stale-layout producer wrote by the old count after that move: the reschedule is undone",
+			m.name, m.new, nc.score, nc.step, m.latest)
+	}
+	r.note("conflict rule: %q keeps the new count's copy %d (by the %s) over its latest schedule %d (by the %s)", m.name, nc.score, nc.writer, m.latest, m.latestBy)
 	r.event("conflict rule: the new count's copy won over the latest schedule")
-	m.won = score
+	if m.latestBy == wStale {
+		r.event("conflict rule: a producer's new-count copy won over the stale-layout producer's later write (layouts mixed)")
+	}
+	m.won, m.wonBy = nc.score, nc.writer
 }
 
 func (r *mRun) opMoverDies() bool {
@@ -856,7 +1123,7 @@ func (r *mRun) pass(horizon time.Duration) {
 				want.Kept++
 				delete(r.moving[m.new], name) // unlisted by the undo step
 				if nc.score != c.score && m.last == "schedule" && m.latest == c.score {
-					r.won(m, nc.score)
+					r.won(m, nc)
 				}
 			} else {
 				want.Moved++
@@ -887,7 +1154,7 @@ func (r *mRun) pass(horizon time.Duration) {
 }
 
 func (r *mRun) opDeadLetter() bool {
-	m := pick(r, r.members)
+	m := r.someMember()
 	i := r.rng.IntN(r.span)
 	score := r.now - int64(r.rng.IntN(1000))
 	e := strconv.FormatInt(score, 10) + ":" + m.name
@@ -910,6 +1177,485 @@ func (r *mRun) opDeadLetter() bool {
 	r.dead[i][e] = mDead{score: score, reason: reason}
 	r.deadWant[e] = reason
 	return true
+}
+
+// ---- the settle window, and producers on a layout read before it ----
+
+// endSettle ends phase 1 as reshard does (settle in run.go): settle must
+// still wait now, well within LayoutSettle of the change; then the model
+// lets the window pass (the change recorded LayoutSettle earlier) and
+// settle must let the moves start at once. With violate (the rule broken)
+// the moves start without it.
+func (r *mRun) endSettle() {
+	r.phase = 2
+	if r.violate {
+		r.note("moves may start (the settle rule broken: the stale-layout producer writes on)")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, 50*time.Millisecond)
+	err := settle(ctx, r.rdb, r.keys, Options{})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		r.fatalf("settle, %v after the change started: %v; want it to wait (LayoutSettle %v)", time.Since(r.started).Round(time.Millisecond), err, shard.LayoutSettle)
+	}
+	started, err := r.rdb.HGet(r.ctx, r.keys.Reshard(), "started_ms").Int64()
+	if err != nil {
+		r.fatalf("read started_ms: %v", err)
+	}
+	if err := r.rdb.HSet(r.ctx, r.keys.Reshard(), "started_ms", started-shard.LayoutSettle.Milliseconds()).Err(); err != nil {
+		r.fatalf("set started_ms back: %v", err)
+	}
+	ctx, cancel = context.WithTimeout(r.ctx, 2*time.Second)
+	err = settle(ctx, r.rdb, r.keys, Options{})
+	cancel()
+	if err != nil {
+		r.fatalf("settle with the change recorded LayoutSettle ago: %v; want it to let the moves start", err)
+	}
+	r.note("the settle window ends (settle waited, then let the moves start): moves may start")
+	r.event("settle window: moves held back until it ended")
+}
+
+// staleActive reports whether the stale-layout producer still writes: in
+// the settle window (or, violating the rule, after it), and while its
+// layout read is recent enough that it would not read it again.
+func (r *mRun) staleActive() bool {
+	return (r.phase == 1 || r.violate) && time.Since(r.staleRead) < mStaleFor
+}
+
+// newCopy is the copy pending in m's shard by the new count, if that
+// differs from its shard by the old count.
+func (r *mRun) newCopy(m *mMember) (mCopy, bool) {
+	if m.new == m.old {
+		return mCopy{}, false
+	}
+	c, ok := r.pending[m.new][m.name]
+	return c, ok
+}
+
+// oldWrite mirrors a write by the old count (a ZADD, or the reschedule
+// script's) to m's shard by F.
+func (r *mRun) oldWrite(m *mMember, score int64, writer string) {
+	if nc, ok := r.newCopy(m); ok {
+		if nc.writer == wMover {
+			r.event("write by the old count after a move carried the task to its new shard")
+		} else {
+			r.event("write by the old count while a producer's copy is in the new count's shard (layouts mixed)")
+		}
+	}
+	r.mAdd(m.old, m, score, writer)
+	m.oldWrites[score] = r.step
+	r.scheduled(m, score, writer)
+}
+
+func (r *mRun) staleDue(m *mMember) int64 {
+	if r.rng.IntN(3) == 0 && m.latest != 0 {
+		return m.latest
+	}
+	return r.due()
+}
+
+func (r *mRun) opStaleSchedule() bool {
+	if !r.staleActive() {
+		return false
+	}
+	m := r.someMember()
+	score := r.staleDue(m)
+	r.note("stale-layout Schedule %q %d (by %d shards: shard %d)", m.name, score, r.from, m.old)
+	if err := r.staleProd.Schedule(r.ctx, []byte(m.name), time.UnixMilli(score)); err != nil {
+		r.fatalf("stale-layout Schedule: %v", err)
+	}
+	r.oldWrite(m, score, wStale)
+	return true
+}
+
+func (r *mRun) opStaleScheduleMany() bool {
+	if !r.staleActive() {
+		return false
+	}
+	var tasks []shard.Task
+	var ms []*mMember
+	for _, m := range r.someMembers(1 + r.rng.IntN(3)) {
+		ms = append(ms, m)
+		tasks = append(tasks, shard.Task{Member: []byte(m.name), Due: time.UnixMilli(r.staleDue(m))})
+	}
+	var what []string
+	for _, t := range tasks {
+		what = append(what, fmt.Sprintf("%s@%d", t.Member, t.Due.UnixMilli()))
+	}
+	r.note("stale-layout ScheduleMany %v (by %d shards)", what, r.from)
+	if err := r.staleProd.ScheduleMany(r.ctx, tasks); err != nil {
+		r.fatalf("stale-layout ScheduleMany: %v", err)
+	}
+	for k, m := range ms {
+		r.oldWrite(m, tasks[k].Due.UnixMilli(), wStale)
+	}
+	return true
+}
+
+func (r *mRun) opStaleReschedule() bool {
+	if !r.staleActive() {
+		return false
+	}
+	m := r.someMember()
+	score := r.staleDue(m)
+	r.note("stale-layout Reschedule %q %d (by %d shards: shard %d)", m.name, score, r.from, m.old)
+	err := r.staleProd.Reschedule(r.ctx, []byte(m.name), time.UnixMilli(score))
+	if _, ok := r.pending[m.old][m.name]; ok {
+		if err != nil {
+			r.fatalf("stale-layout Reschedule of a member pending in its shard by the old count: %v", err)
+		}
+		delete(r.moving[m.old], m.name) // the reschedule script
+		r.oldWrite(m, score, wStale)
+		return true
+	}
+	if !errors.Is(err, shard.ErrNotPending) {
+		r.fatalf("stale-layout Reschedule of a member not pending in its shard by the old count: %v, want ErrNotPending", err)
+	}
+	r.note("not pending there")
+	r.missedNewCopy(m, "Reschedule")
+	return true
+}
+
+func (r *mRun) opStaleCancel() bool {
+	if !r.staleActive() {
+		return false
+	}
+	m := r.someMember()
+	r.note("stale-layout Cancel %q (by %d shards: shard %d)", m.name, r.from, m.old)
+	ok, err := r.staleProd.Cancel(r.ctx, []byte(m.name))
+	_, had := r.pending[m.old][m.name]
+	if err != nil || ok != had {
+		r.fatalf("stale-layout Cancel: %v, %v; the model has it in shard %d: %v", ok, err, m.old, had)
+	}
+	if !had {
+		r.missedNewCopy(m, "Cancel")
+		return true
+	}
+	delete(r.pending[m.old], m.name)
+	if nc, ok := r.newCopy(m); ok && nc.writer != wMover {
+		r.note("a producer's copy stays in shard %d (layouts mixed)", m.new)
+		r.event("stale-layout Cancel left a producer's copy in the new count's shard (layouts mixed)")
+		m.last = "mixed-cancel"
+		return true
+	}
+	m.last = "stale-cancel"
+	return true
+}
+
+// missedNewCopy: a stale-layout Reschedule or Cancel found nothing in the
+// member's shard by the old count, while its shard by the new count holds
+// it. A producer's copy there is the old count's documented limit (the two
+// producers disagreed on the layout); a copy a finished move carried there
+// is what the settle rule prevents: the operation answers "not pending"
+// although the task is pending, and it goes out at the due the move
+// carried.
+func (r *mRun) missedNewCopy(m *mMember, op string) {
+	nc, ok := r.newCopy(m)
+	switch _, listed := r.moving[m.new][m.name]; {
+	case !ok:
+	case nc.writer != wMover:
+		r.event("stale-layout " + op + " missed a producer's copy in the new count's shard (layouts mixed)")
+	case listed:
+		r.event("stale-layout " + op + " missed the copy a move in progress added")
+	default:
+		r.fatalf("STALE LAYOUT MISSED: %s of %q by the old count answered not pending: a move had carried it to shard %d "+
+			"(due %d, at step %d), where it stays pending", op, m.name, m.new, nc.score, nc.step)
+	}
+}
+
+// mSlow is a slow producer: a shard.Producer on a client of its own whose
+// commands wait at a gate. Its one operation read the layout before the
+// change; its write by that layout lands at some step (the settle window
+// or after it), and its reply comes LayoutRecheck after that read: the
+// producer reads the layout again, finds it changed and writes again by
+// it (shard.Producer.settled), at a later step.
+type mSlow struct {
+	id           int
+	op           string // "Schedule", "Reschedule" or "Cancel"
+	m            *mMember
+	score        int64
+	cl           *redis.Client
+	g            *gate
+	read         time.Time // when its layout read was let through
+	landed       bool      // its write by the old count ran
+	again        bool      // it wrote again, and returned
+	removedFirst bool      // Cancel: the write by the old count removed a copy
+	done         chan struct{}
+	err          error
+	ok           bool
+}
+
+func (r *mRun) launchSlow() {
+	s := &mSlow{id: len(r.slow) + 1, m: r.someMember(), g: newGate(), done: make(chan struct{})}
+	if r.rng.IntN(3) > 0 {
+		// Mostly a member of its own, due far by the old count, that only
+		// a move carries to its new shard: its write may then come after.
+		for n := 0; ; n++ {
+			name := fmt.Sprintf("slow%d-%d", s.id, n)
+			b := []byte(name)
+			if m := (&mMember{name: name, old: shard.Index(b, r.from), new: shard.Index(b, r.to)}); m.old != m.new {
+				m.scores, m.oldWrites, m.reserved = map[int64]bool{}, map[int64]int{}, true
+				r.members = append(r.members, m)
+				r.rawAdd(m, wOld, r.base+time.Hour.Milliseconds()+int64(r.rng.IntN(8)))
+				s.m = m
+				break
+			}
+		}
+	}
+	s.op = pick(r, []string{"Schedule", "Reschedule", "Cancel"})
+	s.score = r.staleDue(s.m)
+	opt := *r.rdb.Options()
+	s.cl = redis.NewClient(&opt)
+	s.cl.AddHook(s.g)
+	p, err := shard.NewProducer(s.cl, r.keys.Prefix, r.keys.Queue, r.from)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	p.SetWakeWithin(0)
+	member, due := []byte(s.m.name), time.UnixMilli(s.score)
+	r.slow = append(r.slow, s)
+	go func() {
+		defer close(s.done)
+		ctx := context.Background()
+		switch s.op {
+		case "Schedule":
+			s.err = p.Schedule(ctx, member, due)
+		case "Reschedule":
+			s.err = p.Reschedule(ctx, member, due)
+		default:
+			s.ok, s.err = p.Cancel(ctx, member)
+		}
+	}()
+	cmds, err := s.g.run(10 * time.Second)
+	s.read = time.Now() // after the read was sent: its age is more
+	if err != nil {
+		r.fatalf("slow producer %d: its layout read: %v", s.id, err)
+	}
+	s.g.reply(time.Time{})
+	if len(cmds) != 3 {
+		r.fatalf("slow producer %d: its first commands %v, want the layout read", s.id, cmds)
+	}
+	r.note("slow producer %d: %s %q %d, its layout read before the change", s.id, s.op, s.m.name, s.score)
+}
+
+func (r *mRun) slowLeft() bool {
+	for _, s := range r.slow {
+		if !s.again {
+			return true
+		}
+	}
+	return false
+}
+
+// opSlowLand lands a slow producer's write; moved: only one whose task a
+// move just carried to its new shard (the write the recheck is for).
+func (r *mRun) opSlowLand(moved bool) bool {
+	// Some land in the settle window; most after moves began, where a
+	// move may carry the task first: a while is left for that.
+	if !moved && (r.phase == 1 && r.rng.IntN(2) == 0 || r.phase == 2 && r.step < r.settleEnd+100) {
+		return false
+	}
+	var cands []*mSlow
+	for _, s := range r.slow {
+		if s.landed {
+			continue
+		}
+		_, had := r.pending[s.m.old][s.m.name]
+		if nc, ok := r.newCopy(s.m); !moved || ok && !had && nc.writer == wMover {
+			cands = append(cands, s)
+		}
+	}
+	if len(cands) == 0 {
+		return false
+	}
+	r.landSlow(pick(r, cands))
+	return true
+}
+
+// landSlow lets a slow producer's write by the old count run, and holds
+// its reply until LayoutRecheck after its layout read.
+func (r *mRun) landSlow(s *mSlow) {
+	m := s.m
+	var cmd redis.Cmder
+	for {
+		cmds, err := s.g.run(10 * time.Second)
+		if err != nil {
+			r.fatalf("slow producer %d: its write: %v", s.id, err)
+		}
+		if cmd = cmds[0]; len(cmds) == 1 && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			s.g.reply(time.Time{}) // go-redis sends the script itself next
+			continue
+		}
+		if len(cmds) != 1 || !slices.Contains(cmd.Args(), any(r.keys.Pending(m.old))) {
+			r.fatalf("slow producer %d: its write %v, want one command on %s", s.id, cmds, r.keys.Pending(m.old))
+		}
+		break
+	}
+	defer s.g.reply(s.read.Add(shard.LayoutRecheck + 20*time.Millisecond))
+	s.landed = true
+	n, err := cmdInt(cmd)
+	if err != nil {
+		r.fatalf("slow producer %d: its write %v: %v", s.id, cmd, err)
+	}
+	_, had := r.pending[m.old][m.name]
+	r.note("slow producer %d: its %s of %q %d by the old count runs on shard %d: %d", s.id, s.op, m.name, s.score, m.old, n)
+	r.event(fmt.Sprintf("slow producer's write by the old count ran in phase %d", r.phase))
+	nc, inNew := r.newCopy(m)
+	switch {
+	case !had && inNew && nc.writer == wMover:
+		r.event("slow producer's write by the old count ran after a move carried the task (" + s.op + ")")
+	case had && inNew && nc.writer == wMover:
+		r.event("slow producer's write by the old count ran while a move was carrying the task (" + s.op + ")")
+	}
+	switch s.op {
+	case "Schedule":
+		r.oldWrite(m, s.score, wSlow)
+		m.last = "slow"
+	case "Reschedule":
+		if (n == 1) != had {
+			r.fatalf("slow producer %d: the reschedule script on shard %d returned %d; the model has it there: %v", s.id, m.old, n, had)
+		}
+		if had {
+			delete(r.moving[m.old], m.name)
+			r.oldWrite(m, s.score, wSlow)
+			m.last = "slow"
+		}
+	default:
+		if (n == 1) != had {
+			r.fatalf("slow producer %d: ZREM on shard %d removed %d; the model has it there: %v", s.id, m.old, n, had)
+		}
+		if had {
+			delete(r.pending[m.old], m.name)
+			m.last = "slow"
+			s.removedFirst = true
+		}
+	}
+}
+
+func cmdInt(cmd redis.Cmder) (int64, error) {
+	switch c := cmd.(type) {
+	case *redis.IntCmd:
+		return c.Result()
+	case *redis.Cmd:
+		return c.Int64()
+	}
+	return 0, fmt.Errorf("unexpected reply type %T", cmd)
+}
+
+func (r *mRun) opSlowAgain() bool {
+	var cands []*mSlow
+	for _, s := range r.slow {
+		if s.landed && !s.again && s.g.poll() {
+			cands = append(cands, s)
+		}
+	}
+	if len(cands) == 0 {
+		return false
+	}
+	r.slowAgain(pick(r, cands))
+	return true
+}
+
+// slowAgain: a slow producer whose reply came LayoutRecheck after its
+// layout read reads the layout again (it asked to: s.g.poll), finds it
+// changed, writes again by it, and returns; the model checks what it
+// returns and mirrors the write as a layout-aware one.
+func (r *mRun) slowAgain(s *mSlow) {
+	s.g.open.Store(true)
+	cmds, err := s.g.run(10 * time.Second)
+	if err != nil {
+		r.fatalf("slow producer %d: its layout read again: %v", s.id, err)
+	}
+	s.g.reply(time.Time{})
+	if len(cmds) != 3 {
+		r.fatalf("slow producer %d: after its write %v, want the layout read again", s.id, cmds)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		r.fatalf("slow producer %d: its write again did not return", s.id)
+	}
+	s.again = true
+	s.cl.Close()
+	m := s.m
+	m.reserved = false
+	_, inNew := r.pending[m.new][m.name]
+	_, inOld := r.pending[m.old][m.name]
+	r.note("slow producer %d: its reply came %v after its layout read: it read the layout again and wrote again: %s %q %d by %d shards -> %v, %v",
+		s.id, time.Since(s.read).Round(time.Millisecond), s.op, m.name, s.score, r.to, s.ok, s.err)
+	r.event(fmt.Sprintf("slow producer wrote again by the new layout in phase %d", r.phase))
+	switch s.op {
+	case "Schedule":
+		if s.err != nil {
+			r.fatalf("slow producer %d: Schedule: %v", s.id, s.err)
+		}
+		r.goSchedule(m, s.score, wSlowAgain)
+	case "Reschedule":
+		switch {
+		case inNew:
+			if s.err != nil {
+				r.fatalf("slow producer %d: Reschedule of a member pending in its new shard: %v", s.id, s.err)
+			}
+			r.goAdd(m.new, m, s.score, wSlowAgain)
+			r.scheduled(m, s.score, wSlowAgain)
+		case inOld:
+			if s.err != nil {
+				r.fatalf("slow producer %d: Reschedule of a member pending in its old shard: %v", s.id, s.err)
+			}
+			delete(r.moving[m.old], m.name)
+			r.goSchedule(m, s.score, wSlowAgain)
+		default:
+			if !errors.Is(s.err, shard.ErrNotPending) {
+				r.fatalf("slow producer %d: Reschedule of a member pending nowhere: %v, want ErrNotPending", s.id, s.err)
+			}
+			if m.last == "slow" {
+				m.last = ""
+			}
+		}
+	default:
+		if want := s.removedFirst || inNew || inOld; s.err != nil || s.ok != want {
+			r.fatalf("slow producer %d: Cancel: %v, %v; want %v (its write by the old count removed a copy: %v; pending now: %s)",
+				s.id, s.ok, s.err, want, s.removedFirst, r.copies(m))
+		}
+		delete(r.pending[m.new], m.name)
+		delete(r.pending[m.old], m.name)
+		m.last = "go-cancel"
+	}
+}
+
+// finishSlow lands every slow producer's write and waits for each to
+// write again.
+func (r *mRun) finishSlow() {
+	for _, s := range r.slow {
+		if !s.landed {
+			r.landSlow(s)
+		}
+	}
+	for _, s := range r.slow {
+		if s.again {
+			continue
+		}
+		for end := time.Now().Add(10 * time.Second); !s.g.poll(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(end) {
+				r.fatalf("slow producer %d: no layout read again within 10 s", s.id)
+			}
+		}
+		r.slowAgain(s)
+	}
+}
+
+// stopSlow lets the slow producers' goroutines end (a run that failed
+// leaves them waiting at their gates).
+func (r *mRun) stopSlow() {
+	for _, s := range r.slow {
+		s.g.close()
+		select {
+		case <-s.done:
+		case <-time.After(5 * time.Second):
+			r.t.Errorf("slow producer %d did not return", s.id)
+		}
+		s.cl.Close()
+	}
 }
 
 // ---- checks ----
@@ -992,6 +1738,11 @@ func (r *mRun) check() {
 			if where != "pending nowhere" && !r.inMove(m) {
 				r.fatalf("(b) %q was cancelled by the layout-aware producer and no move of it is in progress, but it is pending: %s", m.name, where)
 			}
+		case "stale-cancel":
+			if where != "pending nowhere" && !r.inMove(m) {
+				r.fatalf("STALE LAYOUT CANCEL UNDONE: %q was cancelled by the stale-layout producer (its only copy, in its shard by the old count) "+
+					"and no move of it is in progress, but it is pending: %s", m.name, where)
+			}
 		}
 	}
 }
@@ -1037,6 +1788,10 @@ func (r *mRun) inMove(m *mMember) bool {
 // a final pass moves everything, and (a) to (d) are checked.
 func (r *mRun) quiesce() {
 	r.step++
+	if r.phase == 1 {
+		r.endSettle()
+	}
+	r.finishSlow()
 	if r.batch != nil && r.rng.IntN(2) == 0 {
 		r.opMoverDies()
 	}
@@ -1085,8 +1840,13 @@ func (r *mRun) quiesce() {
 			} else {
 				r.event("final: latest schedule")
 			}
-		case "go-cancel":
-			r.event("final: cancelled by the layout-aware producer, but left by a mover that died (known limit)")
+		case "go-cancel", "stale-cancel":
+			r.event("final: cancelled by a producer, but left by a mover that died (known limit)")
+		case "mixed-cancel":
+			if !m.scores[s] {
+				r.fatalf("(c) %q has %d after the final pass, never scheduled", m.name, s)
+			}
+			r.event("final: a stale-layout cancel left a producer's copy by the new count (layouts mixed)")
 		default:
 			if !m.scores[s] {
 				r.fatalf("(c) %q has %d after the final pass, never scheduled", m.name, s)

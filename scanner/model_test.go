@@ -36,16 +36,22 @@ package scanner
 //     with a lease that long longer): a claim hands out pending tasks due
 //     within its own server time plus its look-ahead, and re-leased ones
 //     (handed back, or whose lease ran out) due within the largest
-//     look-ahead; a publish sends only entries due by the server time it
-//     reads, holding the rest, and a stopping instance hands back (releases)
-//     what it holds; a cancel finds a task only until a claim took it, ahead
-//     or not;
+//     look-ahead of the highest server time read so far. An instance
+//     publishes as production does (dispatch, holder, clockCheck): at
+//     once only what the claim's own reading of the server clock shows
+//     due; a held task only once a reading taken after it was held shows
+//     it due: a TIME it sends (a publish step), or a later claim's reading
+//     of the shard. Every publish is checked against the server clock as
+//     read at that moment (a TIME right after it): none may be early. A
+//     stopping instance hands back (releases) what it holds; a cancel
+//     finds a task only until a claim took it, ahead or not;
 //   - duplicates only from the at-least-once window: a scheduling is
 //     confirmed twice only when the batch that held it first lost its
-//     lease to expiry (its instance died or stalled, or its ack came after
-//     the lease); a producer's ZADD of the same member and due while in
-//     flight never makes a second delivery, and no batch lists an entry
-//     twice;
+//     lease to expiry by the server clock (its instance died or stalled,
+//     its ack came after the lease, or the clock stepped forward past the
+//     lease: counted apart); a producer's ZADD of the same member and due
+//     while in flight never makes a second delivery, and no batch lists an
+//     entry twice;
 //   - fencing: the model's holder of an entry is the last claim that handed
 //     it out, until it fails or releases it (a holder's lease is its
 //     deadline); fail and release act exactly on the entries their batch
@@ -75,10 +81,25 @@ package scanner
 // fields (a later ack of the same entry deletes them) and fails on any
 // other. Everything else above is a hard failure.
 //
+// TestModel runs on the shared Redis, whose clock is left alone.
+// TestModelClockSteps runs the same model on a private Redis whose wall
+// clock (TIME, and the scripts' TIME) steps at random steps, back by up to
+// 500 ms or forward by up to 400 ms, within 2 s of the true clock
+// (testenv.ClockShift), as an NTP step or a failover to a primary whose
+// clock is off would. Leases are in server time: a step back extends them,
+// a step forward ends them early (a duplicate then is in the window
+// above). Every check above holds as it is; the claims' deadlines after a
+// step back come from the :claim record (its deadline + 1). With
+// -model.byestimate its instances publish held tasks by their estimate of
+// the clock (the last reading plus the time since), as before a reading
+// taken after holding was required, and the model reports EARLY;
+// TestModelClockStepsCatchesEstimate expects that report.
+//
 // Flags: -model.seed=N replays one seed, -model.duration=10m runs longer
-// (25s by default, split over seeds of -model.run each), -model.strict.
-// A seed fixes every random choice; real time still decides which leases
-// ran out, so a replay can diverge after a while.
+// (25s by default for each test, split over seeds of -model.run each),
+// -model.strict, -model.byestimate. A seed fixes every random choice; real
+// time still decides which leases ran out, so a replay can diverge after a
+// while.
 
 import (
 	"cmp"
@@ -100,11 +121,13 @@ import (
 )
 
 var (
-	modelSeed     = flag.Uint64("model.seed", 0, "TestModel: replay this seed only")
-	modelDuration = flag.Duration("model.duration", 25*time.Second, "TestModel: total running time, split over seeds")
+	modelSeed     = flag.Uint64("model.seed", 0, "TestModel, TestModelClockSteps: replay this seed only")
+	modelDuration = flag.Duration("model.duration", 25*time.Second, "TestModel, TestModelClockSteps: total running time of each, split over seeds")
 	modelRun      = flag.Duration("model.run", 2500*time.Millisecond, "TestModel: steps of one seed before it quiesces")
 	modelStrict   = flag.Bool("model.strict", false,
 		"TestModel: fail on the known finding (attempts fields left by an ack while the attempts hash was moved away) instead of counting it")
+	modelByEstimate = flag.Bool("model.byestimate", false,
+		"TestModelClockSteps: instances publish held tasks by their estimate of the Redis clock, as before a reading taken after holding was required; the model must then report EARLY")
 )
 
 const (
@@ -211,6 +234,7 @@ type mBatch struct {
 	settled   []bool
 	lost      map[*mOcc]string // how the batch stopped holding an entry
 	claimStep int
+	shift     int64 // ms the Redis clock was stepped by when it claimed
 }
 
 func (b *mBatch) String() string {
@@ -235,6 +259,22 @@ type mInst struct {
 	batches    []*mBatch
 	lostClaims []*mLostClaim
 	reruns     []mRerun
+	// readings is the last reading of each shard's Redis clock the
+	// instance made (a claim's, or a TIME's): its estimate of the clock.
+	readings map[int]mReading
+}
+
+// mReading is one reading of the Redis clock by an instance.
+type mReading struct {
+	server int64     // ms, what it read
+	sent   time.Time // when its request was sent
+}
+
+// observe keeps a reading of shard i's clock if it is the latest.
+func (in *mInst) observe(i int, server int64, sent time.Time) {
+	if rd, ok := in.readings[i]; !ok || sent.After(rd.sent) {
+		in.readings[i] = mReading{server, sent}
+	}
 }
 
 // mLostClaim is a claim whose reply the instance never read; go-redis runs
@@ -314,14 +354,104 @@ type mRun struct {
 	log     []string
 	cur     strings.Builder
 	lastNow int64
-	stats   *modelStats
+	// hiNow is the highest server time read so far: the Redis clock may
+	// have stepped back from it.
+	hiNow int64
+	// shift steps the Redis clock (TestModelClockSteps; nil: the shared
+	// Redis, whose clock is left alone); shiftNow is the step it is set to.
+	shift    *testenv.ClockShift
+	shiftNow time.Duration
+	// byEstimate: -model.byestimate, or a test that expects EARLY.
+	byEstimate bool
+	// catch: fatalf panics with a modelFailure instead of failing the test
+	// (a test that expects the model to report a violation).
+	catch bool
+	name  string // the test's, for its messages
+	stats *modelStats
 	// knownFirst is the first occurrence in this run of each known finding.
 	knownFirst map[string]string
 }
 
-// TestModel: see the comment at the top of this file.
+// mConf is what sets one test's runs apart.
+type mConf struct {
+	name       string
+	shift      *testenv.ClockShift // nil: the Redis clock is left alone
+	byEstimate bool
+	catch      bool
+}
+
+// TestModel: see the comment at the top of this file. It runs on the
+// shared Redis, whose clock is left alone.
 func TestModel(t *testing.T) {
-	rdb := testenv.Redis(t)
+	modelRuns(t, testenv.Redis(t), mConf{name: "TestModel"})
+}
+
+// TestModelClockSteps is TestModel on a private Redis whose clock steps
+// back (up to 500 ms at a time) and forward (up to 400 ms) at random
+// steps: see the comment at the top of this file.
+func TestModelClockSteps(t *testing.T) {
+	shift := testenv.NewClockShift(t)
+	srv := testenv.StartRedis(t, testenv.RedisOptions{Env: shift.Env})
+	stats := modelRuns(t, srv.Client(), mConf{name: "TestModelClockSteps", shift: shift, byEstimate: *modelByEstimate})
+	// The clock must really have stepped, or this tested nothing more
+	// than TestModel.
+	if stats.events["Redis clock stepped back, as TIME read it"] == 0 {
+		t.Errorf("no step back of the Redis clock was seen by TIME (steps set: %d)", stats.ops["Redis clock steps"])
+	}
+}
+
+// TestModelClockStepsCatchesEstimate shows that the model's "nothing
+// early" check is not idle: instances that publish held tasks by their
+// estimate of the Redis clock, as before a reading taken after holding
+// was required, publish before the due time by the clock as read at the
+// publish once it stepped back, and the model must report it (EARLY).
+func TestModelClockStepsCatchesEstimate(t *testing.T) {
+	shift := testenv.NewClockShift(t)
+	srv := testenv.StartRedis(t, testenv.RedisOptions{Env: shift.Env})
+	rdb := srv.Client()
+	stats := &modelStats{ops: map[string]int{}, events: map[string]int{}}
+	conf := mConf{name: "TestModelClockStepsCatchesEstimate", shift: shift, byEstimate: true, catch: true}
+	for n := 1; n <= 10; n++ {
+		seed := rand.Uint64() | 1
+		msg := catchModel(func() { runModel(t, rdb, seed, *modelRun, stats, conf) })
+		switch {
+		case strings.Contains(msg, "EARLY: "):
+			t.Logf("run %d (seed %d): the model reported, as it must:\n%s", n, seed, firstLines(msg, 3))
+			return
+		case msg != "":
+			t.Fatalf("run %d (seed %d): the model reported something other than EARLY:\n%s", n, seed, msg)
+		}
+		shift.Set(t, 0)
+	}
+	t.Fatalf("10 runs of instances publishing by their estimate while the Redis clock steps back: the model never reported EARLY")
+}
+
+// modelFailure is what fatalf panics with when the run's conf catches.
+type modelFailure string
+
+// catchModel runs f and returns the failure the model reported, if any.
+func catchModel(f func()) (msg string) {
+	defer func() {
+		if x := recover(); x != nil {
+			mf, ok := x.(modelFailure)
+			if !ok {
+				panic(x)
+			}
+			msg = string(mf)
+		}
+	}()
+	f()
+	return ""
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
+
+// modelRuns runs seeds for -model.duration (one with -model.seed) and
+// logs what they did.
+func modelRuns(t *testing.T, rdb *redis.Client, conf mConf) *modelStats {
 	total := *modelDuration
 	if testing.Short() && total > 3*time.Second {
 		total = 3 * time.Second
@@ -336,22 +466,23 @@ func TestModel(t *testing.T) {
 			failed = " (the last one failed)"
 		}
 		el := time.Since(start)
-		t.Logf("TestModel: %d runs%s, %d steps in %v (%.0f steps/s over the runs' own time %v)",
-			stats.runs, failed, stats.steps, el.Round(time.Millisecond), float64(stats.steps)/stats.elapsed.Seconds(), stats.elapsed.Round(time.Millisecond))
+		t.Logf("%s: %d runs%s, %d steps in %v (%.0f steps/s over the runs' own time %v)",
+			conf.name, stats.runs, failed, stats.steps, el.Round(time.Millisecond), float64(stats.steps)/stats.elapsed.Seconds(), stats.elapsed.Round(time.Millisecond))
 		t.Logf("operations: %s", formatCounts(stats.ops))
 		t.Logf("events: %s", formatCounts(stats.events))
 	}()
 	if *modelSeed != 0 {
-		runModel(t, rdb, *modelSeed, *modelRun, stats)
+		runModel(t, rdb, *modelSeed, *modelRun, stats, conf)
 	} else {
 		for {
 			left := total - time.Since(start)
 			if left < time.Second {
 				break
 			}
-			runModel(t, rdb, rand.Uint64()|1, min(*modelRun, left-700*time.Millisecond), stats)
+			runModel(t, rdb, rand.Uint64()|1, min(*modelRun, left-700*time.Millisecond), stats, conf)
 		}
 	}
+	return stats
 }
 
 func formatCounts(m map[string]int) string {
@@ -362,11 +493,15 @@ func formatCounts(m map[string]int) string {
 	return b.String()
 }
 
-func runModel(t *testing.T, rdb *redis.Client, seed uint64, d time.Duration, stats *modelStats) {
+func runModel(t *testing.T, rdb *redis.Client, seed uint64, d time.Duration, stats *modelStats, conf mConf) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	r := &mRun{t: t, ctx: context.Background(), rdb: rdb, seed: seed, rng: rng, stats: stats, knownFirst: map[string]string{},
-		keys: shard.Keys{Prefix: testenv.Name(t) + "-" + strconv.FormatUint(seed, 10), Queue: "q"}}
+		keys:  shard.Keys{Prefix: testenv.Name(t) + "-" + strconv.FormatUint(seed, 10), Queue: "q"},
+		shift: conf.shift, byEstimate: conf.byEstimate, catch: conf.catch, name: conf.name}
+	if r.shift != nil {
+		r.shift.Set(t, 0) // each seed starts from the true clock
+	}
 	testenv.CleanRedis(t, rdb, r.keys.Prefix) // if the run fails
 	for i := range 2 + rng.IntN(2) {
 		r.shards = append(r.shards, &mShard{i: i, pending: map[string]*mSched{}, inflight: map[string]*mOcc{},
@@ -376,7 +511,7 @@ func runModel(t *testing.T, rdb *redis.Client, seed uint64, d time.Duration, sta
 	for range 3 {
 		r.spawn()
 	}
-	t.Logf("TestModel seed %d: %d shards, prefix %s", seed, len(r.shards), r.keys.Prefix)
+	t.Logf("%s seed %d: %d shards, prefix %s", r.name, seed, len(r.shards), r.keys.Prefix)
 	began := time.Now()
 	stats.runStart = began
 	steps0 := stats.steps
@@ -391,9 +526,9 @@ func runModel(t *testing.T, rdb *redis.Client, seed uint64, d time.Duration, sta
 	stats.runs++
 	stats.elapsed += time.Since(began)
 	stats.runStart = time.Time{}
-	t.Logf("TestModel seed %d: passed, %d steps in %v", seed, stats.steps-steps0, time.Since(began).Round(time.Millisecond))
+	t.Logf("%s seed %d: passed, %d steps in %v", r.name, seed, stats.steps-steps0, time.Since(began).Round(time.Millisecond))
 	for _, ev := range sortedKeys(r.knownFirst) {
-		t.Logf("TestModel seed %d: KNOWN FINDING tolerated (-model.strict fails on it): %s; first at %s", seed, ev, r.knownFirst[ev])
+		t.Logf("%s seed %d: KNOWN FINDING tolerated (-model.strict fails on it): %s; first at %s", r.name, seed, ev, r.knownFirst[ev])
 	}
 	r.deleteKeys()
 }
@@ -431,8 +566,12 @@ func (r *mRun) known(event, format string, args ...any) {
 
 func (r *mRun) fatalf(format string, args ...any) {
 	r.t.Helper()
-	r.t.Fatalf("TestModel seed %d, step %d: %s\n  this step: %s\n  last steps:\n    %s\n  replay: go test ./scanner/ -run TestModel -model.seed=%d",
-		r.seed, r.step, fmt.Sprintf(format, args...), r.cur.String(), strings.Join(r.log, "\n    "), r.seed)
+	msg := fmt.Sprintf("%s seed %d, step %d: %s\n  this step: %s\n  last steps:\n    %s\n  replay: go test ./scanner/ -run '%s$' -model.seed=%d",
+		r.name, r.seed, r.step, fmt.Sprintf(format, args...), r.cur.String(), strings.Join(r.log, "\n    "), r.name, r.seed)
+	if r.catch {
+		panic(modelFailure(msg))
+	}
+	r.t.Fatal(msg)
 }
 
 func (r *mRun) nextID() int { r.ids++; return r.ids }
@@ -442,7 +581,13 @@ func (r *mRun) serverNow() int64 {
 	if err != nil {
 		r.fatalf("TIME: %v", err)
 	}
-	return tm.UnixMilli()
+	return r.seen(tm.UnixMilli())
+}
+
+// seen notes a reading of the server clock, and returns it.
+func (r *mRun) seen(now int64) int64 {
+	r.hiNow = max(r.hiNow, now)
+	return now
 }
 
 func (r *mRun) key(i, k int) string {
@@ -476,7 +621,7 @@ func (r *mRun) spawn() *mInst {
 	n := len(r.insts) + 1
 	lease := mLeases[r.rng.IntN(len(mLeases))]
 	ahead := mAheads[r.rng.IntN(len(mAheads))]
-	in := &mInst{name: "i" + strconv.Itoa(n), alive: true}
+	in := &mInst{name: "i" + strconv.Itoa(n), alive: true, readings: map[int]mReading{}}
 	// As the scanner does: a claim ahead leases for the wait too.
 	in.st = &store{rdb: r.rdb, keys: r.keys, lease: lease + ahead, ahead: ahead, retryMin: mRetryMin, retryMax: mRetryMax,
 		maxAttempts: mMaxAttempts, instance: in.name}
@@ -534,6 +679,9 @@ func (r *mRun) doStep() {
 		{"wrong-type key appears", 2, r.opBreak},
 		{"wrong-type key removed", 3, r.opRestore},
 	}
+	if r.shift != nil {
+		ops = append(ops, mOp{"Redis clock steps", 3, r.opClockStep})
+	}
 	sum := 0
 	for _, op := range ops {
 		sum += op.weight
@@ -550,6 +698,35 @@ func (r *mRun) doStep() {
 			}
 		}
 	}
+}
+
+// opClockStep steps the Redis server's clock back (up to 500 ms) or
+// forward (up to 400 ms), as an NTP step or a failover to a primary whose
+// clock is off would; the shift stays within 2 s of the true clock.
+func (r *mRun) opClockStep() bool {
+	d := time.Duration(1+r.rng.IntN(400)) * time.Millisecond
+	if r.rng.IntN(3) > 0 {
+		d = -time.Duration(1+r.rng.IntN(500)) * time.Millisecond
+	}
+	next := r.shiftNow + d
+	if next < -2*time.Second || next > 2*time.Second {
+		d = -d
+		next = r.shiftNow + d
+	}
+	before := r.serverNow()
+	r.shift.Set(r.t, next)
+	r.shiftNow = next
+	after := r.serverNow()
+	r.note("the Redis clock steps %v (now %v off): TIME read %d before, %d after", d, next, before, after)
+	if d < 0 {
+		r.event("Redis clock stepped back")
+		if after < before {
+			r.event("Redis clock stepped back, as TIME read it")
+		}
+	} else {
+		r.event("Redis clock stepped forward")
+	}
+	return true
 }
 
 func (r *mRun) newMember() string {
@@ -693,11 +870,10 @@ func (r *mRun) opClaim(lost bool) bool {
 	i := r.rng.IntN(len(r.shards))
 	limit := 1 + r.rng.IntN(4)
 	token := in.st.token()
-	b := r.doClaim(in, i, limit, token, nil)
+	sent := time.Now()
+	b, now := r.doClaim(in, i, limit, token, nil)
 	if !lost {
-		if b != nil {
-			in.batches = append(in.batches, b)
-		}
+		r.claimRead(in, i, b, now, sent)
 		return true
 	}
 	r.note("reply lost")
@@ -735,25 +911,71 @@ func (r *mRun) rerunClaim(in *mInst, k int) {
 	lc := in.lostClaims[k]
 	in.lostClaims = slices.Delete(in.lostClaims, k, k+1)
 	r.note("%s runs claim %s again (go-redis retry after the lost reply)", in.name, lc.token)
-	if b := r.doClaim(in, lc.shard, lc.limit, lc.token, lc); b != nil {
+	sent := time.Now()
+	b, now := r.doClaim(in, lc.shard, lc.limit, lc.token, lc)
+	r.claimRead(in, lc.shard, b, now, sent)
+}
+
+// claimRead is what an instance does with a claim's reply (now 0: the
+// claim failed): it holds the batch, and, as dispatch does, publishes at
+// once the tasks the claim's own reading of the Redis clock shows due
+// (those claimed ahead stay held, whatever the instance's estimate); the
+// reading, taken after the instance's other tasks of the shard were held,
+// also confirms those it shows due (clockCheck.note).
+func (r *mRun) claimRead(in *mInst, i int, b *mBatch, now int64, sent time.Time) {
+	if now == 0 {
+		return
+	}
+	in.observe(i, now, sent)
+	if b != nil {
 		in.batches = append(in.batches, b)
+		// Half the time the instance is slow to dispatch: a publish step
+		// comes later, with a reading of its own.
+		if r.rng.IntN(2) == 0 {
+			r.note("%s dispatches %s at once by the claim's reading %d", in.name, b, now)
+			r.publishDue(b, now, "at once, due by the claim's own reading")
+		}
+	}
+	if r.rng.IntN(2) > 0 {
+		return
+	}
+	for _, x := range in.batches {
+		if x == b || x.shard != i {
+			continue
+		}
+		for idx, o := range x.occs {
+			if x.outcome[idx] == "" && mustDue(r, o.entry) <= now {
+				r.note("%s publishes what %s holds, confirmed due by the claim's reading %d", in.name, x, now)
+				r.publishDue(x, now, "held, confirmed due by a later claim's reading")
+				break
+			}
+		}
 	}
 }
 
 // doClaim runs a claim as in and checks its answer against the model,
 // which it then updates. rerun is the lost claim it runs again, if any.
-func (r *mRun) doClaim(in *mInst, i, limit int, token string, rerun *mLostClaim) *mBatch {
+// It returns the batch (nil if it handed out nothing) and the claim's
+// reading of the server clock (0 if a wrong-type key refused it).
+func (r *mRun) doClaim(in *mInst, i, limit int, token string, rerun *mLostClaim) (*mBatch, int64) {
 	sh := r.shards[i]
 	r.note("%s claim shard %d limit %d token %s", in.name, i, limit, token)
 	c, err := in.st.claimAs(r.ctx, i, limit, token)
 	if sh.anyWrong(kPending, kInflight, kAttempts, kClaim) {
 		r.wantWrongType(err, "claim")
-		return nil
+		return nil, 0
 	}
 	if err != nil {
 		r.fatalf("claim: %v", err)
 	}
 	r.note("-> now %d deadline %d reaped %d entries %q", c.now, c.deadline, c.reaped, c.entries)
+	// The clock may have stepped back since the highest time read: an
+	// entry re-leased now was first claimed when it read as late as that.
+	back := max(0, r.hiNow-c.now)
+	r.seen(c.now)
+	if back > 0 {
+		r.event("claim: the Redis clock reads behind a time read before")
+	}
 	for _, e := range c.entries {
 		task, err := ParseEntry(e)
 		if err != nil {
@@ -761,11 +983,12 @@ func (r *mRun) doClaim(in *mInst, i, limit int, token string, rerun *mLostClaim)
 		}
 		// A pending task is claimed within the claim's look-ahead; an
 		// entry re-leased (handed back, or its lease ran out) within the
-		// look-ahead of the claim that took it first: either way the
-		// holder keeps it until due.
+		// look-ahead of the claim that took it first, at a server time at
+		// most the highest read so far: either way the holder keeps it
+		// until due.
 		horizon := in.st.ahead
 		if _, was := r.shards[i].inflight[e]; was {
-			horizon = slices.Max(mAheads)
+			horizon = slices.Max(mAheads) + time.Duration(back)*time.Millisecond
 		}
 		if task.DueMs > c.now+horizon.Milliseconds() {
 			r.fatalf("EARLY: claim handed out %q, due %d, beyond server time %d + look-ahead %v", e, task.DueMs, c.now, horizon)
@@ -790,7 +1013,7 @@ func (r *mRun) doClaim(in *mInst, i, limit int, token string, rerun *mLostClaim)
 		b = r.claimFresh(in, sh, c, limit, token)
 	}
 	r.checkNext(sh, c)
-	return b
+	return b, c.now
 }
 
 // claimAgain checks a claim run again with the token of the shard's
@@ -942,12 +1165,22 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 		r.fatalf("claim reaped count %d, want %d", c.reaped, reaped)
 	}
 	b := &mBatch{id: r.nextID(), inst: in, shard: sh.i, token: token, now: c.now, deadline: c.deadline,
-		lost: map[*mOcc]string{}, claimStep: r.step}
+		lost: map[*mOcc]string{}, claimStep: r.step, shift: r.shiftNow.Milliseconds()}
 	for _, o := range expired {
 		switch h := o.holder; {
 		case h != nil:
-			h.lost[o] = "expired"
+			// Leases are in server time: a clock stepped forward since
+			// the holder's claim ends them before that much real time
+			// passed (and one stepped back extends them).
+			how := "expired"
+			if c.now-b.shift < h.deadline-h.shift {
+				how = "expired by the Redis clock stepped forward"
+			}
+			h.lost[o] = how
 			r.event("claim took over an expired lease")
+			if how != "expired" {
+				r.event("claim took over a lease that expired only by the clock stepped forward")
+			}
 		case o.lease == 0:
 			r.event("claim took a released entry")
 		default:
@@ -1118,16 +1351,40 @@ func mustDue(r *mRun, entry string) int64 {
 	return t.DueMs
 }
 
+// opPublish: an instance publishes what a batch holds that is due. As the
+// holder does (clockCheck), a held task goes out only once a reading of
+// the Redis clock taken after it was held shows it due: the instance
+// sends TIME (every task the batch holds was held at its claim, an
+// earlier step). With byEstimate it goes by its estimate instead: its
+// last reading of the shard's clock plus the time passed since, which a
+// clock stepped back since that reading makes early.
 func (r *mRun) opPublish() bool {
 	bs := r.knownBatches(func(b *mBatch) bool { return slices.Contains(b.outcome, "") })
 	if len(bs) == 0 {
 		return false
 	}
 	b := pick(r, bs)
-	// As the holder does: what a claim took ahead is published at its due
-	// time by the server clock, never before; the rest stays held.
+	in := b.inst
+	if rd, ok := in.readings[b.shard]; ok && r.byEstimate {
+		at := rd.server + time.Since(rd.sent).Milliseconds()
+		r.note("%s publishes %s by its estimate %d of the Redis clock (its reading %d, %v ago)", in.name, b, at, rd.server, time.Since(rd.sent).Round(time.Millisecond))
+		r.publishDue(b, at, "held, due by the instance's estimate")
+		return true
+	}
+	sent := time.Now()
 	at := r.serverNow()
-	r.note("%s publishes %s at %d", b.inst.name, b, at)
+	in.observe(b.shard, at, sent)
+	r.note("%s publishes %s by a reading %d taken after it was held", in.name, b, at)
+	r.publishDue(b, at, "held, confirmed due by a TIME read after holding")
+	return true
+}
+
+// publishDue publishes the tasks b holds that are due at server time at,
+// as the instance's reading (or estimate) says, and checks that none is
+// early by the server clock as read at the publish: a TIME read right
+// after (no step of the clock comes between).
+func (r *mRun) publishDue(b *mBatch, at int64, how string) {
+	var sent []*mOcc
 	for idx, o := range b.occs {
 		if b.outcome[idx] != "" {
 			continue
@@ -1136,10 +1393,12 @@ func (r *mRun) opPublish() bool {
 			r.event("held: not due at publish time")
 			continue
 		}
+		sent = append(sent, o)
 		out := r.outcome(o.member)
 		b.outcome[idx] = out
 		r.note("%q: %s", o.entry, out)
 		r.event("publish outcome " + out)
+		r.event("published " + how)
 		if out != "confirm" {
 			continue
 		}
@@ -1149,7 +1408,16 @@ func (r *mRun) opPublish() bool {
 		o.confirms = append(o.confirms, b)
 		r.shards[b.shard].everConf[o.entry] = true
 	}
-	return true
+	if len(sent) == 0 {
+		return
+	}
+	now := r.serverNow()
+	for _, o := range sent {
+		if o.due > now {
+			r.fatalf("EARLY: %s published %q, due %d, at server time %d (by %d ms; decided %s, at %d)",
+				b.inst.name, o.entry, o.due, now, o.due-now, how, at)
+		}
+	}
 }
 
 // checkDuplicate allows b's confirmed publish of o after x's only from the
@@ -1164,10 +1432,10 @@ func (r *mRun) checkDuplicate(b, x *mBatch, o *mOcc) {
 		first = b
 	}
 	switch how := first.lost[o]; {
-	case how == "expired" && !first.inst.alive:
-		r.event("duplicate: lease ran out, its instance died")
-	case how == "expired":
-		r.event("duplicate: lease ran out, its instance stalled or acked late")
+	case strings.HasPrefix(how, "expired") && !first.inst.alive:
+		r.event("duplicate: lease ran out, its instance died (" + how + ")")
+	case strings.HasPrefix(how, "expired"):
+		r.event("duplicate: lease ran out, its instance stalled or acked late (" + how + ")")
 	default:
 		r.fatalf("DUPLICATE outside the at-least-once window: %q confirmed by %s and by %s, but %s never lost its lease to expiry (%q)%s",
 			o.entry, x, b, first, cmp.Or(how, "still holds it"), r.fenceDiag(r.shards[first.shard], first, []string{o.entry}))
@@ -1590,7 +1858,7 @@ func (r *mRun) check() {
 		r.fatalf("reading the keys: %v", err)
 	}
 	t0, t1 := t0c.Val().UnixMilli(), t1c.Val().UnixMilli()
-	r.lastNow = t1
+	r.lastNow = r.seen(t1)
 	var diffs []string
 	for i, sh := range r.shards {
 		c := all[i]
@@ -1846,7 +2114,9 @@ func (r *mRun) quiesce() {
 	final.st.lease, final.st.ahead = 5*time.Second, 0 // publishes what it claims at once
 	r.check()
 	r.endStep()
-	for end := time.Now().Add(5 * time.Second); ; {
+	// A lease set before the clock stepped back lasts that much longer.
+	behind := time.Duration(max(0, r.hiNow-r.serverNow())) * time.Millisecond
+	for end := time.Now().Add(5*time.Second + behind); ; {
 		empty := true
 		for _, sh := range r.shards {
 			if len(sh.pending) > 0 || len(sh.inflight) > 0 {
@@ -1857,12 +2127,12 @@ func (r *mRun) quiesce() {
 			break
 		}
 		if time.Now().After(end) {
-			r.fatalf("quiesce: still pending or in flight after 5s")
+			r.fatalf("quiesce: still pending or in flight after %v", 5*time.Second+behind)
 		}
 		r.step++
 		r.note("quiesce")
 		for i := range r.shards {
-			b := r.doClaim(final, i, 50, final.st.token(), nil)
+			b, _ := r.doClaim(final, i, 50, final.st.token(), nil)
 			if b == nil {
 				continue
 			}
