@@ -52,7 +52,7 @@ func TestPublishTickGathersATicksTasks(t *testing.T) {
 	local := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	s := New(nil, nil, Options{Queue: "q", Shards: 1, KeyPrefix: "p", Lookahead: time.Second,
 		PublishTick: 5 * time.Millisecond, Now: func() time.Time { return local }})
-	s.hold.confirmed = nil // the estimate alone
+	s.hold.confirmed = nil                 // the estimate alone
 	const serverUs = 1_795_000_000_000_000 // a multiple of the tick
 	s.clock.observe(0, serverUs, local, local)
 	p := &progress{b: batch{shard: 0}, left: 3, done: func() {}}
