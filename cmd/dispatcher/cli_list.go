@@ -244,8 +244,12 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page, s
 			tw.Flush()
 			fmt.Fprintf(w, "%d %s tasks (%d looked at)\n", len(page.Tasks), st, page.Scanned)
 			if len(beyond) > 0 {
-				fmt.Fprintf(w, "* shards %s are beyond the queue's %d: a producer hashes with a larger count than the recorded one; the sweeping instance moves their tasks to their shards within %s\n",
-					joinInts(beyond, 8), span, scanner.StrayCycle)
+				which := "shards " + joinInts(beyond, 8) + " are"
+				if len(beyond) == 1 {
+					which = "shard " + strconv.Itoa(beyond[0]) + " is"
+				}
+				fmt.Fprintf(w, "* %s beyond the queue's %d: a producer hashes with a larger count than the recorded one; the sweeping instance moves their tasks to their shards within %s\n",
+					which, span, scanner.StrayCycle)
 			}
 			printMore(w, page)
 		})

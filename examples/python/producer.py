@@ -16,7 +16,9 @@ python3-xxhash, and run it with /usr/bin/python3. Examples:
     producer.py --check-vectors
 
 Without --shards it hashes with the shard count the dispatcher recorded in
-Redis and follows a change of it (dispatcher reshard); --prefix must equal
+Redis and follows a change of it (dispatcher reshard). A --shards given must
+equal that count (it warns if not): tasks hashed with a larger one land in
+shards no dispatcher serves and wait up to a minute to be moved. --prefix must equal
 DISPATCHER_KEY_PREFIX. It prints one JSON object per scheduled
 task, one a line: member, key, shard, due_ms and message_id, the id the
 consumers will see on the message.
@@ -132,13 +134,29 @@ def check_vectors() -> None:
                      "does not compute the contract's XXH64 with seed 0")
 
 
+def warn_count(r: redis.Redis, prefix: str, queue: str, shards: int) -> None:
+    """Warns on stderr when a fixed --shards differs from the recorded count."""
+    recorded = r.get(f"{prefix}:{{{queue}}}:shards")
+    if recorded is None or int(recorded) == shards:
+        return
+    if shards > int(recorded):
+        why = ("tasks hashed to shards beyond it wait up to a minute for the dispatcher "
+               "to move them to their shards")
+    else:
+        why = "tasks land outside their shards (dispatched, counted as misplaced)"
+    print(f"producer.py: warning: --shards {shards}, but queue {queue} has {int(recorded)} "
+          f"shards recorded: {why}; leave --shards out to use the recorded count",
+          file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Schedule delayed tasks for the dispatcher.")
     ap.add_argument("--redis", default="redis://localhost:6379/0", help="Redis URL")
     ap.add_argument("--prefix", default="dq", help="DISPATCHER_KEY_PREFIX (default dq)")
     ap.add_argument("--queue", help="queue name Q")
     ap.add_argument("--shards", type=int,
-                    help="M (default: the count recorded in Redis, followed through a change)")
+                    help="M, which must equal the count recorded in Redis "
+                         "(default: that count, followed through a change)")
     ap.add_argument("--in", dest="delay", type=float, default=0.0,
                     help="seconds from now until the tasks are due (default 0)")
     ap.add_argument("--wake", action="store_true",
@@ -167,7 +185,10 @@ def main() -> None:
     if not members:
         ap.error("give BODY arguments or --count")
 
-    p = Producer(redis.Redis.from_url(args.redis), args.prefix, args.queue, args.shards, args.wake)
+    r = redis.Redis.from_url(args.redis)
+    if args.shards is not None:
+        warn_count(r, args.prefix, args.queue, args.shards)
+    p = Producer(r, args.prefix, args.queue, args.shards, args.wake)
     shards = []
     for start in range(0, len(members), 1000):  # 1000 tasks a round trip
         shards += p.schedule([(m, due_ms) for m in members[start:start + 1000]])
