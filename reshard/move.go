@@ -117,7 +117,9 @@ func (m *Mover) shard(ctx context.Context, l shard.Layout, i int) (Progress, err
 				continue
 			}
 			score, _ := strconv.ParseFloat(page[k+1], 64)
-			if m.Horizon >= 0 && int64(score) <= limit {
+			// Compared as floats: int64(+inf) is the smallest int64, and a
+			// task never due would count as due soon for ever.
+			if m.Horizon >= 0 && score <= float64(limit) {
 				p.Near++
 				continue
 			}

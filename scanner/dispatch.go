@@ -139,19 +139,19 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 	margin := min(time.Second, s.opt.Lease/4)
 	leaseLeft := time.Duration(1<<63 - 1)
 	var publishedUs int64
-	at := make([]int64, len(tasks)) // publish time, server µs
+	at := make([]int64, len(tasks))      // publish time, server µs
+	meantMs := make([]int64, len(tasks)) // the due time meant (checkScore), -1 if none
 	for n, t := range tasks {
 		b := t.batch.b
 		if n == 0 || t.batch != tasks[n-1].batch {
 			publishedUs = s.clock.serverNowUs(b.shard)
 			leaseLeft = min(leaseLeft, time.Duration(b.deadline*1000-publishedUs)*time.Microsecond-margin)
 		}
-		if shard.LooksLikeSeconds(t.task.DueMs) {
-			s.met.secondsScore(1)
-			s.lim.Warn("seconds", "score looks like seconds since the epoch, not milliseconds; dispatching it now as due",
-				"shard", b.shard, "key", s.keys.Pending(b.shard), "score", t.task.DueMs)
+		meant, dated := s.checkScore(b.shard, t.task)
+		if !dated {
+			meant = -1 // no lateness to observe
 		}
-		at[n] = publishedUs
+		at[n], meantMs[n] = publishedUs, meant
 		h := shard.Hash(t.task.Member) // once, for the message id and the shard check
 		m := s.message(t.task, h)
 		if n := uint64(s.layoutM.Load()); n > 0 && int(h%n) != b.shard {
@@ -186,7 +186,9 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		var last bool
 		switch {
 		case err == nil:
-			s.met.late(float64(at[n]/1000-t.task.DueMs) / 1000)
+			if meantMs[n] >= 0 {
+				s.met.late(float64(at[n]/1000-meantMs[n]) / 1000)
+			}
 			last = t.batch.record(outcome{entry: t.task.Entry, mode: outAcked})
 			confirmed++
 		case kind == "refused" && errors.As(err, &le):

@@ -14,6 +14,7 @@ type Metrics struct {
 	reaped     *prometheus.CounterVec
 	dead       *prometheus.CounterVec
 	seconds    *prometheus.CounterVec
+	undated    *prometheus.CounterVec
 	misplaced  *prometheus.CounterVec
 	errors     *prometheus.CounterVec
 	sweeper    *prometheus.GaugeVec
@@ -39,7 +40,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reaped:     counter("dispatcher_tasks_reaped_total", "Tasks whose lease ran out (their instance died or stalled) taken over by a claim.", "queue"),
 		dead:       counter("dispatcher_tasks_dead_lettered_total", "Tasks moved to the dead-letter set.", "queue"),
 		seconds:    counter("dispatcher_tasks_seconds_scores_total", "Tasks whose score looks like seconds, not milliseconds, since the epoch (dispatched at once, as due).", "queue"),
-		misplaced:  counter("dispatcher_tasks_misplaced_total", "Tasks dispatched from a shard other than theirs by the queue's shard count: written by a producer hashing with another count (one still on the old count while the count changes).", "queue"),
+		undated:    counter("dispatcher_tasks_undated_scores_total", "Tasks scored 0 or less, -inf, or in seconds before 1973: no real due time (dispatched at once, as due; their lateness is not observed).", "queue"),
+		misplaced:  counter("dispatcher_tasks_misplaced_total", "Tasks written by a producer hashing with another shard count than the queue's: dispatched from a shard other than theirs (one still on the old count while the count changes), or moved to theirs from a shard index beyond the queue's count (a producer hashing with a larger count).", "queue"),
 		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, not_connected, stopped, too_large, ack, other.", "queue", "kind"),
 		sweeper: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dispatcher_sweeper", Help: "1 while this instance holds the queue's sweeper role (polls the shards for new tasks).",
@@ -74,7 +76,7 @@ type queueMetrics struct {
 	on                                               bool
 	queue                                            string
 	nDispatched, nReturned, nRetried, nReaped, nDead prometheus.Counter
-	nSeconds, nMisplaced                             prometheus.Counter
+	nSeconds, nUndated, nMisplaced                   prometheus.Counter
 	errors                                           *prometheus.CounterVec
 	batch, lateness                                  prometheus.Observer
 	sweeping                                         prometheus.Gauge
@@ -89,8 +91,8 @@ func (m *Metrics) forQueue(queue string) queueMetrics {
 		nDispatched: m.dispatched.WithLabelValues(queue), nReturned: m.returned.WithLabelValues(queue),
 		nRetried: m.retried.WithLabelValues(queue), nReaped: m.reaped.WithLabelValues(queue),
 		nDead: m.dead.WithLabelValues(queue), nSeconds: m.seconds.WithLabelValues(queue),
-		nMisplaced: m.misplaced.WithLabelValues(queue),
-		batch:      m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
+		nMisplaced: m.misplaced.WithLabelValues(queue), nUndated: m.undated.WithLabelValues(queue),
+		batch: m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
 		sweeping: m.sweeper.WithLabelValues(queue),
 	}
 }
@@ -107,6 +109,7 @@ func (q queueMetrics) retried(n int)      { q.add(q.nRetried, n) }
 func (q queueMetrics) reaped(n int)       { q.add(q.nReaped, n) }
 func (q queueMetrics) dead(n int)         { q.add(q.nDead, n) }
 func (q queueMetrics) secondsScore(n int) { q.add(q.nSeconds, n) }
+func (q queueMetrics) undatedScore(n int) { q.add(q.nUndated, n) }
 func (q queueMetrics) misplaced(n int)    { q.add(q.nMisplaced, n) }
 
 func (q queueMetrics) error(kind string, n int) {
@@ -153,6 +156,14 @@ func (m *Metrics) layout(queue string, l shard.Layout) {
 func (m *Metrics) reshardLeft(queue string, n int64) {
 	if m != nil {
 		m.left.WithLabelValues(queue).Set(float64(n))
+	}
+}
+
+// strayMoved counts tasks moved to their shards from indexes beyond the
+// queue's shard count as misplaced.
+func (m *Metrics) strayMoved(queue string, n int64) {
+	if m != nil {
+		m.misplaced.WithLabelValues(queue).Add(float64(n))
 	}
 }
 

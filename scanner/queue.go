@@ -13,7 +13,8 @@ import (
 )
 
 // LayoutPoll is how often a queue's layout is read again, in case a
-// "layout" wake-up was lost; SweepRetired runs as often on the sweeper.
+// "layout" wake-up was lost; SweepRetired runs as often on the sweeper,
+// and so does each step of the walk of the indexes beyond (strays.go).
 const LayoutPoll = 5 * time.Second
 
 // Queue serves one queue: it runs a Scanner over the shards the queue's
@@ -30,6 +31,7 @@ type Queue struct {
 	cur    atomic.Pointer[Scanner]
 	layout atomic.Pointer[shard.Layout]
 	poke   chan struct{} // a "layout" wake-up was heard
+	strays strayWalk     // the sweeper's walk of the indexes beyond the served ones
 }
 
 // NewQueue returns the runner of one queue, with opt.Shards shards until
@@ -92,7 +94,8 @@ func (q *Queue) Run(ctx context.Context) error {
 // watch reads the layout on every "layout" wake-up and every LayoutPoll;
 // it returns a layout that needs other shards served, or when ctx ends.
 // Meanwhile the sweeping instance moves what late producers write to
-// shards a shrink retired.
+// shards a shrink retired, and what producers hashing with a larger count
+// than the recorded one write to any index beyond (sweepStrays).
 func (q *Queue) watch(ctx context.Context, sc *Scanner) (shard.Layout, bool) {
 	t := time.NewTicker(LayoutPoll)
 	defer t.Stop()
@@ -141,6 +144,9 @@ func (q *Queue) watch(ctx context.Context, sc *Scanner) (shard.Layout, bool) {
 				q.log.Warn("handed out tasks left in flight in shards retired by a shrink, their lease run out: an instance stopped holding them",
 					"reclaimed", sw.Reclaimed, "retired_shards", l.Retired, "shards", l.Shards)
 			}
+		}
+		if sc.Sweeping() {
+			q.sweepStrays(ctx, l)
 		}
 	}
 }

@@ -168,10 +168,13 @@ local lastScore, lastDue
 while want > 0 do
   local items = redis.call('ZRANGE', KEYS[1], '-inf', upto, 'BYSCORE', 'LIMIT', taken, want, 'WITHSCORES')
   for i = 1, #items, 2 do
-    -- A herd shares one due time: format it once.
+    -- A herd shares one due time: format it once. A score below -2^53
+    -- (-inf too) is no integer ms: due at 0 (%d of it is undefined in C).
     if items[i + 1] ~= lastScore then
       lastScore = items[i + 1]
-      lastDue = string.format('%d', math.floor(tonumber(lastScore)))
+      local due = math.floor(tonumber(lastScore))
+      if due < -9007199254740992 then due = 0 end
+      lastDue = string.format('%d', due)
     end
     taken = taken + 1
     new[taken] = lastDue .. ':' .. items[i]

@@ -78,9 +78,8 @@ func TestSecondsScores(t *testing.T) {
 	}{
 		{"zero", 0, 0},
 		{"negative", -1, -1},
-		// The claim script prints the score with %d: -inf becomes the
-		// smallest int64, which still parses, so the task is not stuck.
-		{"minus-infinity", math.Inf(-1), math.MinInt64},
+		// -inf is no integer: it is dispatched as due at 0, the epoch.
+		{"minus-infinity", math.Inf(-1), 0},
 		{"fraction-past", float64(now.UnixMilli()) - 1000.75, now.UnixMilli() - 1001},
 	}
 	for _, o := range odd {

@@ -86,7 +86,7 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 			return usageErrorf("--shard %d: queue %s has shards 0 to %d", pf.shardIdx, q.Name, span-1)
 		}
 		if verb == "list" {
-			bq, err := pf.query(se, q, browse.Dead, time.Now())
+			bq, err := pf.query(ctx, se, q, browse.Dead, time.Now())
 			if err != nil {
 				return err
 			}

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -12,6 +16,8 @@ import (
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/browse"
 	"github.com/dispatcher/dispatcher/internal/glob"
+	"github.com/dispatcher/dispatcher/scanner"
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // maxLimit bounds --limit: a page is held in memory and printed at once.
@@ -41,10 +47,19 @@ func (p *pageFlags) add(fs *pflag.FlagSet, times bool) {
 
 // query makes the walk of the flags (checkLocal checked them), checking
 // --shard against the queue.
-func (p *pageFlags) query(se *session, q config.Queue, state browse.State, now time.Time) (browse.Query, error) {
+func (p *pageFlags) query(ctx context.Context, se *session, q config.Queue, state browse.State, now time.Time) (browse.Query, error) {
 	aq := se.adminQueue(q)
 	bq := browse.Query{Keys: aq.Keys, State: state, Match: p.match, Limit: p.limit, Budget: p.maxScan}
-	if p.shardIdx < -1 || p.shardIdx >= aq.Shards {
+	// Pending shards beyond the count that hold tasks (a producer hashing
+	// with a larger count wrote them) are listed too, and may be asked for.
+	var beyond []int
+	if state == browse.Pending {
+		var err error
+		if beyond, err = shard.Beyond(ctx, se.rdb, aq.Keys.Pending, aq.Shards); err != nil {
+			return bq, se.redisFailure(err)
+		}
+	}
+	if p.shardIdx < -1 || (p.shardIdx >= aq.Shards && !slices.Contains(beyond, p.shardIdx)) {
 		return bq, usageErrorf("--shard %d: queue %s has shards 0 to %d", p.shardIdx, q.Name, aq.Shards-1)
 	}
 	if p.shardIdx >= 0 {
@@ -53,6 +68,7 @@ func (p *pageFlags) query(se *session, q config.Queue, state browse.State, now t
 		for i := range aq.Shards {
 			bq.Shards = append(bq.Shards, i)
 		}
+		bq.Shards = append(bq.Shards, beyond...)
 	}
 	for _, f := range []struct {
 		name, v string
@@ -114,11 +130,15 @@ func (p *pageFlags) checkLocal(state browse.State) error {
 // listTask is a task as list prints it with --json: the fields of its
 // state always, so that scripts need not guess what a missing one means.
 type listTask struct {
-	Shard     int     `json:"shard"`
-	DueMs     int64   `json:"due_ms"`
+	Shard int `json:"shard"`
+	// DueMs is null, Due "never" and MessageID "" for a pending task that
+	// is never due (scored +inf).
+	DueMs     *int64  `json:"due_ms"`
 	Due       string  `json:"due"`
 	MessageID string  `json:"message_id"`
 	Body      string  `json:"body"`
+	Score     string  `json:"score,omitempty"` // pending: as Redis holds it
+	Misplaced bool    `json:"beyond_shard_count,omitempty"`
 	LeaseMs   *int64  `json:"lease_ms,omitempty"`
 	Attempts  *int    `json:"attempts,omitempty"`
 	Reason    *string `json:"reason,omitempty"`
@@ -159,7 +179,7 @@ Exit status: 0 listed, 1 Redis failed, 2 bad arguments or settings.`,
 				return err
 			}
 			defer done()
-			bq, err := pf.query(se, q, st, time.Now())
+			bq, err := pf.query(ctx, se, q, st, time.Now())
 			if err != nil {
 				return err
 			}
@@ -167,7 +187,7 @@ Exit status: 0 listed, 1 Redis failed, 2 bad arguments or settings.`,
 			if err != nil {
 				return se.redisFailure(err)
 			}
-			printList(se, q, st, page)
+			printList(se, q, st, page, se.adminQueue(q).Shards, beyondOf(bq.Shards, se.adminQueue(q).Shards))
 			return nil
 		},
 	}
@@ -179,11 +199,16 @@ Exit status: 0 listed, 1 Redis failed, 2 bad arguments or settings.`,
 	return cmd
 }
 
-// printList prints a page of list.
-func printList(se *session, q config.Queue, st browse.State, page browse.Page) {
+// printList prints a page of list; shards from span on (beyond, those
+// holding tasks) are beyond the queue's shard count.
+func printList(se *session, q config.Queue, st browse.State, page browse.Page, span int, beyond []int) {
 	tasks := make([]listTask, len(page.Tasks))
 	for n, t := range page.Tasks {
-		lt := listTask{Shard: t.Shard, DueMs: t.DueMs, Due: utcMs(t.DueMs, time.RFC3339Nano), MessageID: t.MessageID, Body: t.Body}
+		lt := listTask{Shard: t.Shard, DueMs: &t.DueMs, Due: utcMs(t.DueMs, time.RFC3339Nano), MessageID: t.MessageID, Body: t.Body,
+			Score: t.Score, Misplaced: t.Shard >= span}
+		if t.Never {
+			lt.DueMs, lt.Due = nil, "never"
+		}
 		switch st {
 		case browse.Inflight:
 			lt.LeaseMs, lt.Attempts = &t.LeaseMs, &t.Attempts
@@ -204,7 +229,14 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page) {
 			}
 			fmt.Fprintln(tw, head)
 			for _, t := range page.Tasks {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%q", utcMs(t.DueMs, humanTime), t.Shard, t.MessageID, t.Body)
+				due, idx, id := utcMs(t.DueMs, humanTime), strconv.Itoa(t.Shard), t.MessageID
+				if t.Never {
+					due, id = "never (score "+t.Score+")", "-"
+				}
+				if t.Shard >= span {
+					idx += "*"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%q", due, idx, id, t.Body)
 				switch st {
 				case browse.Inflight:
 					fmt.Fprintf(tw, "\t%s\t%d", utcMs(t.LeaseMs, humanTime), t.Attempts)
@@ -215,6 +247,14 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page) {
 			}
 			tw.Flush()
 			fmt.Fprintf(w, "%d %s tasks (%d looked at)\n", len(page.Tasks), st, page.Scanned)
+			if len(beyond) > 0 {
+				which := "shards " + joinInts(beyond, 8) + " are"
+				if len(beyond) == 1 {
+					which = "shard " + strconv.Itoa(beyond[0]) + " is"
+				}
+				fmt.Fprintf(w, "* %s beyond the queue's %d: a producer hashes with a larger count than the recorded one; the sweeping instance moves their tasks to their shards within %s\n",
+					which, span, scanner.StrayCycle)
+			}
 			printMore(w, page)
 		})
 }
@@ -222,6 +262,30 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page) {
 const humanTime = "2006-01-02 15:04:05.000"
 
 func utcMs(ms int64, layout string) string { return time.UnixMilli(ms).UTC().Format(layout) }
+
+// beyondOf are the shards of a walk from span on.
+func beyondOf(shards []int, span int) []int {
+	var out []int
+	for _, i := range shards {
+		if i >= span {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// joinInts lists up to n numbers: "32, 40, 4095" or "32, 33, and 5 more".
+func joinInts(xs []int, n int) string {
+	parts := make([]string, 0, n+1)
+	for k, x := range xs {
+		if k == n {
+			parts = append(parts, fmt.Sprintf("and %d more", len(xs)-n))
+			break
+		}
+		parts = append(parts, strconv.Itoa(x))
+	}
+	return strings.Join(parts, ", ")
+}
 
 // nextCursor is page's cursor for --after, "" at the end.
 func nextCursor(page browse.Page) string {

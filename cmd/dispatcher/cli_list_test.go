@@ -299,3 +299,53 @@ func TestListOnSentinel(t *testing.T) {
 	bodies, _ := listAll(t, "--queue", "q", "--limit", "300")
 	checkOnce(t, bodies, due)
 }
+
+// TestListAndStatsBeyondShardCount: tasks a producer hashing with a larger
+// count wrote to shards 40 and 4095 of a queue of 4 show in list (marked,
+// in due order with the others, and with --shard) and in stats (a row each
+// and a note naming the keys); a shard beyond that holds nothing is
+// refused as before.
+func TestListAndStatsBeyondShardCount(t *testing.T) {
+	prefix, rdb := cliEnv(t, nil)
+	recordShards(t, rdb, prefix, "q", 4)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	ctx := context.Background()
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: 1_800_000_000_000, Member: "home"})
+	rdb.ZAdd(ctx, k.Pending(40), redis.Z{Score: 1_800_000_000_001, Member: "stray-40"})
+	rdb.ZAdd(ctx, k.Pending(4095), redis.Z{Score: 1_799_999_999_999, Member: "stray-4095"})
+
+	bodies, _ := listAll(t, "--queue", "q")
+	if strings.Join(bodies, " ") != "stray-4095 home stray-40" {
+		t.Errorf("list: %v, want the strays with the others in due order", bodies)
+	}
+	out, _, code := runCLI(t, "list", "--queue", "q")
+	if code != 0 || !strings.Contains(out, "4095*") || !strings.Contains(out, "* shards 40, 4095 are beyond the queue's 4") {
+		t.Errorf("list (exit %d) does not mark the shards beyond the count:\n%s", code, out)
+	}
+	if bodies, _ := listAll(t, "--queue", "q", "--shard", "40"); strings.Join(bodies, " ") != "stray-40" {
+		t.Errorf("list --shard 40: %v", bodies)
+	}
+	if _, errOut, code := runCLI(t, "list", "--queue", "q", "--shard", "41"); code != 2 || !strings.Contains(errOut, "queue q has shards 0 to 3") {
+		t.Errorf("list --shard 41 (nothing there): exit %d, %q", code, errOut)
+	}
+
+	out, _, code = runCLI(t, "stats", "--queue", "q")
+	if code != 0 || !strings.Contains(out, " 40*") || !strings.Contains(out, "4095*") ||
+		!strings.Contains(out, "queue q has 2 pending tasks in shards beyond its 4 (*: "+k.Pending(40)+", "+k.Pending(4095)+")") {
+		t.Errorf("stats (exit %d) does not show the shards beyond the count:\n%s", code, out)
+	}
+	out, _, _ = runCLI(t, "stats", "--queue", "q", "--json")
+	var st struct {
+		Queues []struct {
+			Beyond int64 `json:"beyond_shard_count"`
+			Shards []struct {
+				Index  int  `json:"shard"`
+				Beyond bool `json:"beyond_shard_count"`
+			} `json:"shards"`
+		} `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st.Queues) != 1 || st.Queues[0].Beyond != 2 ||
+		len(st.Queues[0].Shards) != 6 || !st.Queues[0].Shards[4].Beyond || st.Queues[0].Shards[4].Index != 40 {
+		t.Errorf("stats --json: %v\n%s", err, out)
+	}
+}

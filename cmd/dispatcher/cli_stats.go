@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -16,6 +17,8 @@ import (
 	"github.com/dispatcher/dispatcher/internal/forecast"
 	"github.com/dispatcher/dispatcher/internal/queuestate"
 	"github.com/dispatcher/dispatcher/internal/redisconn"
+	"github.com/dispatcher/dispatcher/scanner"
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 func newStatsCmd(s streams) *cobra.Command {
@@ -77,7 +80,14 @@ could be read, 2 bad arguments or settings.`,
 				if err != nil {
 					return err
 				}
-				targets = append(targets, queuestate.Target{Name: q.Name, Shards: se.layouts[q.Name].Span()})
+				span := se.layouts[q.Name].Span()
+				// Shards beyond the count that hold tasks: a producer
+				// hashing with a larger count wrote them.
+				beyond, err := shard.Beyond(ctx, se.rdb, shard.Keys{Prefix: se.cfg.KeyPrefix, Queue: q.Name}.Pending, span)
+				if err != nil {
+					return se.redisFailure(err)
+				}
+				targets = append(targets, queuestate.Target{Name: q.Name, Shards: span, Beyond: beyond})
 			}
 			states, err := queuestate.Read(ctx, se.rdb, se.cfg.KeyPrefix, targets)
 			if err != nil {
@@ -87,7 +97,7 @@ could be read, 2 bad arguments or settings.`,
 				l := se.layouts[states[n].Name]
 				states[n].Layout = &l
 			}
-			se.print(map[string]any{"queues": states}, func(w io.Writer) { writeStats(w, states) })
+			se.print(map[string]any{"queues": states}, func(w io.Writer) { writeStats(w, se.cfg.KeyPrefix, states) })
 			return nil
 		},
 	}
@@ -123,19 +133,31 @@ func recordedQueues(ctx context.Context, rdb redis.UniversalClient, prefix strin
 
 // writeStats prints the human table: per queue a line of sums, then a line
 // per shard; after it, who sweeps each queue and why broken shards are.
-func writeStats(w io.Writer, states []queuestate.Queue) {
+func writeStats(w io.Writer, prefix string, states []queuestate.Queue) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "QUEUE\tSHARD\tPENDING\tDUE\tIN FLIGHT\tLEASE RAN OUT\tDEAD\tOLDEST DUE AGE\tRETRIED\tOLDEST RETRIED AGE\tNEXT DUE (UTC)\t")
 	var notes []string
 	for _, q := range states {
 		fmt.Fprintf(tw, "%s\tall\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, age(q.OldestDueAge), q.Retried, age(q.RetriedAge), nextDue(q.NextDueMs))
+		k := shard.Keys{Prefix: prefix, Queue: q.Name}
+		var beyond []string
 		for _, s := range q.Shards {
+			idx := strconv.Itoa(s.Index)
+			if s.Beyond {
+				idx += "*"
+				beyond = append(beyond, k.Pending(s.Index))
+			}
 			if s.Err != "" {
-				fmt.Fprintf(tw, "%s\t%d\tBROKEN\t\t\t\t\t\t\t\t\t\n", q.Name, s.Index)
+				fmt.Fprintf(tw, "%s\t%s\tBROKEN\t\t\t\t\t\t\t\t\t\n", q.Name, idx)
 				notes = append(notes, fmt.Sprintf("queue %s shard %d is broken: %s", q.Name, s.Index, s.Err))
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, s.Index, s.Pending, s.Due, s.Inflight, s.Expired, s.Dead, age(s.OldestDueAge), s.Retried, age(s.RetriedAge), nextDue(s.NextDueMs))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, idx, s.Pending, s.Due, s.Inflight, s.Expired, s.Dead, age(s.OldestDueAge), s.Retried, age(s.RetriedAge), nextDue(s.NextDueMs))
+			notes = append(notes, scoreNotes(q.Name, k.Pending(s.Index), s)...)
+		}
+		if len(beyond) > 0 {
+			notes = append(notes, fmt.Sprintf("queue %s has %d pending tasks in shards beyond its %d (*: %s): a producer hashes with a larger count than the recorded one; the sweeping instance moves them to their shards within %s, and counts them in dispatcher_tasks_misplaced_total",
+				q.Name, q.Beyond, len(q.Shards)-len(beyond), strings.Join(beyond, ", "), scanner.StrayCycle))
 		}
 		if l := q.Layout; l != nil && l.Changing() {
 			notes = append(notes, fmt.Sprintf("queue %s is changing its shard count from %d to %d (shards 0..%d served): `dispatcher reshard status --queue %s`",
@@ -162,6 +184,20 @@ func writeStats(w io.Writer, states []queuestate.Queue) {
 	for _, n := range notes {
 		fmt.Fprintln(w, n)
 	}
+}
+
+// scoreNotes tell of a shard's tasks with bad scores (shard/score.go).
+func scoreNotes(queue, key string, s queuestate.Shard) []string {
+	var out []string
+	if u := s.FirstUndated; u != nil {
+		out = append(out, fmt.Sprintf("queue %s shard %d (%s) has %d tasks scored 0 or less, -inf, or in seconds before 1973 (the first: %q, score %s): no real due time; dispatched at once, their lateness is not known (left out of OLDEST DUE AGE)",
+			queue, s.Index, key, s.Undated, u.Member, u.Score))
+	}
+	if f := s.LastFar; f != nil {
+		out = append(out, fmt.Sprintf("queue %s shard %d (%s) has %d tasks scored after year 5138 (the last: %q, score %s): micro- or nanoseconds written for ms, or +inf; they wait until then (+inf forever)",
+			queue, s.Index, key, s.Far, f.Member, f.Score))
+	}
+	return out
 }
 
 func age(d time.Duration) string {

@@ -64,6 +64,11 @@ type Task struct {
 	DueMs     int64  `json:"due_ms"`
 	MessageID string `json:"message_id"`
 	Body      string `json:"body"`
+	// Score is a pending task's score as Redis holds it ("+inf", "-5").
+	Score string `json:"score,omitempty"`
+	// Never: a pending task scored +inf or above 2^53 ms, never due: it
+	// has no due time and no message_id.
+	Never bool `json:"never_due,omitempty"`
 	// LeaseMs is an in-flight task's lease deadline: when any instance
 	// may hand it out again.
 	LeaseMs int64 `json:"lease_ms,omitempty"`
@@ -229,9 +234,11 @@ func openSources(ctx context.Context, rdb redis.UniversalClient, q Query, sp Ran
 
 // keep makes a Task of an entry, if it passes q's filters.
 func (q Query) keep(i int, score float64, member string) (Task, bool) {
-	t := Task{Shard: i, Body: member, Entry: member, DueMs: int64(score)}
-	if q.State != Pending {
-		t.DueMs = 0
+	t := Task{Shard: i, Body: member, Entry: member}
+	if q.State == Pending {
+		t.DueMs, t.Never = shard.DueOf(score)
+		t.Score = shard.FormatScore(score)
+	} else {
 		if q.State == Dead {
 			t.DueMs = int64(score)
 		}
@@ -250,7 +257,9 @@ func (q Query) keep(i int, score float64, member string) (Task, bool) {
 	if q.Match != "" && !glob.Match(q.Match, t.Body) {
 		return Task{}, false
 	}
-	t.MessageID = shard.MessageID([]byte(t.Body), t.DueMs)
+	if !t.Never {
+		t.MessageID = shard.MessageID([]byte(t.Body), t.DueMs)
+	}
 	return t, true
 }
 

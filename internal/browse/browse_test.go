@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -37,7 +38,8 @@ func fill(t *testing.T, rdb redis.UniversalClient, k shard.Keys, n int) []Task {
 		}
 		i := shard.Index([]byte(body), shards)
 		pipe.ZAdd(ctx, k.Pending(i), redis.Z{Score: float64(due), Member: body})
-		want = append(want, Task{Shard: i, DueMs: due, Body: body, Entry: body, MessageID: shard.MessageID([]byte(body), due)})
+		want = append(want, Task{Shard: i, DueMs: due, Body: body, Entry: body, MessageID: shard.MessageID([]byte(body), due),
+			Score: strconv.FormatInt(due, 10)})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
@@ -265,6 +267,38 @@ func TestListCursorText(t *testing.T) {
 	for _, bad := range []string{"", "pending", "queued:1:0:", "pending:x:0:", "pending:1:-1:", "pending:1:0:!!"} {
 		if _, err := ParseCursor(bad); err == nil {
 			t.Errorf("ParseCursor(%q) accepted", bad)
+		}
+	}
+}
+
+// TestListBadScores: pending tasks are shown with the due time and
+// message_id the dispatcher gives them: -inf due at 0, a fraction at its
+// floor, a negative one as it is; +inf is never due and has no
+// message_id; every score as Redis holds it.
+func TestListBadScores(t *testing.T) {
+	rdb, k := setup(t)
+	ctx := context.Background()
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: math.Inf(-1), Member: "minus-inf"}, redis.Z{Score: -5, Member: "minus-five"},
+		redis.Z{Score: 1767225600000.75, Member: "fraction"}, redis.Z{Score: 1767225600000000, Member: "micros"},
+		redis.Z{Score: math.Inf(1), Member: "plus-inf"})
+	p, err := Walk(ctx, rdb, Query{Keys: k, State: Pending, Shards: []int{0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Task{
+		{Body: "minus-inf", DueMs: 0, Score: "-inf", MessageID: shard.MessageID([]byte("minus-inf"), 0)},
+		{Body: "minus-five", DueMs: -5, Score: "-5", MessageID: shard.MessageID([]byte("minus-five"), -5)},
+		{Body: "fraction", DueMs: 1767225600000, Score: "1767225600000.75", MessageID: shard.MessageID([]byte("fraction"), 1767225600000)},
+		{Body: "micros", DueMs: 1767225600000000, Score: "1767225600000000", MessageID: shard.MessageID([]byte("micros"), 1767225600000000)},
+		{Body: "plus-inf", Score: "+inf", Never: true},
+	}
+	if len(p.Tasks) != len(want) {
+		t.Fatalf("%d tasks, want %d: %+v", len(p.Tasks), len(want), p.Tasks)
+	}
+	for n, w := range want {
+		w.Entry = w.Body
+		if p.Tasks[n] != w {
+			t.Errorf("task %d: %+v, want %+v", n, p.Tasks[n], w)
 		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // MaxRead is the most entries one Redis call of a walk reads: every call
@@ -170,15 +172,7 @@ return out
 // FormatScore writes a score for Redis (an argument, a ZRANGEBYSCORE
 // bound) and for a cursor: the shortest text that reads back as the same
 // float, integral scores (every due time and lease) without a fraction.
-func FormatScore(f float64) string {
-	switch {
-	case math.IsInf(f, 1):
-		return "+inf"
-	case math.IsInf(f, -1):
-		return "-inf"
-	}
-	return strconv.FormatFloat(f, 'f', -1, 64)
-}
+func FormatScore(f float64) string { return shard.FormatScore(f) }
 
 // Read returns up to n (at least 1) entries of the sorted set key within
 // r, in the order o, after the position after (nil, or one before r's

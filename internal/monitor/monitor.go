@@ -111,6 +111,18 @@ type queueView struct {
 	nextAhead  time.Time
 	herdAt     int64
 	forecastAt time.Time
+	// undated is, per shard, the first task with no real due time a read
+	// found and when: its lateness counts from then (see undatedAges).
+	undated []undatedSeen
+	// farWarned is when tasks scored after year 5138 were last warned of.
+	farWarned time.Time
+}
+
+// undatedSeen is the first undated task of a shard and when it was first
+// seen there.
+type undatedSeen struct {
+	task  queuestate.Scored
+	since time.Time
 }
 
 // quietReads is how far the reads of a quiet queue stretch out: each read
@@ -256,6 +268,7 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 		}
 		st.Layout = layouts[n]
 		v.carry(&st, now)
+		v.undatedAges(&st, now)
 		if quiet(v.State, st) && v.every > 0 {
 			v.every = min(2*v.every, quietReads*m.opt.Interval)
 		} else {
@@ -271,6 +284,7 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 		if v.Swept {
 			m.export(v)
 			m.watch(v, now)
+			m.warnFar(v, now)
 		}
 	}
 	if err != nil && ctx.Err() == nil && now.Sub(m.lastFailLog) > 10*time.Second {
@@ -309,6 +323,80 @@ func (v *queueView) carry(st *queuestate.Queue, now time.Time) {
 		st.Shards[i] = old
 	}
 	st.Sum()
+}
+
+// undatedAges counts the lateness of a shard's tasks with no real due
+// time (0, negative, -inf, seconds before 1973) from when a read first
+// found its first one there, not from 1970: a task due "since ever" that
+// is dispatched at once is not late, and one that waits is late by that
+// wait. The same first task (member and score) keeps its time; another
+// starts anew. A shard that cannot be read keeps its last, whose age goes
+// on growing. After the sweeping instance changes, the count starts again.
+func (v *queueView) undatedAges(st *queuestate.Queue, now time.Time) {
+	if len(v.undated) != len(st.Shards) {
+		v.undated = make([]undatedSeen, len(st.Shards))
+	}
+	for i := range st.Shards {
+		sh := &st.Shards[i]
+		seen := &v.undated[i]
+		switch {
+		case sh.Err != "":
+		case sh.FirstUndated == nil:
+			*seen = undatedSeen{}
+		case seen.since.IsZero() || seen.task != *sh.FirstUndated:
+			*seen = undatedSeen{task: *sh.FirstUndated, since: now}
+		}
+		if !seen.since.IsZero() {
+			sh.OldestDueAge = max(sh.OldestDueAge, now.Sub(seen.since))
+			sh.AgeSeconds = sh.OldestDueAge.Seconds()
+		}
+	}
+	st.Sum()
+}
+
+// farEvery is how often the tasks of a queue scored after year 5138 are
+// warned of, while there are any.
+const farEvery = 10 * time.Minute
+
+// warnFar warns, every farEvery, of the shards holding tasks scored after
+// year 5138: micro- or nanoseconds written for ms, or +inf. They wait in
+// pending until then (+inf forever); a line per shard (at most 8), with
+// its key, count, and last task's member and score.
+func (m *Monitor) warnFar(v *queueView, now time.Time) {
+	q := v.State
+	if q.Far == 0 || (!v.farWarned.IsZero() && now.Sub(v.farWarned) < farEvery) {
+		return
+	}
+	v.farWarned = now
+	k := shard.Keys{Prefix: m.opt.KeyPrefix, Queue: q.Name}
+	told := 0
+	for _, sh := range q.Shards {
+		if sh.Far == 0 || sh.LastFar == nil {
+			continue
+		}
+		if told == 8 {
+			m.log.Warn("more shards hold tasks scored after year 5138", "queue", q.Name, "far_future", q.Far)
+			break
+		}
+		told++
+		m.log.Warn("tasks scored after year 5138 (micro- or nanoseconds written for ms, or +inf): they wait in pending until then, +inf forever",
+			"queue", q.Name, "shard", sh.Index, "key", k.Pending(sh.Index), "far_future", sh.Far,
+			"member", sh.LastFar.Member, "score", sh.LastFar.Score, "due", farDue(sh.LastFar.Score))
+	}
+}
+
+// farDue says when a score far in the future falls due: "year 57970",
+// or "never" (+inf and beyond 2^53 ms).
+func farDue(score string) string {
+	f, err := strconv.ParseFloat(score, 64)
+	if err != nil {
+		return "?"
+	}
+	ms, never := shard.DueOf(f)
+	if never {
+		return "never"
+	}
+	return "year " + strconv.Itoa(time.UnixMilli(ms).UTC().Year())
 }
 
 func b2f(b bool) float64 {

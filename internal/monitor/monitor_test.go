@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -326,5 +327,62 @@ func TestRetriedTasksStall(t *testing.T) {
 		if v, _ := gauge(t, reg, name, "q"); v != 0 {
 			t.Errorf("%s = %v after the retried tasks were confirmed, want 0", name, v)
 		}
+	}
+}
+
+// TestBadScores: a task with no real due time (score -5) is not late by
+// 56 years: its age counts from when a read first found it, so it stalls
+// the queue only once it has waited STALL_AFTER (here: as if first seen
+// 20 s ago), and another such task starts anew. Tasks after year 5138
+// are warned of with key, member and score, once per farEvery.
+func TestBadScores(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	reg := prometheus.NewRegistry()
+	var log syncBuf
+	m := New(rdb, Options{
+		Queues: []queuestate.Target{{Name: "q", Shards: 2}}, KeyPrefix: prefix,
+		Interval: time.Second, StallAfter: 10 * time.Second, Sweeping: func(string) bool { return true },
+		Registerer: reg, Logger: slog.New(slog.NewTextHandler(&log, nil)),
+	})
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: -5, Member: "minus-five"})
+	readNow(ctx, m)
+	if v, _ := gauge(t, reg, "dispatcher_queue_oldest_due_age_seconds", "q"); v > 5 {
+		t.Errorf("oldest due age %v s for a task scored -5 just seen, want about 0", v)
+	}
+	if s := m.Stalls(); len(s) != 0 || strings.Contains(log.String(), "stalled") {
+		t.Fatalf("a task scored -5 stalled the queue at once: %q\n%s", s, log.String())
+	}
+	m.mu.Lock()
+	m.queues[0].undated[0].since = time.Now().Add(-20 * time.Second)
+	m.mu.Unlock()
+	readNow(ctx, m)
+	if v, _ := gauge(t, reg, "dispatcher_queue_oldest_due_age_seconds", "q"); v < 20 || v > 25 {
+		t.Errorf("oldest due age %v s of a task first seen 20 s ago, want 20", v)
+	}
+	if s := m.Stalls(); len(s) != 1 || !strings.Contains(s[0], "shards 0 (20s)") {
+		t.Errorf("Stalls() = %q, want shard 0 stalled for 20 s", s)
+	}
+	// That one went out; another undated task is new.
+	rdb.ZRem(ctx, k.Pending(0), "minus-five")
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: 0, Member: "zero"})
+	readNow(ctx, m)
+	if s := m.Stalls(); len(s) != 0 {
+		t.Errorf("Stalls() = %q after a new undated task replaced the old", s)
+	}
+
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: 1767225600000000, Member: "micros"}, redis.Z{Score: math.Inf(1), Member: "plus-inf"})
+	readNow(ctx, m)
+	readNow(ctx, m)
+	logged := log.String()
+	if n := strings.Count(logged, "scored after year 5138"); n != 1 {
+		t.Errorf("%d warnings of far scores after two reads, want 1:\n%s", n, logged)
+	}
+	if !strings.Contains(logged, "key="+k.Pending(1)) || !strings.Contains(logged, "member=plus-inf score=+inf due=never") ||
+		!strings.Contains(logged, "far_future=2") {
+		t.Errorf("far scores warned of without key, count, member and score:\n%s", logged)
 	}
 }

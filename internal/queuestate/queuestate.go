@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"time"
@@ -33,6 +34,13 @@ import (
 // retryProbe of them, so the read stays O(log n) however many are
 // retried.
 //
+// Bad scores (shard/score.go) are read without a scan too: a pending
+// task scored under ARGV[3] (0, negative, -inf, seconds before 1973) has
+// no due time, so the earliest dated ones are read past them, and they
+// are counted, with the first's member; one scored ARGV[4] or more
+// (micro- or nanoseconds, +inf) is the last of the set: counted, with
+// the last's member. Members come cut to ARGV[5] bytes.
+//
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] dead-letter set P:{Q:i}:dead
@@ -41,21 +49,36 @@ import (
 // KEYS[6] retrying set P:{Q:i}:retrying (score = due ms)
 // ARGV[1] the score below which a due time is taken for seconds (10^11)
 // ARGV[2] retryProbe: most index entries looked at for the oldest retried
+// ARGV[3] the score below which a task is undated (10^8)
+// ARGV[4] the score from which a task is far in the future (10^14)
+// ARGV[5] most bytes of a member returned
 // Returns {now_ms, pending, due, earliest_score|"", inflight,
 // inflight_expired, dead, earliest_ms_score|"", paused (1 or 0), retried,
-// oldest_retried_due|""}; due counts pending tasks
+// oldest_retried_due|"", first_member, undated, earliest_dated_seconds|"",
+// far, last_score|"", last_member}; due counts pending tasks
 // with a due time at or before now, inflight_expired in-flight entries
 // whose lease (or retry backoff) ran out, which the next claim takes
 // again. earliest_ms_score is the earliest score of at least ARGV[1]: a
 // producer writing seconds puts its tasks first in the set, and they
-// must not hide how late the others are.
+// must not hide how late the others are; earliest_dated_seconds, read
+// when the first task is undated, the earliest score from ARGV[3] up to
+// ARGV[1].
 var readScript = redis.NewScript(`#!lua flags=no-writes
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local msHead = {}
+local msHead, secHead, undated = {}, {}, 0
 if head[2] and tonumber(head[2]) < tonumber(ARGV[1]) then
   msHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if tonumber(head[2]) < tonumber(ARGV[3]) then
+    undated = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[3])
+    secHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[3], '(' .. ARGV[1], 'WITHSCORES', 'LIMIT', 0, 1)
+  end
+end
+local tail = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local far = 0
+if tail[2] and tonumber(tail[2]) >= tonumber(ARGV[4]) then
+  far = redis.call('ZCOUNT', KEYS[1], ARGV[4], '+inf')
 end
 local retried = redis.call('HLEN', KEYS[5])
 local oldestRetried = ''
@@ -68,16 +91,28 @@ if retried > 0 then
     end
   end
 end
+local cut = tonumber(ARGV[5])
 return {now,
   redis.call('ZCARD', KEYS[1]), redis.call('ZCOUNT', KEYS[1], '-inf', now), head[2] or '',
   redis.call('ZCARD', KEYS[2]), redis.call('ZCOUNT', KEYS[2], '-inf', now),
   redis.call('ZCARD', KEYS[3]), msHead[2] or '', redis.call('GET', KEYS[4]) and 1 or 0,
-  retried, oldestRetried}
+  retried, oldestRetried, string.sub(head[1] or '', 1, cut), undated, secHead[2] or '',
+  far, tail[2] or '', string.sub(tail[1] or '', 1, cut)}
 `)
 
 // retryProbe bounds how many entries of the retrying index a read looks
 // at for one still retried (see readScript).
 const retryProbe = 16
+
+// memberCut is the most bytes of a member a read returns (bad scores).
+const memberCut = 64
+
+// Scored is a pending task a read names: its member, cut to memberCut
+// bytes, and its score as Redis holds it ("-5", "+inf").
+type Scored struct {
+	Member string `json:"member"`
+	Score  string `json:"score"`
+}
 
 // Shard is what one shard holds.
 type Shard struct {
@@ -110,6 +145,20 @@ type Shard struct {
 	// 0 if none is due.
 	OldestDueAge time.Duration `json:"-"`
 	AgeSeconds   float64       `json:"oldest_due_age_seconds"`
+	// Undated counts pending tasks with no real due time (scored under
+	// shard.UndatedBelow: 0, negative, -inf, seconds before 1973), due at
+	// once; FirstUndated is the first. Their lateness is not known, so
+	// OldestDueAge leaves them out here; the sweeping instance counts it
+	// from when it first saw one (internal/monitor).
+	Undated      int64   `json:"undated,omitempty"`
+	FirstUndated *Scored `json:"first_undated,omitempty"`
+	// Far counts pending tasks scored after year 5138 (micro- or
+	// nanoseconds, +inf), which wait until then; LastFar is the last.
+	Far     int64   `json:"far_future,omitempty"`
+	LastFar *Scored `json:"last_far_future,omitempty"`
+	// Beyond: the shard's index is beyond the queue's shard count (a
+	// producer hashing with a larger count wrote it); read only when asked.
+	Beyond bool `json:"beyond_shard_count,omitempty"`
 	// Err says why the shard could not be read (a key of the wrong type,
 	// its primary down), "" if it was.
 	Err string `json:"error,omitempty"`
@@ -125,6 +174,11 @@ type Queue struct {
 	Expired  int64   `json:"inflight_expired"`
 	Dead     int64   `json:"dead"`
 	Retried  int64   `json:"retried"`
+	Undated  int64   `json:"undated"`
+	Far      int64   `json:"far_future"`
+	// Beyond counts the pending tasks in shards beyond the queue's shard
+	// count (Target.Beyond).
+	Beyond int64 `json:"beyond_shard_count"`
 	// OldestDueAge is the largest of the shards': how late the queue's
 	// oldest task that is due and not yet delivered (pending or retried)
 	// is.
@@ -167,10 +221,21 @@ func (q Queue) Late() []Shard {
 	return out
 }
 
-// Target names a queue to read: its name and shard count.
+// Target names a queue to read: its name and shard count, and indexes
+// beyond that count to read too (where shard.Beyond found tasks).
 type Target struct {
 	Name   string
 	Shards int
+	Beyond []int
+}
+
+// indexes are the shards of t to read.
+func (t Target) indexes() []int {
+	out := make([]int, 0, t.Shards+len(t.Beyond))
+	for i := range t.Shards {
+		out = append(out, i)
+	}
+	return append(out, t.Beyond...)
 }
 
 // Read reads the queues in one pipeline (on a cluster, one per primary,
@@ -179,8 +244,8 @@ type Target struct {
 // for a failure of the whole round trip (no shard of any queue read).
 func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets []Target) ([]Queue, error) {
 	type call struct {
-		q, i int
-		cmd  *redis.Cmd
+		q, i, n int // queue, shard index, position in the queue's shards
+		cmd     *redis.Cmd
 	}
 	var calls []call
 	sweepers := make([]*redis.StringCmd, len(targets))
@@ -188,15 +253,15 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 		k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
 		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i), k.Paused(c.i), k.Attempts(c.i), k.Retrying(c.i)}
 		if source { // after NOSCRIPT: the source, which also caches it
-			c.cmd = readScript.Eval(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe)
+			c.cmd = readScript.Eval(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe, shard.UndatedBelow, shard.FarScoreFrom, memberCut)
 		} else {
-			c.cmd = readScript.EvalSha(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe)
+			c.cmd = readScript.EvalSha(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe, shard.UndatedBelow, shard.FarScoreFrom, memberCut)
 		}
 	}
 	pipe := rdb.Pipeline()
 	for q, t := range targets {
-		for i := 0; i < t.Shards; i++ {
-			calls = append(calls, call{q: q, i: i})
+		for n, i := range t.indexes() {
+			calls = append(calls, call{q: q, i: i, n: n})
 			send(pipe, &calls[len(calls)-1], false)
 		}
 		sweepers[q] = pipe.Get(ctx, shard.Keys{Prefix: prefix, Queue: t.Name}.Sweeper())
@@ -236,7 +301,7 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 
 	out := make([]Queue, len(targets))
 	for q, t := range targets {
-		out[q] = Queue{Name: t.Name, Shards: make([]Shard, t.Shards)}
+		out[q] = Queue{Name: t.Name, Shards: make([]Shard, t.Shards+len(t.Beyond))}
 		sw, err := sweepers[q].Result()
 		switch {
 		case err == nil:
@@ -248,7 +313,7 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 	read := 0
 	var firstErr error
 	for n, c := range calls {
-		s := Shard{Index: c.i}
+		s := Shard{Index: c.i, Beyond: c.i >= targets[c.q].Shards}
 		now, err := parseShard(c.cmd, &s)
 		if w := why[n]; w != nil {
 			err = w
@@ -264,7 +329,7 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 				out[c.q].ReadAt = t
 			}
 		}
-		out[c.q].Shards[c.i] = s
+		out[c.q].Shards[c.n] = s
 	}
 	for q := range out {
 		out[q].sum()
@@ -275,46 +340,87 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 	return out, nil
 }
 
+// The read script's values, by position.
+const (
+	vNow = iota
+	vPending
+	vDue
+	vHead
+	vInflight
+	vExpired
+	vDead
+	vMsHead
+	vPaused
+	vRetried
+	vOldestRetried
+	vHeadMember
+	vUndated
+	vSecHead
+	vFar
+	vTail
+	vTailMember
+	vCount
+)
+
 func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
 	vals, err := cmd.Slice()
 	if err != nil {
 		return 0, err
 	}
-	if len(vals) != 11 {
-		return 0, fmt.Errorf("read script returned %d values, want 11", len(vals))
+	if len(vals) != vCount {
+		return 0, fmt.Errorf("read script returned %d values, want %d", len(vals), vCount)
 	}
 	ints := make([]int64, len(vals))
+	scores := make([]float64, len(vals)) // of the score values; NaN if none
 	for n, v := range vals {
+		scores[n] = math.NaN()
 		switch v := v.(type) {
 		case int64:
 			ints[n] = v
 		case string:
-			if v == "" {
+			if v == "" || n == vHeadMember || n == vTailMember {
 				continue
 			}
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				return 0, fmt.Errorf("read script value %d: %q is not a number", n, v)
 			}
-			ints[n] = int64(max(0, min(f, 1<<53))) // a score of ±inf stays in range
+			scores[n] = f
+			ints[n] = int64(max(-1<<53, min(f, 1<<53))) // a score of ±inf stays in range
 		default:
 			return 0, errors.New("read script returned an unexpected value")
 		}
 	}
-	now = ints[0]
-	s.Pending, s.Due, s.Inflight, s.Expired, s.Dead = ints[1], ints[2], ints[4], ints[5], ints[6]
-	s.Paused = ints[8] == 1
-	s.Retried = ints[9]
-	if head, _ := vals[10].(string); head != "" && ints[10] > 0 {
-		// A task a producer scheduled in seconds keeps them in its entry.
-		s.OldestRetriedDueMs = dueMs(ints[10])
+	now = ints[vNow]
+	s.Pending, s.Due, s.Inflight, s.Expired, s.Dead = ints[vPending], ints[vDue], ints[vInflight], ints[vExpired], ints[vDead]
+	s.Paused = ints[vPaused] == 1
+	s.Retried = ints[vRetried]
+	if !math.IsNaN(scores[vOldestRetried]) {
+		// A task a producer scheduled in seconds keeps them in its entry;
+		// an undated one has no due time to be late from.
+		s.OldestRetriedDueMs, _ = shard.MeantMs(ints[vOldestRetried])
 	}
+	s.Undated, s.Far = ints[vUndated], ints[vFar]
+	scored := func(member, score int) *Scored {
+		m, _ := vals[member].(string)
+		return &Scored{Member: m, Score: shard.FormatScore(scores[score])}
+	}
+	if s.Undated > 0 {
+		s.FirstUndated = scored(vHeadMember, vHead)
+	}
+	if s.Far > 0 {
+		s.LastFar = scored(vTailMember, vTail)
+	}
+	// The earliest dated due times: the first task's, and past undated and
+	// seconds ones, the first in seconds and the first in ms.
 	var dues []int64
-	if head, _ := vals[3].(string); head != "" {
-		dues = append(dues, dueMs(ints[3]))
-	}
-	if head, _ := vals[7].(string); head != "" {
-		dues = append(dues, ints[7])
+	for _, n := range []int{vHead, vSecHead, vMsHead} {
+		if math.IsNaN(scores[n]) {
+			continue
+		}
+		if due, ok := shard.MeantMs(ints[n]); ok {
+			dues = append(dues, due)
+		}
 	}
 	var pendingAge time.Duration
 	for _, due := range dues {
@@ -350,22 +456,12 @@ func (s *Shard) Grow(nowMs int64) {
 	s.AgeSeconds, s.RetriedAgeSeconds = s.OldestDueAge.Seconds(), s.RetriedAge.Seconds()
 }
 
-// dueMs is the due time a score means, in ms: a score in seconds
-// (shard.LooksLikeSeconds) is a producer writing seconds (the dispatcher sends such a task at once, and
-// its lateness counts from the time it meant, not from 1970). A score of
-// 0 or less, or -inf, is read as 0: due, with no known due time.
-func dueMs(score int64) int64 {
-	if shard.LooksLikeSeconds(score) {
-		return score * 1000
-	}
-	return score
-}
-
 // Sum recomputes the queue's sums from its shards. A shard with an error
 // counts with the figures it carries (none, unless the caller carried its
 // last known ones over).
 func (q *Queue) Sum() {
 	q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, q.Retried, q.Broken, q.Paused = 0, 0, 0, 0, 0, 0, 0, 0
+	q.Undated, q.Far, q.Beyond = 0, 0, 0
 	q.OldestDueAge, q.RetriedAge, q.NextDueMs = 0, 0, 0
 	q.sum()
 }
@@ -384,6 +480,11 @@ func (q *Queue) sum() {
 		q.Expired += s.Expired
 		q.Dead += s.Dead
 		q.Retried += s.Retried
+		q.Undated += s.Undated
+		q.Far += s.Far
+		if s.Beyond {
+			q.Beyond += s.Pending
+		}
 		q.OldestDueAge = max(q.OldestDueAge, s.OldestDueAge)
 		q.AgeSeconds = q.OldestDueAge.Seconds()
 		q.RetriedAge = max(q.RetriedAge, s.RetriedAge)

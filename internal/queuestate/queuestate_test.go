@@ -3,6 +3,7 @@ package queuestate_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -243,4 +244,59 @@ func TestReadRetriedCostIsBounded(t *testing.T) {
 		t.Errorf("commands per read: %d with 10 retried, %d with 20,000: want the same", perRead[0], perRead[1])
 	}
 	t.Logf("commands per shard read (EVALSHA and the calls in it): %d", perRead[1])
+}
+
+// TestReadBadScores: tasks with no real due time (0, negative, -inf,
+// seconds before 1973) are counted, the first named, and left out of the
+// oldest due age, which the dated ones behind them give; tasks after year
+// 5138 (µs, ns, +inf) are counted and the last named; a shard beyond the
+// shard count is read when asked, marked, and summed.
+func TestReadBadScores(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "bad"}
+	tm, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := tm.UnixMilli()
+	inf := math.Inf(1)
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: -inf, Member: "minus-inf"}, redis.Z{Score: -5, Member: "minus-five"},
+		redis.Z{Score: 0, Member: "zero"}, redis.Z{Score: 5e7, Member: "seconds-1971"},
+		redis.Z{Score: float64(now - 30_000), Member: "late"})
+	rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: float64(now + 60_000), Member: "ahead"},
+		redis.Z{Score: 1767225600000000, Member: "micros"}, redis.Z{Score: inf, Member: strings.Repeat("x", 100)})
+	// Undated, then seconds 5 s ago, then ms 2 s ago: the seconds give the age.
+	rdb.ZAdd(ctx, k.Pending(2), redis.Z{Score: -1, Member: "u"}, redis.Z{Score: float64(now/1000 - 5), Member: "s"},
+		redis.Z{Score: float64(now - 2000), Member: "m"})
+	rdb.ZAdd(ctx, k.Pending(40), redis.Z{Score: float64(now - 1000), Member: "stray"})
+
+	qs, err := queuestate.Read(ctx, rdb, prefix, []queuestate.Target{{Name: "bad", Shards: 3, Beyond: []int{40}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := qs[0]
+	s0, s1, s2, s40 := q.Shards[0], q.Shards[1], q.Shards[2], q.Shards[3]
+	if s0.Undated != 4 || s0.FirstUndated == nil || *s0.FirstUndated != (queuestate.Scored{Member: "minus-inf", Score: "-inf"}) ||
+		s0.Due != 5 || s0.NextDueMs != now-30_000 {
+		t.Errorf("shard 0: %+v (first undated %+v)", s0, s0.FirstUndated)
+	}
+	if s0.OldestDueAge < 30*time.Second || s0.OldestDueAge > 32*time.Second {
+		t.Errorf("shard 0's oldest due age %s, want 30 s: the undated tasks counted from 1970", s0.OldestDueAge)
+	}
+	if s1.Far != 2 || s1.LastFar == nil || *s1.LastFar != (queuestate.Scored{Member: strings.Repeat("x", 64), Score: "+inf"}) ||
+		s1.Undated != 0 || s1.NextDueMs != now+60_000 || s1.OldestDueAge != 0 {
+		t.Errorf("shard 1: %+v (last far %+v)", s1, s1.LastFar)
+	}
+	if s2.Undated != 1 || s2.OldestDueAge < 5*time.Second || s2.OldestDueAge > 7*time.Second {
+		t.Errorf("shard 2: %+v, want 1 undated and an age of 5 s from the task in seconds", s2)
+	}
+	if s40.Index != 40 || !s40.Beyond || s40.Pending != 1 || s0.Beyond {
+		t.Errorf("shard 40: %+v", s40)
+	}
+	if q.Undated != 5 || q.Far != 2 || q.Beyond != 1 || q.Pending != 12 {
+		t.Errorf("sums: undated %d, far %d, beyond %d, pending %d", q.Undated, q.Far, q.Beyond, q.Pending)
+	}
 }
