@@ -1,4 +1,4 @@
-package shard_test
+package shardcluster_test
 
 import (
 	"context"
