@@ -234,3 +234,29 @@ func Add(recs []Record) Sum {
 	}
 	return s
 }
+
+// QuantileText says the q-th quantile: "≤5ms", or ">300s" past the last
+// finite bound; "" for an empty histogram.
+func (l Late) QuantileText(q float64) string {
+	up, ok := l.Quantile(q)
+	if !ok {
+		return ""
+	}
+	if !math.IsInf(up, 1) {
+		return "≤" + seconds(up)
+	}
+	top := 0.0
+	for _, b := range l {
+		if !math.IsInf(b.UpTo, 1) {
+			top = b.UpTo
+		}
+	}
+	return ">" + seconds(top)
+}
+
+func seconds(s float64) string {
+	if s < 1 {
+		return strconv.FormatFloat(s*1000, 'g', -1, 64) + "ms"
+	}
+	return strconv.FormatFloat(s, 'g', -1, 64) + "s"
+}

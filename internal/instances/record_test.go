@@ -70,3 +70,18 @@ func TestAdd(t *testing.T) {
 		t.Errorf("no records: %+v", s)
 	}
 }
+
+func TestQuantileText(t *testing.T) {
+	l := Late{{0.002, 98}, {1, 1}, {math.Inf(1), 1}}
+	for q, want := range map[float64]string{0.5: "≤2ms", 0.99: "≤1s", 1: ">1s"} {
+		if got := l.QuantileText(q); got != want {
+			t.Errorf("QuantileText(%v) = %q, want %q", q, got, want)
+		}
+	}
+	if got := (Late{{math.Inf(1), 3}}).QuantileText(0.5); got != ">0ms" {
+		t.Errorf("only past every bound: %q", got)
+	}
+	if got := (Late{}).QuantileText(0.5); got != "" {
+		t.Errorf("empty: %q", got)
+	}
+}
