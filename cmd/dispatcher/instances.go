@@ -179,8 +179,12 @@ func wholeLines(qs []instances.Queue, self string) []string {
 		if len(in.sweeps) > 0 {
 			sweeps = strings.Join(in.sweeps, ", ")
 		}
-		out = append(out, fmt.Sprintf("%s: host %s, pid %d, version %s; sweeps %s; last seen %s ago",
-			name, in.r.Host, in.r.PID, in.r.Version, sweeps, (time.Duration(max(in.nowMs-in.r.SeenMs, 0))*time.Millisecond).Round(100*time.Millisecond)))
+		seen := "now"
+		if ago := time.Duration(in.nowMs-in.r.SeenMs) * time.Millisecond; ago >= 100*time.Millisecond {
+			seen = ago.Round(100*time.Millisecond).String() + " ago"
+		}
+		out = append(out, fmt.Sprintf("%s: host %s, pid %d, version %s; sweeps %s; last seen %s",
+			name, in.r.Host, in.r.PID, in.r.Version, sweeps, seen))
 	}
 	return out
 }
