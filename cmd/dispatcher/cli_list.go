@@ -204,7 +204,7 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page) {
 			}
 			fmt.Fprintln(tw, head)
 			for _, t := range page.Tasks {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%q", utcMs(t.DueMs, humanTime), t.Shard, t.MessageID, t.Body)
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s", utcMs(t.DueMs, humanTime), t.Shard, t.MessageID, shortBody(t.Body, bodyWidth))
 				switch st {
 				case browse.Inflight:
 					fmt.Fprintf(tw, "\t%s\t%d", utcMs(t.LeaseMs, humanTime), t.Attempts)
@@ -214,7 +214,7 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page) {
 				fmt.Fprintln(tw)
 			}
 			tw.Flush()
-			fmt.Fprintf(w, "%d %s tasks (%d looked at)\n", len(page.Tasks), st, page.Scanned)
+			fmt.Fprintf(w, "%s (%d looked at)\n", plural(len(page.Tasks), string(st)+" task", string(st)+" tasks"), page.Scanned)
 			printMore(w, page)
 		})
 }

@@ -233,7 +233,7 @@ func newRecurringCheckCmd(s streams) *cobra.Command {
 				}
 				return settingsError(errors.New(bad[len(bad)-1]))
 			}
-			fmt.Fprintf(s.stdout, "%s: %d schedules, all valid\n", args[0], len(f.Schedules))
+			fmt.Fprintf(s.stdout, "%s: %s, all valid\n", args[0], plural(len(f.Schedules), "schedule", "schedules"))
 			return nil
 		},
 	}
@@ -312,8 +312,8 @@ func writeRecurring(w io.Writer, all []recurring.Entry) {
 		if v.Paused {
 			next = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%q\n", v.Queue, v.Name, v.Cron, tz, state, fmtMs(v.LastMs), next, v.CatchUp, v.Source, e.Body)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Queue, v.Name, v.Cron, tz, state, fmtMs(v.LastMs), next, v.CatchUp, v.Source, shortBody(e.Body, bodyWidth))
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "%d recurring schedules\n", len(all))
+	fmt.Fprintln(w, plural(len(all), "recurring schedule", "recurring schedules"))
 }

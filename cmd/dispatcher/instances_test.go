@@ -14,7 +14,7 @@ import (
 // once, over all its queues.
 func TestWholeLines(t *testing.T) {
 	a := instances.Record{ID: "a:1:ab", SeenMs: 10_000, Host: "a", PID: 1, Version: "v1", Sweeps: true, Paused: 16,
-		SpanMs: 60_000, Published: 600, Late: instances.Late{{0.002, 98}, {math.Inf(1), 2}}}
+		SpanMs: 60_000, Published: 600, Late: instances.Late{{UpTo: 0.002, Count: 98}, {UpTo: math.Inf(1), Count: 2}}}
 	b := instances.Record{ID: "b:2:cd", SeenMs: 7_500, Host: "b", PID: 2, Version: "v1", SpanMs: 30_000, Published: 300, Errors: 3}
 	mailB := b
 	mailB.Sweeps, mailB.Paused = true, 0

@@ -29,7 +29,7 @@ func shortBody(body string, width int) string {
 	}
 	runes := []rune(body)
 	cut := min(len(runes), width)
-	for cut > 0 && utf8.RuneCountInString(strconv.Quote(string(runes[:cut]))) > width-1 {
+	for cut > 0 && utf8.RuneCountInString(strconv.Quote(string(runes[:cut]))) > width {
 		cut--
 	}
 	return strconv.Quote(string(runes[:cut])) + "… (" + plural(len(body), "byte", "bytes") + ")"

@@ -24,7 +24,7 @@ func TestRenderWhole(t *testing.T) {
 		slots[n] = 500 // 100 a second
 	}
 	other := instances.Record{ID: "b:2:cd", SeenMs: nowMs - 3200, Host: "b", PID: 2, Version: "v1.2.3", Sweeps: true,
-		SpanMs: 60_000, Published: 6000, Errors: 4, Late: instances.Late{{0.002, 5900}, {0.01, 99}, {math.Inf(1), 1}},
+		SpanMs: 60_000, Published: 6000, Errors: 4, Late: instances.Late{{UpTo: 0.002, Count: 5900}, {UpTo: 0.01, Count: 99}, {UpTo: math.Inf(1), Count: 1}},
 		EndMs: nowMs - 3200 - (nowMs-3200)%5000, Slots: slots}
 	self := instances.Record{ID: "a:1:ab", SeenMs: nowMs, Host: "a", PID: 1, Version: "v1.2.3", SpanMs: 60_000}
 	q := monitor.View{State: queuestate.Queue{Name: "orders", Sweeper: "b:2:cd", Shards: []queuestate.Shard{{Index: 0}}}}
@@ -66,7 +66,7 @@ func TestRenderWhole(t *testing.T) {
 
 func TestCumulative(t *testing.T) {
 	own := []Bucket{{0.001, 7}, {0.01, 9}, {math.Inf(1), 9}}
-	got := cumulative(instances.Late{{0.005, 2}, {0.01, 3}, {math.Inf(1), 1}}, own)
+	got := cumulative(instances.Late{{UpTo: 0.005, Count: 2}, {UpTo: 0.01, Count: 3}, {UpTo: math.Inf(1), Count: 1}}, own)
 	want := []Bucket{{0.001, 0}, {0.005, 2}, {0.01, 5}, {math.Inf(1), 6}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("cumulative = %v, want %v", got, want)
