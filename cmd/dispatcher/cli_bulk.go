@@ -48,7 +48,7 @@ func (b *bulkFlags) add(fs *pflag.FlagSet) {
 	fs.BoolVar(&b.all, "all", false, "act on every pending task of the queue (no filter)")
 	fs.BoolVar(&b.dryRun, "dry-run", false, "count the matching tasks and show a few, changing nothing")
 	fs.StringVar(&b.resume, "resume", "", "continue the interrupted bulk run `ID`, as it started")
-	fs.IntVar(&b.batch, "batch", bulk.DefaultBatch, fmt.Sprintf("tasks per Redis call, 1..%d", bulk.MaxBatch))
+	fs.IntVar(&b.batch, "batch", bulk.DefaultBatch, fmt.Sprintf("tasks per Redis call: `N`, 1 to %d", bulk.MaxBatch))
 	// A test hook: stop after so many batches, as an interruption would.
 	fs.IntVar(&b.stopAfter, "stop-after", 0, "")
 	_ = fs.MarkHidden("stop-after")

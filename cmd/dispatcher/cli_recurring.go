@@ -139,8 +139,8 @@ Exit status: 0 saved, 1 Redis failed, 2 bad arguments or schedule.`,
 	fs.StringVar(&name, "name", "", "the schedule's `N`ame (required)")
 	fs.StringVar(&expr, "cron", "", "when: a cron `EXPR`, @daily, @every 30s")
 	fs.StringVar(&tz, "tz", "", "the `ZONE` the expression is read in (default UTC)")
-	fs.StringVar(&catchup, "catchup", "", "missed occurrences: latest (default), all or skip")
-	fs.StringVar(&grace, "grace", "", "how late an occurrence may be and still count as on time (default 10s)")
+	fs.StringVar(&catchup, "catchup", "", "what to fire of missed occurrences, a `POLICY`: latest (default), all or skip")
+	fs.StringVar(&grace, "grace", "", "how late, a `DURATION`, an occurrence may be and still count as on time (default 10s)")
 	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
 	jsonFlag(fs, &asJSON)
 	return cmd
