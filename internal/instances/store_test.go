@@ -106,3 +106,34 @@ func TestRecorderWrites(t *testing.T) {
 		t.Errorf("records after the stop: %+v", q.Records)
 	}
 }
+
+// TestWriteReadCluster: on Redis Cluster the queues' hashes live on
+// different nodes; one Write and one Read each reach them all.
+func TestWriteReadCluster(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.StartRedisCluster(t, testenv.ClusterOptions{})
+	rdb := c.Client()
+	queues := []string{"a", "b", "c", "d", "e", "f"}
+	nodes := map[int]bool{}
+	recs := map[string]Record{}
+	for n, q := range queues {
+		slot := shard.Slot(shard.Keys{Prefix: "dq", Queue: q}.Instances())
+		for i, p := range c.Primaries() {
+			if p.Serves(slot) {
+				nodes[i] = true
+			}
+		}
+		recs[q] = Record{ID: "h:1:ab", Host: "h", PID: 1, Version: "v1", SpanMs: 1000, Published: int64(n)}
+	}
+	if len(nodes) < 2 {
+		t.Fatalf("the queues' records fall on %d node(s): pick other names", len(nodes))
+	}
+	if _, err := Write(ctx, rdb, "dq", recs, TTL); err != nil {
+		t.Fatal(err)
+	}
+	for n, q := range Read(ctx, rdb, "dq", queues, TTL) {
+		if q.Err != nil || len(q.Records) != 1 || q.Records[0].Published != int64(n) || q.NowMs == 0 {
+			t.Errorf("queue %s: %+v", q.Name, q)
+		}
+	}
+}
