@@ -23,7 +23,7 @@ func newStatsCmd(s streams) *cobra.Command {
 	var asJSON, ahead, summary, perShard bool
 	var window, step time.Duration
 	cmd := &cobra.Command{
-		Use:   "stats [--queue Q]... [--summary | --shards] [--forecast [--window D] [--step D]] [--json]",
+		Use:   "stats [--queue Q]... [--summary | --shards | --forecast] [--json]",
 		Short: "what the queues hold, per shard, read from Redis",
 		Long: `Reads what the queues hold from Redis: per queue and shard, the tasks
 pending, due, in flight (and those whose lease ran out), dead-lettered, how
