@@ -572,8 +572,82 @@ func checkUnknown(env map[string]string, s *Settings) error {
 		return nil
 	}
 	sort.Strings(unknown)
-	reason := "unknown variable (misspelt, or a queue missing from DISPATCHER_QUEUES?)"
-	return &Error{Var: unknown[0], Value: env[unknown[0]], Reason: reason}
+	k := unknown[0]
+	return &Error{Var: k, Value: env[k], Reason: unknownReason(k, known, s.Queues)}
+}
+
+// unknownReason says why k is not read: a queue's variable for a queue
+// not served, or the known name it is closest to, if one is close.
+func unknownReason(k string, known map[string]bool, queues []string) string {
+	var reason string
+	rest := strings.TrimPrefix(k, Prefix+"_QUEUE_")
+	for _, v := range vars("", &Queue{}) {
+		suffix := v.Key // "_SHARDS"
+		if name, ok := strings.CutSuffix(rest, suffix); ok && rest != k && name != "" {
+			served := strings.Join(queues, ",")
+			if served == "" {
+				served = "not set"
+			}
+			reason = fmt.Sprintf("%s is set but %s is not in %s_QUEUES (%s)", k, name, Prefix, served)
+			break
+		}
+	}
+	if near := closest(k, known); near != "" {
+		if reason == "" {
+			return "unknown variable; did you mean " + near + "?"
+		}
+		return reason + "; did you mean " + near + "?"
+	}
+	if reason == "" {
+		reason = "unknown variable (misspelt, or a queue missing from " + Prefix + "_QUEUES?)"
+	}
+	return reason
+}
+
+// closest is the known name nearest to k by edit distance, if it is near
+// enough to be a slip (a couple of characters, more in a long name); ""
+// if none is, or two are equally near.
+func closest(k string, known map[string]bool) string {
+	best, bestD, tie := "", 0, false
+	for name := range known {
+		d := editDistance(k, name)
+		switch {
+		case best == "" || d < bestD:
+			best, bestD, tie = name, d, false
+		case d == bestD:
+			tie = true
+		}
+	}
+	if best == "" || tie || bestD > max(2, len(strings.TrimPrefix(k, Prefix+"_"))/4) {
+		return ""
+	}
+	return best
+}
+
+// editDistance counts the insertions, deletions, substitutions and swaps
+// of neighbours that turn a into b (optimal string alignment).
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 // httpAddrReason says what is wrong with DISPATCHER_HTTP_ADDR, "" if

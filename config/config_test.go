@@ -676,3 +676,41 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestUnknownVariableSaysWhy: an unknown variable is answered with the
+// known one it is a slip of, and a queue's variable with the queue not
+// served says so in those words.
+func TestUnknownVariableSaysWhy(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"swapped letters", with(map[string]string{"DISPATCHER_LEAES": "5m"}),
+			`DISPATCHER_LEAES="5m": unknown variable; did you mean DISPATCHER_LEASE?`},
+		{"missing underscore", with(map[string]string{"DISPATCHER_BATCHSIZE": "5"}),
+			`DISPATCHER_BATCHSIZE="5": unknown variable; did you mean DISPATCHER_BATCH_SIZE?`},
+		{"per-queue slip", with(map[string]string{"DISPATCHER_QUEUE_ORDERS_SHARD": "4"}),
+			`unknown variable; did you mean DISPATCHER_QUEUE_ORDERS_SHARDS?`},
+		{"queue not served", with(map[string]string{"DISPATCHER_QUEUE_FOO_SHARDS": "4"}),
+			`DISPATCHER_QUEUE_FOO_SHARDS="4": DISPATCHER_QUEUE_FOO_SHARDS is set but FOO is not in DISPATCHER_QUEUES (orders)`},
+		{"queue misspelt", with(map[string]string{"DISPATCHER_QUEUE_ORDER_MAX_RATE": "5"}),
+			`DISPATCHER_QUEUE_ORDER_MAX_RATE is set but ORDER is not in DISPATCHER_QUEUES (orders); did you mean DISPATCHER_QUEUE_ORDERS_MAX_RATE?`},
+		{"nothing near", with(map[string]string{"DISPATCHER_COLOUR": "blue"}),
+			`DISPATCHER_COLOUR="blue": unknown variable (misspelt, or a queue missing from DISPATCHER_QUEUES?)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			setEnv(t, tt.env)
+			_, err := config.Load()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Load() error %v, want it to say %q", err, tt.want)
+			}
+		})
+	}
+	// A command's queue not in DISPATCHER_QUEUES, which is not set.
+	setEnv(t, map[string]string{"DISPATCHER_QUEUE_MAIL_EXCHANGE": "x"})
+	if _, err := config.LoadTool("orders"); err == nil || !strings.Contains(err.Error(), "DISPATCHER_QUEUE_MAIL_EXCHANGE is set but MAIL is not in DISPATCHER_QUEUES (not set)") {
+		t.Errorf("LoadTool error %v", err)
+	}
+}

@@ -138,6 +138,11 @@ func (k Keys) Shard(member []byte, m int) string { return k.Pending(Index(member
 // whatever the number of instances.
 func (k Keys) Sweeper() string { return k.Prefix + ":{" + k.Queue + "}:sweeper" }
 
+// Instances holds what each live instance serving the queue last said of
+// it (hash: instance id -> "<seen_ms> <JSON record>", with a TTL; package
+// internal/instances), for every instance's status page and /readyz.
+func (k Keys) Instances() string { return k.Prefix + ":{" + k.Queue + "}:instances" }
+
 // Wake is the pub/sub channel on which producers and instances wake the
 // queue's dispatchers (see WakeDue, WakeBusy, WakeLead).
 func (k Keys) Wake() string { return k.Prefix + ":{" + k.Queue + "}:wake" }

@@ -17,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/instances"
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -98,6 +99,14 @@ func TestStatusPage(t *testing.T) {
 	h.rdb.ZAdd(ctx, k.Dead(2), redis.Z{Score: 1, Member: "1:poison"})
 	h.collect("orders", now, 15*time.Second)
 	time.Sleep(3 * time.Second) // a few samples for the age picture
+	// A second instance, started after the traffic (so that the first's
+	// figures are the queue's): the page lists both.
+	delete(h.extra, "DISPATCHER_HTTP_ADDR")
+	second := h.start()
+	waitLogged(t, second, "broker connected", 15*time.Second)
+	eventually(t, 3*instances.Every, "the second instance's record", func() bool {
+		return len(instances.Read(ctx, h.rdb, h.prefix, []string{"orders"}, instances.TTL)[0].Records) == 2
+	})
 
 	step, eval := openPage(t, addr, "#q-orders")
 	text := eval(`document.body.innerText`)
@@ -127,13 +136,24 @@ func TestStatusPage(t *testing.T) {
 		"Queue orders", "Queue mail",
 		"Broker\tconnected", "reachable",
 		"WRONGTYPE key " + k.Pending(5) + " holds a string, not a sorted set",
-		"Backlog per shard (16 shards", "Dispatch lateness on this instance (" + fmt.Sprint(now) + " tasks",
+		"Backlog per shard (16 shards",
 		"Falling due per minute over the next hour (400 tasks; overdue now 0; busiest second: ",
 		"Thundering herd ahead on queue orders: ", "queue orders drains 1 in 10 s at 0.10/s (DRAIN_RATE)",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the page does not show %q:\n%s", want, text)
 		}
+	}
+	// The lateness picture is the queue's over the last minute (this
+	// test takes well under one): the tasks above, all by this instance.
+	if !regexp.MustCompile(`Dispatch lateness, all instances, over the last [0-9.]+s \(` + fmt.Sprint(now) + ` tasks\)`).MatchString(text) {
+		t.Errorf("the lateness picture does not count the %d tasks dispatched:\n%s", now, text)
+	}
+	if !regexp.MustCompile(`All instances \(2\): published [0-9.]+/s over the last [0-9.ms]+ \(` + fmt.Sprint(now) + ` tasks\)`).MatchString(text) {
+		t.Errorf("the queue as a whole is not shown with both instances and the %d tasks:\n%s", now, text)
+	}
+	if rows := eval(`String(document.querySelectorAll('#instances tr').length)`); rows != "3" {
+		t.Errorf("the instances table has %s rows, want a header and both instances", rows)
 	}
 	if strings.Contains(text, "guest:guest") || !strings.Contains(text, "guest:xxxxx@") {
 		t.Errorf("the page shows the broker's password, or no redacted URL:\n%s", text)

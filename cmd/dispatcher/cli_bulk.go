@@ -48,7 +48,7 @@ func (b *bulkFlags) add(fs *pflag.FlagSet) {
 	fs.BoolVar(&b.all, "all", false, "act on every pending task of the queue (no filter)")
 	fs.BoolVar(&b.dryRun, "dry-run", false, "count the matching tasks and show a few, changing nothing")
 	fs.StringVar(&b.resume, "resume", "", "continue the interrupted bulk run `ID`, as it started")
-	fs.IntVar(&b.batch, "batch", bulk.DefaultBatch, fmt.Sprintf("tasks per Redis call, 1..%d", bulk.MaxBatch))
+	fs.IntVar(&b.batch, "batch", bulk.DefaultBatch, fmt.Sprintf("tasks per Redis call: `N`, 1 to %d", bulk.MaxBatch))
 	// A test hook: stop after so many batches, as an interruption would.
 	fs.IntVar(&b.stopAfter, "stop-after", 0, "")
 	_ = fs.MarkHidden("stop-after")
@@ -198,9 +198,13 @@ func modeVerb(m bulk.Mode) string {
 func printBulk(w io.Writer, queue string, spec bulk.Spec, dry bool, res bulk.Result) {
 	done := map[bulk.Mode]string{bulk.Cancel: "cancelled", bulk.By: "rescheduled", bulk.At: "rescheduled"}[spec.Mode]
 	if dry {
-		fmt.Fprintf(w, "%d pending tasks on queue %s match (dry run: nothing changed)\n", res.Matched, queue)
+		verb := "match"
+		if res.Matched == 1 {
+			verb = "matches"
+		}
+		fmt.Fprintf(w, "%s on queue %s %s (dry run: nothing changed)\n", plural(int(res.Matched), "pending task", "pending tasks"), queue, verb)
 		for _, t := range res.Sample {
-			fmt.Fprintf(w, "  shard %-4d due %s  %q\n", t.Shard, time.UnixMilli(t.DueMs).UTC().Format("2006-01-02 15:04:05.000Z"), t.Member)
+			fmt.Fprintf(w, "  shard %-4d due %s  %s\n", t.Shard, time.UnixMilli(t.DueMs).UTC().Format("2006-01-02 15:04:05.000Z"), shortBody(t.Member, bodyWidth))
 		}
 		if int64(len(res.Sample)) < res.Matched {
 			fmt.Fprintf(w, "  ...\n")
@@ -217,7 +221,7 @@ func printBulk(w io.Writer, queue string, spec bulk.Spec, dry bool, res bulk.Res
 func quoteAll(ss []string) string {
 	q := make([]string, len(ss))
 	for i, s := range ss {
-		q[i] = fmt.Sprintf("%q", s)
+		q[i] = shortBody(s, bodyWidth)
 	}
 	return strings.Join(q, ", ")
 }

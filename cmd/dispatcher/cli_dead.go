@@ -102,10 +102,10 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 				fmt.Fprintln(tw, "SHARD\tDUE (UTC)\tMESSAGE_ID\tBODY\tREASON")
 				for _, d := range dead {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%q\t%s\n", d.Shard, utcMs(d.DueMs, humanTime), d.MessageID, d.Member, d.Reason)
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", d.Shard, utcMs(d.DueMs, humanTime), d.MessageID, shortBody(d.Member, bodyWidth), d.Reason)
 				}
 				tw.Flush()
-				fmt.Fprintf(w, "%d dead letters\n", len(dead))
+				fmt.Fprintln(w, plural(len(dead), "dead letter", "dead letters"))
 				printMore(w, page)
 			})
 			return nil
@@ -177,7 +177,7 @@ func deadAll(ctx context.Context, s streams, se *session, q config.Queue, verb s
 			d := batch[n]
 			switch r {
 			case admin.Pending:
-				fmt.Fprintf(s.stderr, "dispatcher dead requeue: %q (message_id %s): %v\n", d.Member, d.MessageID, admin.ErrPending)
+				fmt.Fprintf(s.stderr, "dispatcher dead requeue: %s (message_id %s): %v\n", shortBody(d.Member, bodyWidth), d.MessageID, admin.ErrPending)
 				skipped++
 			case admin.Done:
 				if at != 0 {
@@ -217,7 +217,7 @@ func deadChange(ctx context.Context, s streams, se *session, q config.Queue, ver
 		targets = append(targets, d...)
 	}
 	if len(notDead) > 0 {
-		return failure(fmt.Errorf("not dead on %s: %q: nothing changed", q.Name, notDead))
+		return failure(fmt.Errorf("not dead on %s: %s: nothing changed", q.Name, quoteAll(notDead)))
 	}
 	out := newDeadStream(se, q, verb)
 	defer out.end()
@@ -232,7 +232,7 @@ func deadChange(ctx context.Context, s streams, se *session, q config.Queue, ver
 		if verb == "requeue" {
 			ok, err = admin.Requeue(ctx, se.rdb, aq, d, at)
 			if errors.Is(err, admin.ErrPending) {
-				fmt.Fprintf(s.stderr, "dispatcher dead requeue: %q (message_id %s): %v\n", d.Member, d.MessageID, err)
+				fmt.Fprintf(s.stderr, "dispatcher dead requeue: %s (message_id %s): %v\n", shortBody(d.Member, bodyWidth), d.MessageID, err)
 				skipped++
 				continue
 			}
@@ -282,7 +282,7 @@ func (ds *deadStream) add(d admin.Dead) {
 		}
 		fmt.Fprintf(ds.se.stdout, "%s\n    %s", sep, b)
 	} else {
-		fmt.Fprintf(ds.se.stdout, "%s shard %d %q message_id %s\n", ds.past, d.Shard, d.Member, d.MessageID)
+		fmt.Fprintf(ds.se.stdout, "%s shard %d %s message_id %s\n", ds.past, d.Shard, shortBody(d.Member, bodyWidth), d.MessageID)
 	}
 	ds.n++
 }

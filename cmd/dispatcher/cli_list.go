@@ -236,7 +236,7 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page, s
 				if t.Shard >= span {
 					idx += "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%q", due, idx, id, t.Body)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s", due, idx, id, shortBody(t.Body, bodyWidth))
 				switch st {
 				case browse.Inflight:
 					fmt.Fprintf(tw, "\t%s\t%d", utcMs(t.LeaseMs, humanTime), t.Attempts)
@@ -246,7 +246,7 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page, s
 				fmt.Fprintln(tw)
 			}
 			tw.Flush()
-			fmt.Fprintf(w, "%d %s tasks (%d looked at)\n", len(page.Tasks), st, page.Scanned)
+			fmt.Fprintf(w, "%s (%d looked at)\n", plural(len(page.Tasks), string(st)+" task", string(st)+" tasks"), page.Scanned)
 			if len(beyond) > 0 {
 				which := "shards " + joinInts(beyond, 8) + " are"
 				if len(beyond) == 1 {

@@ -139,8 +139,8 @@ Exit status: 0 saved, 1 Redis failed, 2 bad arguments or schedule.`,
 	fs.StringVar(&name, "name", "", "the schedule's `N`ame (required)")
 	fs.StringVar(&expr, "cron", "", "when: a cron `EXPR`, @daily, @every 30s")
 	fs.StringVar(&tz, "tz", "", "the `ZONE` the expression is read in (default UTC)")
-	fs.StringVar(&catchup, "catchup", "", "missed occurrences: latest (default), all or skip")
-	fs.StringVar(&grace, "grace", "", "how late an occurrence may be and still count as on time (default 10s)")
+	fs.StringVar(&catchup, "catchup", "", "what to fire of missed occurrences, a `POLICY`: latest (default), all or skip")
+	fs.StringVar(&grace, "grace", "", "how late, a `DURATION`, an occurrence may be and still count as on time (default 10s)")
 	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
 	jsonFlag(fs, &asJSON)
 	return cmd
@@ -233,7 +233,7 @@ func newRecurringCheckCmd(s streams) *cobra.Command {
 				}
 				return settingsError(errors.New(bad[len(bad)-1]))
 			}
-			fmt.Fprintf(s.stdout, "%s: %d schedules, all valid\n", args[0], len(f.Schedules))
+			fmt.Fprintf(s.stdout, "%s: %s, all valid\n", args[0], plural(len(f.Schedules), "schedule", "schedules"))
 			return nil
 		},
 	}
@@ -312,8 +312,8 @@ func writeRecurring(w io.Writer, all []recurring.Entry) {
 		if v.Paused {
 			next = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%q\n", v.Queue, v.Name, v.Cron, tz, state, fmtMs(v.LastMs), next, v.CatchUp, v.Source, e.Body)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Queue, v.Name, v.Cron, tz, state, fmtMs(v.LastMs), next, v.CatchUp, v.Source, shortBody(e.Body, bodyWidth))
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "%d recurring schedules\n", len(all))
+	fmt.Fprintln(w, plural(len(all), "recurring schedule", "recurring schedules"))
 }

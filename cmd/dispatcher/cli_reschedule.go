@@ -95,9 +95,9 @@ interrupted or Redis failed, 2 bad arguments or settings.`,
 	}
 	fs := cmd.Flags()
 	queueFlag(fs, &queue)
-	fs.StringVar(&in, "in", "", "one task: due in this `duration` (Go syntax: 90s, 10m, 2h)")
-	fs.StringVar(&at, "at", "", "due at this `time`")
-	fs.StringVar(&by, "by", "", "bulk: shift each due time by this `duration` (-1h: earlier)")
+	fs.StringVar(&in, "in", "", "one task: due in this `DURATION` (Go syntax: 90s, 10m, 2h)")
+	fs.StringVar(&at, "at", "", "due at this `TIME`")
+	fs.StringVar(&by, "by", "", "bulk: shift each due time by this `DURATION` (-1h: earlier)")
 	fs.BoolVar(&past, "past", false, "accept a due time in the past (--in, --at): the task goes out at once")
 	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
 	bf.add(fs)

@@ -134,7 +134,7 @@ empty within --wait, 2 bad arguments.`,
 	}
 	queueFlag(cmd.Flags(), &queue)
 	jsonFlag(cmd.Flags(), &asJSON)
-	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait for the retired shards to empty (default 2m30s)")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "how long, a `DURATION`, to wait for the retired shards to empty (default 2m30s)")
 	return cmd
 }
 

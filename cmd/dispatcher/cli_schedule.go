@@ -66,8 +66,8 @@ Exit status: 0 scheduled, 1 Redis failed, 2 bad arguments or settings.`,
 	}
 	fs := cmd.Flags()
 	queueFlag(fs, &queue)
-	fs.StringVar(&in, "in", "", "due in this `duration` (Go syntax: 90s, 10m, 2h)")
-	fs.StringVar(&at, "at", "", "due at this `time`: "+timeHelp)
+	fs.StringVar(&in, "in", "", "due in this `DURATION` (Go syntax: 90s, 10m, 2h)")
+	fs.StringVar(&at, "at", "", "due at this `TIME`: "+timeHelp)
 	fs.BoolVar(&past, "past", false, "accept a due time in the past: the task goes out at once")
 	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
 	jsonFlag(fs, &asJSON)

@@ -23,10 +23,10 @@ import (
 
 func newStatsCmd(s streams) *cobra.Command {
 	var queues []string
-	var asJSON, ahead bool
+	var asJSON, ahead, summary, perShard bool
 	var window, step time.Duration
 	cmd := &cobra.Command{
-		Use:   "stats [--queue Q]... [--forecast [--window D] [--step D]] [--json]",
+		Use:   "stats [--queue Q]... [--summary | --shards | --forecast] [--json]",
 		Short: "what the queues hold, per shard, read from Redis",
 		Long: `Reads what the queues hold from Redis: per queue and shard, the tasks
 pending, due, in flight (and those whose lease ran out), dead-lettered, how
@@ -34,6 +34,11 @@ late the oldest due task is (pending or retried), how many tasks are
 retried after failed publishes and how late the oldest of them is, when the
 next one is due, and which instance sweeps the queue. A shard that cannot
 be read is shown as broken with its error.
+
+The table has a row per queue and, with --shards, a row per shard under
+it; without either flag, the shards' rows are shown when the queues have
+8 shards or fewer in all (--summary leaves them out). --json always has
+every shard.
 
 With --forecast, how many pending tasks fall due in each --step of the next
 --window (by the Redis clock, from its current second), how many are
@@ -61,6 +66,12 @@ could be read, 2 bad arguments or settings.`,
 			}
 			if !ahead && (cmd.Flags().Changed("window") || cmd.Flags().Changed("step")) {
 				return usageErrorf("--window and --step go with --forecast")
+			}
+			if summary && perShard {
+				return usageErrorf("--summary and --shards: give one or the other")
+			}
+			if ahead && (summary || perShard) {
+				return usageErrorf("--summary and --shards go without --forecast")
 			}
 			if ahead {
 				w := forecast.Window{Span: window, Step: step}
@@ -97,14 +108,26 @@ could be read, 2 bad arguments or settings.`,
 				l := se.layouts[states[n].Name]
 				states[n].Layout = &l
 			}
-			se.print(map[string]any{"queues": states}, func(w io.Writer) { writeStats(w, se.cfg.KeyPrefix, states) })
+			rows := 0
+			for _, q := range states {
+				rows += len(q.Shards)
+			}
+			shown := perShard || !summary && rows <= summaryAbove
+			se.print(map[string]any{"queues": states}, func(w io.Writer) {
+				writeStats(w, se.cfg.KeyPrefix, states, shown)
+				if !shown && !summary {
+					fmt.Fprintf(w, "(%d shards in all: a row per queue; --shards shows every shard)\n", rows)
+				}
+			})
 			return nil
 		},
 	}
 	cmd.Flags().StringArrayVarP(&queues, "queue", "q", nil, "only queue `Q`; may be repeated")
 	cmd.Flags().BoolVar(&ahead, "forecast", false, "show the tasks falling due per --step over the next --window, and the busiest second")
-	cmd.Flags().DurationVar(&window, "window", time.Hour, "with --forecast: how far ahead, a multiple of --step")
-	cmd.Flags().DurationVar(&step, "step", time.Minute, "with --forecast: the width of a bucket, whole seconds")
+	cmd.Flags().BoolVar(&summary, "summary", false, "a row per queue, without its shards")
+	cmd.Flags().BoolVar(&perShard, "shards", false, "a row per shard too, however many")
+	cmd.Flags().DurationVar(&window, "window", time.Hour, "with --forecast: how far ahead to look, a `DURATION` that is a multiple of --step")
+	cmd.Flags().DurationVar(&step, "step", time.Minute, "with --forecast: the width of a bucket, a `DURATION` of whole seconds")
 	jsonFlag(cmd.Flags(), &asJSON)
 	return cmd
 }
@@ -131,14 +154,31 @@ func recordedQueues(ctx context.Context, rdb redis.UniversalClient, prefix strin
 	return out, err
 }
 
-// writeStats prints the human table: per queue a line of sums, then a line
-// per shard; after it, who sweeps each queue and why broken shards are.
-func writeStats(w io.Writer, prefix string, states []queuestate.Queue) {
+// summaryAbove is how many shard rows, all queues together, the table
+// shows by default; more and it has a row per queue only.
+const summaryAbove = 8
+
+// writeStats prints the human table: per queue a line of sums, then, with
+// perShard, a line per shard; after it, who sweeps each queue and why
+// broken shards are. Without perShard the second column is the queue's
+// shard count, and the broken shards are named in the notes.
+func writeStats(w io.Writer, prefix string, states []queuestate.Queue, perShard bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "QUEUE\tSHARD\tPENDING\tDUE\tIN FLIGHT\tLEASE RAN OUT\tDEAD\tOLDEST DUE AGE\tRETRIED\tOLDEST RETRIED AGE\tNEXT DUE (UTC)\t")
+	second := "SHARD"
+	if !perShard {
+		second = "SHARDS"
+	}
+	fmt.Fprintln(tw, "QUEUE\t"+second+"\tPENDING\tDUE\tIN FLIGHT\tLEASE RAN OUT\tDEAD\tOLDEST DUE AGE\tRETRIED\tOLDEST RETRIED AGE\tNEXT DUE (UTC)\t")
 	var notes []string
 	for _, q := range states {
-		fmt.Fprintf(tw, "%s\tall\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, age(q.OldestDueAge), q.Retried, age(q.RetriedAge), nextDue(q.NextDueMs))
+		first := "all"
+		if !perShard {
+			first = fmt.Sprint(len(q.Shards))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, first, q.Pending, q.Due, q.Inflight, q.Expired, q.Dead, age(q.OldestDueAge), q.Retried, age(q.RetriedAge), nextDue(q.NextDueMs))
+		if !perShard {
+			notes = append(notes, brokenNotes(q)...)
+		}
 		k := shard.Keys{Prefix: prefix, Queue: q.Name}
 		var beyond []string
 		for _, s := range q.Shards {
@@ -147,13 +187,18 @@ func writeStats(w io.Writer, prefix string, states []queuestate.Queue) {
 				idx += "*"
 				beyond = append(beyond, k.Pending(s.Index))
 			}
+			if s.Err == "" {
+				notes = append(notes, scoreNotes(q.Name, k.Pending(s.Index), s)...)
+			}
+			if !perShard {
+				continue
+			}
 			if s.Err != "" {
 				fmt.Fprintf(tw, "%s\t%s\tBROKEN\t\t\t\t\t\t\t\t\t\n", q.Name, idx)
 				notes = append(notes, fmt.Sprintf("queue %s shard %d is broken: %s", q.Name, s.Index, s.Err))
 				continue
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t\n", q.Name, idx, s.Pending, s.Due, s.Inflight, s.Expired, s.Dead, age(s.OldestDueAge), s.Retried, age(s.RetriedAge), nextDue(s.NextDueMs))
-			notes = append(notes, scoreNotes(q.Name, k.Pending(s.Index), s)...)
 		}
 		if len(beyond) > 0 {
 			notes = append(notes, fmt.Sprintf("queue %s has %d pending tasks in shards beyond its %d (*: %s): a producer hashes with a larger count than the recorded one; the sweeping instance moves them to their shards within %s, and counts them in dispatcher_tasks_misplaced_total",
@@ -172,8 +217,8 @@ func writeStats(w io.Writer, prefix string, states []queuestate.Queue) {
 		}
 		notes = append(notes, fmt.Sprintf("queue %s is swept by %s", q.Name, sweeper))
 		if q.Retried > 0 {
-			notes = append(notes, fmt.Sprintf("queue %s has %d tasks retried after failed publishes (the oldest %s late): the instances' logs and /readyz name the cause",
-				q.Name, q.Retried, age(q.RetriedAge)))
+			notes = append(notes, fmt.Sprintf("queue %s has %s retried after failed publishes (the oldest %s late): the instances' logs and /readyz name the cause",
+				q.Name, plural(int(q.Retried), "task", "tasks"), age(q.RetriedAge)))
 		}
 		if q.Paused > 0 {
 			notes = append(notes, fmt.Sprintf("queue %s is PAUSED (%d of %d shards): nothing is claimed until `dispatcher resume --queue %s`", q.Name, q.Paused, len(q.Shards), q.Name))
@@ -196,6 +241,36 @@ func scoreNotes(queue, key string, s queuestate.Shard) []string {
 	if f := s.LastFar; f != nil {
 		out = append(out, fmt.Sprintf("queue %s shard %d (%s) has %d tasks scored after year 5138 (the last: %q, score %s): micro- or nanoseconds written for ms, or +inf; they wait until then (+inf forever)",
 			queue, s.Index, key, s.Far, f.Member, f.Score))
+	}
+	return out
+}
+
+// brokenNotes name a queue's broken shards by error, a line each, eight
+// shards at most: "queue orders shards 3, 5 are broken: WRONGTYPE ...".
+func brokenNotes(q queuestate.Queue) []string {
+	var errs []string
+	by := map[string][]string{}
+	for _, s := range q.Shards {
+		if s.Err == "" {
+			continue
+		}
+		if by[s.Err] == nil {
+			errs = append(errs, s.Err)
+		}
+		by[s.Err] = append(by[s.Err], fmt.Sprint(s.Index))
+	}
+	var out []string
+	for _, e := range errs {
+		idx := by[e]
+		list := strings.Join(idx[:min(len(idx), 8)], ", ")
+		if len(idx) > 8 {
+			list += fmt.Sprintf(" and %d more", len(idx)-8)
+		}
+		if len(idx) == 1 {
+			out = append(out, fmt.Sprintf("queue %s shard %s is broken: %s", q.Name, list, e))
+		} else {
+			out = append(out, fmt.Sprintf("queue %s shards %s are broken: %s", q.Name, list, e))
+		}
 	}
 	return out
 }

@@ -91,9 +91,9 @@ settings.`,
 	fs := cmd.Flags()
 	queueFlag(fs, &queue)
 	fs.StringVar(&exchange, "exchange", "", "the exchange `X` the queue's tasks are published to")
-	fs.StringVar(&routingKey, "routing-key", "", "their routing `key` (default: the queue name)")
+	fs.StringVar(&routingKey, "routing-key", "", "their routing `KEY` (default: the queue name)")
 	fs.IntVar(&count, "count", 0, "stop after `N` tasks (0: no limit)")
-	fs.DurationVar(&timeout, "timeout", 0, "stop after this `duration`, failing if --count is not met")
+	fs.DurationVar(&timeout, "timeout", 0, "stop after this `DURATION`, failing if --count is not met")
 	jsonFlag(fs, &asJSON)
 	return cmd
 }

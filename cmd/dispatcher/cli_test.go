@@ -127,13 +127,19 @@ func TestStatsChecksShardCount(t *testing.T) {
 		"DISPATCHER_QUEUES": "st", "DISPATCHER_QUEUE_ST_SHARDS": "8", "DISPATCHER_QUEUE_ST_EXCHANGE": "tasks",
 	})
 	recordShards(t, rdb, prefix, "st", 16)
-	for _, args := range [][]string{{"stats"}, {"stats", "--json"}, {"stats", "--queue", "st"}} {
+	for _, args := range [][]string{{"stats"}, {"stats", "--json"}, {"stats", "--queue", "st"}, {"stats", "--shards"}} {
 		out, errOut, code := runCLI(t, args...)
 		if code != exitOK || !strings.Contains(errOut, "DISPATCHER_QUEUE_ST_SHARDS=8, but queue st has 16 shards recorded") || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("dispatcher %s with 8 configured, 16 recorded: exit %d, stderr %q, stdout:\n%s", strings.Join(args, " "), code, errOut, out)
 		}
-		if shards := len(regexp.MustCompile(`(?m)^\s*st\s+(all|\d+)\s`).FindAllString(out, -1)); len(args) == 1 && shards != 17 { // the sum and 16 shards
-			t.Errorf("stats shows %d lines of queue st, want 17:\n%s", shards, out)
+		// Every shard (with --shards: more than 8 shards make a summary
+		// by default), or the queue's row saying 16 shards.
+		rows := regexp.MustCompile(`(?m)^\s*st\s+(all|\d+)\s`).FindAllStringSubmatch(out, -1)
+		if args[len(args)-1] == "--shards" && len(rows) != 17 { // the sum and 16 shards
+			t.Errorf("stats --shards shows %d lines of queue st, want 17:\n%s", len(rows), out)
+		}
+		if len(args) == 1 && (len(rows) != 1 || rows[0][1] != "16") {
+			t.Errorf("stats shows %d lines of queue st, want its summary of 16 shards:\n%s", len(rows), out)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/internal/instances"
 	"github.com/dispatcher/dispatcher/internal/monitor"
 	"github.com/dispatcher/dispatcher/internal/queuestate"
 	"github.com/dispatcher/dispatcher/internal/redact"
@@ -158,6 +159,19 @@ func runDaemon(stderr io.Writer) int {
 		Registerer: reg, Logger: log.With("component", "watchdog"),
 	})
 
+	// Every instance writes what it does for each queue to Redis, for the
+	// status pages and /readyz of all of them.
+	host, pid := hostPID()
+	names := make([]string, len(cfg.QueueSettings))
+	for n, q := range cfg.QueueSettings {
+		names[n] = q.Name
+	}
+	records := instances.New(rdb, instances.Options{
+		Prefix: cfg.KeyPrefix, ID: instance, Host: host, PID: pid, Version: version(), Queues: names,
+		Totals: counterTotals(reg), Sweeps: func(q string) bool { return byQueue[q].Sweeping() }, Paused: mon.Paused,
+		Logger: log.With("component", "instances"),
+	})
+
 	// The endpoint serves from here on: /healthz while the process runs,
 	// /readyz and the status page saying what the start waits for.
 	boot := &startup{since: time.Now()}
@@ -166,6 +180,7 @@ func runDaemon(stderr io.Writer) int {
 	if cfg.HTTPAddr != "" {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot, counts: counts, failures: publishFailures(scs),
 			recurring: recurringView(rdb, cfg),
+			fleet:     &fleet{rdb: rdb, prefix: cfg.KeyPrefix, queues: names, self: records, id: instance},
 			page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
 				Broker: statuspage.Broker{URL: redact.URLs(strings.Join(nodes, ","))},
@@ -218,6 +233,8 @@ func runDaemon(stderr io.Writer) int {
 	}
 	scanners.Add(1)
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
+	scanners.Add(1)
+	go func() { defer scanners.Done(); records.Run(ctx) }()
 	startRecurring(ctx, &scanners, rdb, cfg, byQueue, reg, log)
 	// One line when Redis is lost and one when it is back, for the process.
 	outages := &redisconn.Watcher{Client: rdb, Logger: log.With("component", "redis")}

@@ -45,7 +45,10 @@ type status struct {
 	failures func() []string
 	// recurring reads the served queues' recurring schedules.
 	recurring func(context.Context) []statuspage.Recurring
-	page      statuspage.Data // the page's fixed part: instance, URLs, ...
+	// fleet reads the records of the instances serving the queues: the
+	// queues as a whole.
+	fleet *fleet
+	page  statuspage.Data // the page's fixed part: instance, URLs, ...
 }
 
 // startHTTP serves /healthz (the process runs), /readyz (Redis and the
@@ -69,6 +72,10 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
+		// The queues as a whole are read meanwhile: a Redis that does not
+		// answer holds /readyz up once, not twice.
+		whole := make(chan []string, 1)
+		go func() { whole <- st.wholeLines(ctx) }()
 		broker := st.pub.State()
 		problems := st.problems(ctx, broker)
 		problems = append(problems, st.mon.Stalls()...)
@@ -81,14 +88,14 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			for _, p := range append(problems, failures...) {
+			for _, p := range append(append(problems, failures...), <-whole...) {
 				fmt.Fprintln(w, p)
 			}
 			return
 		}
 		fmt.Fprintln(w, "ready")
 		fmt.Fprintln(w, "broker: connected to node", broker.Node)
-		for _, f := range failures {
+		for _, f := range append(failures, <-whole...) {
 			fmt.Fprintln(w, f)
 		}
 	})
@@ -268,7 +275,19 @@ func (st status) pageData(ctx context.Context) statuspage.Data {
 	if st.recurring != nil {
 		d.Recurring = st.recurring(ctx)
 	}
+	if st.fleet != nil {
+		d.Whole = st.fleet.read(ctx)
+	}
 	return d
+}
+
+// wholeLines say each queue as a whole for /readyz, once the start is
+// over (the records are not written before).
+func (st status) wholeLines(ctx context.Context) []string {
+	if st.fleet == nil || st.boot.problem() != "" {
+		return nil
+	}
+	return wholeLines(st.fleet.read(ctx), st.page.Instance)
 }
 
 // lateness reads this instance's dispatch lateness histogram per queue.

@@ -116,6 +116,10 @@ type queueView struct {
 	undated []undatedSeen
 	// farWarned is when tasks scored after year 5138 were last warned of.
 	farWarned time.Time
+	// pauseKnown: a read while swept found how many shards were paused,
+	// pausedWas; the next one that finds otherwise logs the change.
+	pauseKnown bool
+	pausedWas  int
 }
 
 // undatedSeen is the first undated task of a shard and when it was first
@@ -285,6 +289,9 @@ func (m *Monitor) read(ctx context.Context, vs []*queueView) {
 			m.export(v)
 			m.watch(v, now)
 			m.warnFar(v, now)
+			if err == nil {
+				m.pauseNews(v)
+			}
 		}
 	}
 	if err != nil && ctx.Err() == nil && now.Sub(m.lastFailLog) > 10*time.Second {
@@ -428,6 +435,35 @@ func (m *Monitor) export(v *queueView) {
 	m.paused.WithLabelValues(l).Set(b2f(q.Paused > 0))
 }
 
+// pauseNews logs, once each, that the swept queue was found paused
+// (`dispatcher pause`) or resumed since the last read: the claims only say
+// "paused" while tasks are due, and nothing says a resume.
+func (m *Monitor) pauseNews(v *queueView) {
+	q := v.State
+	switch {
+	case q.Paused > 0 && (!v.pauseKnown || v.pausedWas == 0):
+		m.log.Info("queue paused: no instance claims its tasks until `dispatcher resume`", "queue", q.Name,
+			"paused_shards", q.Paused, "shards", len(q.Shards), "due", q.Due)
+	case q.Paused == 0 && v.pauseKnown && v.pausedWas > 0:
+		m.log.Info("queue resumed: its tasks are claimed again", "queue", q.Name, "due", q.Due)
+	}
+	v.pauseKnown, v.pausedWas = true, q.Paused
+}
+
+// Paused is how many of a queue's shards were paused at this instance's
+// last read of it while sweeping it; known is false if it does not sweep
+// the queue or has not read it since it took the role.
+func (m *Monitor) Paused(queue string) (shards int, known bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, v := range m.queues {
+		if v.target.Name == queue && v.Swept && v.pauseKnown {
+			return v.pausedWas, true
+		}
+	}
+	return 0, false
+}
+
 // unexport drops a queue's gauges when another instance took the sweeping
 // over: two instances exporting it would be fine for max by (queue), a
 // stale copy forever would not.
@@ -437,6 +473,7 @@ func (m *Monitor) unexport(v *queueView) {
 	}
 	v.StalledSince, v.Waiting = time.Time{}, nil
 	v.Ahead, v.herdAt = Ahead{}, 0
+	v.pauseKnown = false
 }
 
 // watch is the stall watchdog: it logs at error level when the queue's

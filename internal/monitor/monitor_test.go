@@ -386,3 +386,37 @@ func TestBadScores(t *testing.T) {
 		t.Errorf("far scores warned of without key, count, member and score:\n%s", logged)
 	}
 }
+
+// TestPauseAndResumeLogged: the sweeping instance logs a pause it finds,
+// and the resume, once each however many reads see the same, and tells
+// how many shards are paused.
+func TestPauseAndResumeLogged(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	var log syncBuf
+	m := New(rdb, Options{Queues: []queuestate.Target{{Name: "q", Shards: 2}}, KeyPrefix: prefix,
+		Interval: time.Second, StallAfter: time.Minute, Sweeping: func(string) bool { return true },
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	count := func(msg string) int { return strings.Count(log.String(), `msg="`+msg) }
+	readNow(ctx, m)
+	if n, known := m.Paused("q"); n != 0 || !known || count("queue paused") != 0 {
+		t.Fatalf("before the pause: paused %d (known %v), log:\n%s", n, known, log.String())
+	}
+	for i := range 2 {
+		rdb.Set(ctx, k.Paused(i), 1, 0)
+	}
+	readNow(ctx, m)
+	readNow(ctx, m)
+	if n, _ := m.Paused("q"); n != 2 || count("queue paused") != 1 || !strings.Contains(log.String(), "paused_shards=2") {
+		t.Errorf("paused: %d shards, log:\n%s", n, log.String())
+	}
+	rdb.Del(ctx, k.Paused(0), k.Paused(1))
+	readNow(ctx, m)
+	readNow(ctx, m)
+	if n, _ := m.Paused("q"); n != 0 || count("queue resumed") != 1 || count("queue paused") != 1 {
+		t.Errorf("resumed: %d shards paused, log:\n%s", n, log.String())
+	}
+}

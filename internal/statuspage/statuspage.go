@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dispatcher/dispatcher/internal/instances"
 	"github.com/dispatcher/dispatcher/internal/monitor"
 )
 
@@ -28,6 +29,7 @@ var page = template.Must(template.New("page.html").Funcs(template.FuncMap{
 	"rate":   fmtRate,
 	"ucount": func(n uint64) string { return fmtCount(int64(n)) },
 	"last":   func(n int) int { return n - 1 },
+	"join":   func(s []string) string { return strings.Join(s, ", ") },
 }).ParseFS(files, "page.html"))
 
 // Data is what the page shows.
@@ -43,7 +45,8 @@ type Data struct {
 	Starting string
 	Queues   []monitor.View
 	// Lateness is this instance's dispatch lateness per queue, from its
-	// histogram.
+	// histogram: its buckets are the lateness picture's (with those of
+	// the other instances' records).
 	Lateness map[string][]Bucket
 	// Counts are this instance's counters per queue, sampled about once a
 	// second, oldest first: what it published per second and the errors
@@ -51,6 +54,10 @@ type Data struct {
 	Counts map[string][]Count
 	// Recurring lists the served queues' recurring schedules.
 	Recurring []Recurring
+	// Whole is what the records of every live instance serving the queues
+	// say of each (package instances), this instance's own up to the
+	// moment: the queue as a whole.
+	Whole []instances.Queue
 }
 
 // Count is one sample of a queue's counters on this instance (cumulative,
@@ -93,11 +100,22 @@ type Bucket struct {
 
 // Render writes the page.
 func Render(w io.Writer, d Data) error {
-	v := view{Data: d}
+	v := view{Data: d, Instances: instanceRows(d.Whole, d.Instance)}
+	byName := map[string]instances.Queue{}
+	for _, wq := range d.Whole {
+		byName[wq.Name] = wq
+	}
 	for _, q := range d.Queues {
-		r := queueRow(q, d.Lateness[q.State.Name])
+		name := q.State.Name
+		wq, ok := byName[name]
+		wh := wholeOf(wq, ok, d.Instance)
+		// The lateness picture is the queue's over the last minute, all
+		// instances together, in this instance's buckets and theirs.
+		r := queueRow(q, cumulative(wh.Sum.Late, d.Lateness[name]))
 		r.ReadAgo = fmtAgo(d.Now, q.ReadAt)
-		r.Flow = flowOf(d.Counts[q.State.Name])
+		r.Flow = flowOf(d.Counts[name])
+		r.Whole = wh
+		r.Published = publishedChart(wh.Sum, wq.NowMs, d.Counts[name], d.Now)
 		v.Rows = append(v.Rows, r)
 	}
 	return page.Execute(w, v)
@@ -105,7 +123,8 @@ func Render(w io.Writer, d Data) error {
 
 type view struct {
 	Data
-	Rows []row
+	Rows      []row
+	Instances []instanceRow
 }
 
 // row is one queue with its pictures laid out.
@@ -125,6 +144,9 @@ type row struct {
 	Ahead    ahead
 	// Herd says the thundering herd coming, "" if none is.
 	Herd string
+	// Whole is the queue across its instances; Published its picture.
+	Whole     whole
+	Published published
 }
 
 // ahead is the hour ahead as the page draws it: a bar per minute.
@@ -154,9 +176,6 @@ type flow struct {
 	Span     time.Duration // the span of all samples: the errors' window
 	Errors   int64         // errors over Span
 	Kinds    string        // "wrongtype 12, redis 3"
-	Points   string        // published per second, as an SVG polyline
-	Top      float64       // the chart's top, per second
-	Empty    bool          // too few samples for a chart
 	Measured bool          // at least two samples
 }
 
@@ -164,7 +183,7 @@ type flow struct {
 const recentSpan = 10 * time.Second
 
 func flowOf(cs []Count) flow {
-	f := flow{Empty: len(cs) < 3, Measured: len(cs) >= 2}
+	f := flow{Measured: len(cs) >= 2}
 	if !f.Measured {
 		return f
 	}
@@ -195,24 +214,6 @@ func flowOf(cs []Count) flow {
 		kinds[n] = fmt.Sprintf("%s %d", k, int64(last.Errors[k]-first.Errors[k]))
 	}
 	f.Kinds = strings.Join(kinds, ", ")
-	if f.Empty {
-		return f
-	}
-	rates := make([]float64, len(cs)-1)
-	for n := 1; n < len(cs); n++ {
-		if dt := cs[n].At.Sub(cs[n-1].At).Seconds(); dt > 0 {
-			rates[n-1] = (cs[n].Published - cs[n-1].Published) / dt
-		}
-		f.Top = max(f.Top, rates[n-1])
-	}
-	f.Top = niceCeil(max(f.Top, 1))
-	span := cs[len(cs)-1].At.Sub(cs[1].At)
-	pts := make([]string, len(rates))
-	for n, r := range rates {
-		x := chartW * float64(cs[n+1].At.Sub(cs[1].At)) / float64(max(span, 1))
-		pts[n] = fmt.Sprintf("%.1f,%.1f", x, chartH-chartH*r/f.Top)
-	}
-	f.Points = strings.Join(pts, " ")
 	return f
 }
 

@@ -72,10 +72,7 @@ func TestFlow(t *testing.T) {
 	if f.Rate != 20 || f.Recent != 10*time.Second || f.Span != 30*time.Second || f.Errors != 10 || f.Kinds != "wrongtype 7, redis 3" {
 		t.Errorf("flow %+v", f)
 	}
-	if f.Top != 20 || f.Empty || !strings.HasPrefix(f.Points, "0.0,0.0 ") {
-		t.Errorf("chart: top %v, points %q", f.Top, f.Points)
-	}
-	if f := flowOf(cs[:1]); f.Measured || !f.Empty {
+	if f := flowOf(cs[:1]); f.Measured {
 		t.Errorf("one sample: %+v", f)
 	}
 }
