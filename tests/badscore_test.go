@@ -24,6 +24,7 @@ import (
 // DISPATCHER_STALL_AFTER is still a stall. Woken, they go out at once
 // (-inf with due time 0), each warned of with its key, member and score.
 func TestUndatedScores(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	q := queueSpec{Name: "undated", Shards: 1}
 	h := newHarness(t, q)
 	addr := testenv.FreeAddr(t)
@@ -110,6 +111,7 @@ func TestUndatedScores(t *testing.T) {
 // and score (the last of each shard's). `dispatcher list` shows +inf as
 // never due, without a message_id, and stats counts them.
 func TestFarFutureScores(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	q := queueSpec{Name: "far", Shards: 3}
 	h := newHarness(t, q)
 	p := h.start()

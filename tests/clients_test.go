@@ -273,6 +273,7 @@ func testClientDispatcher(t *testing.T, lang string, run func(req []byte) string
 // TestClientPythonDispatcher installs clients/python into a virtual
 // environment with pip, as its README says, and runs it end to end.
 func TestClientPythonDispatcher(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	requireClientPython(t)
 	dir := t.TempDir()
 	// From a copy: pip builds in the source folder, which stays clean.
@@ -301,6 +302,7 @@ func TestClientPythonDispatcher(t *testing.T) {
 // TestClientNodeDispatcher packs clients/node with npm pack, installs the
 // tarball into an empty project, as its README says, and runs it end to end.
 func TestClientNodeDispatcher(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	ensureNodeModules(t) // its dependencies in npm's cache
 	dir := t.TempDir()
 	pack := runIn(t, clientNode, nil, nil, 2*time.Minute, "npm", "pack", "--pack-destination", dir, "--silent")

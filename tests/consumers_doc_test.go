@@ -177,6 +177,7 @@ func startProcess(t *testing.T, name string, args ...string) (*exec.Cmd, *syncBu
 // redis-py) as written, with this test's names and servers: see
 // runConsumerDoc. Its marks in Redis survive the restart.
 func TestConsumersDocPython(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	if out, err := exec.Command(systemPython, "-c", "import pika, redis").CombinedOutput(); err != nil {
 		t.Fatalf("%s cannot import pika and redis (%v: %s): run scripts/dev.sh test, which installs python3-pika",
 			systemPython, err, strings.TrimSpace(string(out)))
@@ -265,6 +266,7 @@ public final class ConsumerDoc {
 // one mark and one work row per task done, the failed task's work rolled
 // back every time.
 func TestConsumersDocJava(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	requireExampleTools(t)
 	if _, err := os.Stat(sqliteJar); err != nil {
 		t.Fatalf("%v: run scripts/dev.sh test, which installs libxerial-sqlite-jdbc-java", err)

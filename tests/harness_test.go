@@ -1,5 +1,10 @@
 // Package tests drives real dispatcher processes, built from cmd/dispatcher,
 // against real Redis and RabbitMQ servers.
+//
+// Most tests run one at a time, since what they check is timed. Those that
+// mostly wait (a walk's minute, a record's expiry, a package install, a
+// release build, a consumer's restart) call t.Parallel, so that they wait
+// together once the others are done and the package stays within CI's time.
 package tests
 
 import (

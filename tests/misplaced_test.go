@@ -20,6 +20,7 @@ import (
 // dispatched, counts them in dispatcher_tasks_misplaced_total and warns
 // naming the key. A task due in an hour is moved too, to its shard by 32.
 func TestLargerCountProducer(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	q := queueSpec{Name: "wide", Shards: 32}
 	h := newHarness(t, q)
 	addr := testenv.FreeAddr(t)

@@ -77,6 +77,7 @@ func (r clusterRun) node(t testing.TB) string {
 	eventually(t, 15*time.Second, "/readyz naming the node in use", func() bool {
 		code, body := readyz(r.addr)
 		_, after, ok := strings.Cut(body, "broker: connected to node ")
+		after, _, _ = strings.Cut(after, "\n") // the queues' lines follow
 		node = strings.TrimSpace(after)
 		return code == 200 && ok && node != ""
 	})

@@ -142,6 +142,7 @@ func (p plannedTraffic) run(t *testing.T, prod *shard.Producer) {
 // a clean stop should cause none; the bound only catches gross failures
 // (what the stops could resend if every outstanding confirm was lost).
 func TestRollingUpgrade(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	rel := latestRelease(t)
 	oldBin := buildRelease(t, rel)
 

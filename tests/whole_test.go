@@ -48,6 +48,7 @@ func startSweeperThenOther(t *testing.T, h *harness, q string) (sweeper, other *
 // same. When the sweeper is killed, its record stays until it expires
 // (TTL after its last write), then it drops off the page and /readyz.
 func TestStatusPageWholeQueue(t *testing.T) {
+	t.Parallel() // mostly waiting: see the package comment
 	h := newHarness(t, queueSpec{Name: "orders", Shards: 8})
 	sweeper, other, _, addr, sweeperID := startSweeperThenOther(t, h, "orders")
 	otherID := "" // read from the page below
