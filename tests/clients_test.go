@@ -302,7 +302,7 @@ func TestClientPythonDispatcher(t *testing.T) {
 // TestClientNodeDispatcher packs clients/node with npm pack, installs the
 // tarball into an empty project, as its README says, and runs it end to end.
 func TestClientNodeDispatcher(t *testing.T) {
-	t.Parallel() // mostly waiting: see the package comment
+	t.Parallel()         // mostly waiting: see the package comment
 	ensureNodeModules(t) // its dependencies in npm's cache
 	dir := t.TempDir()
 	pack := runIn(t, clientNode, nil, nil, 2*time.Minute, "npm", "pack", "--pack-destination", dir, "--silent")
