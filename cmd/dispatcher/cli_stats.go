@@ -248,24 +248,11 @@ func scoreNotes(queue, key string, s queuestate.Shard) []string {
 // brokenNotes name a queue's broken shards by error, a line each, eight
 // shards at most: "queue orders shards 3, 5 are broken: WRONGTYPE ...".
 func brokenNotes(q queuestate.Queue) []string {
-	var errs []string
-	by := map[string][]string{}
-	for _, s := range q.Shards {
-		if s.Err == "" {
-			continue
-		}
-		if by[s.Err] == nil {
-			errs = append(errs, s.Err)
-		}
-		by[s.Err] = append(by[s.Err], fmt.Sprint(s.Index))
-	}
+	errs, by := q.BrokenShards()
 	var out []string
 	for _, e := range errs {
 		idx := by[e]
-		list := strings.Join(idx[:min(len(idx), 8)], ", ")
-		if len(idx) > 8 {
-			list += fmt.Sprintf(" and %d more", len(idx)-8)
-		}
+		list := queuestate.JoinIndexes(idx, 8)
 		if len(idx) == 1 {
 			out = append(out, fmt.Sprintf("queue %s shard %s is broken: %s", q.Name, list, e))
 		} else {

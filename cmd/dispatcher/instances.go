@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/instances"
+	"github.com/dispatcher/dispatcher/internal/statuspage"
 )
 
 // counterTotals reads this instance's counters per queue from reg for its
@@ -140,7 +141,7 @@ func wholeLines(qs []instances.Queue, self string) []string {
 		} else {
 			line += ", swept by none of them"
 		}
-		line += fmt.Sprintf("; published %s/s over the last %s", fmtRate(s.Rate), (time.Duration(s.SpanMs) * time.Millisecond).Round(time.Second))
+		line += fmt.Sprintf("; published %s/s over the last %s", statuspage.FmtRate(s.Rate), (time.Duration(s.SpanMs) * time.Millisecond).Round(time.Second))
 		if p50 := s.Late.QuantileText(0.5); p50 != "" {
 			line += fmt.Sprintf("; lateness p50 %s, p99 %s", p50, s.Late.QuantileText(0.99))
 		}
@@ -187,16 +188,4 @@ func wholeLines(qs []instances.Queue, self string) []string {
 			name, in.r.Host, in.r.PID, in.r.Version, sweeps, seen))
 	}
 	return out
-}
-
-// fmtRate writes a per-second figure with the precision it needs.
-func fmtRate(r float64) string {
-	switch {
-	case r >= 100:
-		return fmt.Sprintf("%.0f", r)
-	case r >= 10:
-		return fmt.Sprintf("%.1f", r)
-	default:
-		return fmt.Sprintf("%.2f", r)
-	}
 }

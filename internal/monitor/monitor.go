@@ -590,24 +590,11 @@ func lateShards(q queuestate.Queue, n int) string {
 // brokenShards lists the unreadable shards by error, at most n of each:
 // "shards 0, 1, 2 and 13 more: not read: dial tcp ...".
 func brokenShards(q queuestate.Queue, n int) string {
-	var errs []string
-	by := map[string][]string{}
-	for _, s := range q.Shards {
-		if s.Err == "" {
-			continue
-		}
-		if by[s.Err] == nil {
-			errs = append(errs, s.Err)
-		}
-		by[s.Err] = append(by[s.Err], strconv.Itoa(s.Index))
-	}
+	errs, by := q.BrokenShards()
 	var parts []string
 	for _, e := range errs {
 		idx := by[e]
-		list := strings.Join(idx[:min(len(idx), n)], ", ")
-		if len(idx) > n {
-			list += " and " + strconv.Itoa(len(idx)-n) + " more"
-		}
+		list := queuestate.JoinIndexes(idx, n)
 		word := "shards "
 		if len(idx) == 1 {
 			word = "shard "

@@ -14,6 +14,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -506,4 +507,33 @@ func wrongType(ctx context.Context, rdb redis.UniversalClient, keyTypes ...strin
 		}
 	}
 	return errors.New("WRONGTYPE a key of the shard is not of its type")
+}
+
+// BrokenShards groups the queue's unreadable shards by error, errors in
+// the order first met, each with its shard indexes in order.
+func (q Queue) BrokenShards() (errs []string, shards map[string][]int) {
+	shards = map[string][]int{}
+	for _, s := range q.Shards {
+		if s.Err == "" {
+			continue
+		}
+		if shards[s.Err] == nil {
+			errs = append(errs, s.Err)
+		}
+		shards[s.Err] = append(shards[s.Err], s.Index)
+	}
+	return errs, shards
+}
+
+// JoinIndexes writes at most n shard indexes: "0, 1, 2 and 13 more".
+func JoinIndexes(idx []int, n int) string {
+	parts := make([]string, 0, min(len(idx), n))
+	for _, i := range idx[:min(len(idx), n)] {
+		parts = append(parts, strconv.Itoa(i))
+	}
+	list := strings.Join(parts, ", ")
+	if len(idx) > n {
+		list += " and " + strconv.Itoa(len(idx)-n) + " more"
+	}
+	return list
 }

@@ -26,7 +26,7 @@ var page = template.Must(template.New("page.html").Funcs(template.FuncMap{
 	"count":  fmtCount,
 	"when":   fmtWhen,
 	"sub80":  func(h float64) float64 { return chartH - h },
-	"rate":   fmtRate,
+	"rate":   FmtRate,
 	"ucount": func(n uint64) string { return fmtCount(int64(n)) },
 	"last":   func(n int) int { return n - 1 },
 	"join":   func(s []string) string { return strings.Join(s, ", ") },
@@ -293,7 +293,7 @@ func aheadOf(q monitor.View) (ahead, string) {
 	herd := ""
 	if a2 := q.Ahead; a2.Herd {
 		herd = fmt.Sprintf("%s tasks fall due in one second at %s (within the next minute); queue %s drains %s in 10 s at %s/s (%s)",
-			fmtCount(a2.Peak.Tasks), fmtWhen(a2.Peak.FromMs), q.State.Name, fmtCount(q.HerdLimit), fmtRate(a2.Drain), a2.DrainFrom)
+			fmtCount(a2.Peak.Tasks), fmtWhen(a2.Peak.FromMs), q.State.Name, fmtCount(q.HerdLimit), FmtRate(a2.Drain), a2.DrainFrom)
 	}
 	f := q.Forecast
 	if f == nil {
@@ -321,7 +321,7 @@ func aheadOf(q monitor.View) (ahead, string) {
 	}
 	if herd == "" && q.HerdLimit > 0 && f.Peak.Tasks > q.HerdLimit {
 		herd = fmt.Sprintf("%s tasks fall due in one second at %s; queue %s drains %s in 10 s at %s/s (%s)",
-			fmtCount(f.Peak.Tasks), fmtWhen(f.Peak.FromMs), q.State.Name, fmtCount(q.HerdLimit), fmtRate(q.Drain), q.DrainFrom)
+			fmtCount(f.Peak.Tasks), fmtWhen(f.Peak.FromMs), q.State.Name, fmtCount(q.HerdLimit), FmtRate(q.Drain), q.DrainFrom)
 	}
 	return a, herd
 }
@@ -391,8 +391,8 @@ func fmtAgo(now, at time.Time) string {
 	return d.Round(100 * time.Millisecond).String()
 }
 
-// fmtRate writes a per-second figure with the precision it needs.
-func fmtRate(r float64) string {
+// FmtRate writes a per-second figure with the precision it needs.
+func FmtRate(r float64) string {
 	switch {
 	case r >= 100:
 		return fmt.Sprintf("%.0f", r)
