@@ -88,6 +88,26 @@ func (k Keys) LastClaim(i int) string { return k.tag(i) + ":claim" }
 // Cluster too. Its value is the ms at which the queue was paused.
 func (k Keys) Paused(i int) string { return k.tag(i) + ":paused" }
 
+// Tasks holds the bodies of tasks scheduled with an id (hash: id -> body),
+// P:{Q:i}:tasks. A pending member with a field here is an id; one without
+// is its own body. The claim moves the field to ClaimedBody.
+func (k Keys) Tasks(i int) string { return k.tag(i) + ":tasks" }
+
+// Props holds the message properties of pending tasks (hash: member ->
+// JSON object, see Properties), P:{Q:i}:props. The claim moves the field
+// to ClaimedProps.
+func (k Keys) Props(i int) string { return k.tag(i) + ":props" }
+
+// ClaimedBody holds the bodies of claimed tasks that had one in Tasks
+// (hash: in-flight or dead entry "<due_ms>:<id>" -> body): moved there by
+// the claim, so that a producer scheduling the same id again writes a
+// body of its own, which the older scheduling's ack cannot delete. It
+// leaves with the entry: ack, purge, requeue, unclaim.
+func (k Keys) ClaimedBody(i int) string { return k.tag(i) + ":claimed:body" }
+
+// ClaimedProps is ClaimedBody for the properties (entry -> JSON).
+func (k Keys) ClaimedProps(i int) string { return k.tag(i) + ":claimed:props" }
+
 // Moving, during a change of the shard count, maps the members a move
 // has added to this shard, not yet confirmed, to the score it added (hash,
 // expiring): the move undoes an add only while its member is still listed,

@@ -1,0 +1,187 @@
+package shard
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// MaxIDBytes is the longest task id the contract allows.
+const MaxIDBytes = 1024
+
+// ValidID reports why id cannot be a task id (1 to 1024 bytes), or nil.
+func ValidID(id []byte) error {
+	if len(id) == 0 || len(id) > MaxIDBytes {
+		return fmt.Errorf("task id of %d bytes: must be 1 to %d bytes", len(id), MaxIDBytes)
+	}
+	return nil
+}
+
+// Properties are a task's message properties, stored as a JSON object in
+// P:{Q:i}:props (see CONTRACT.md). Every field is optional; the zero
+// value changes nothing about the message.
+type Properties struct {
+	// RoutingKey replaces the queue's routing key for this task (the
+	// exchange stays the queue's).
+	RoutingKey string `json:"routing_key,omitempty"`
+	// Headers are added to the message's AMQP headers: values are strings,
+	// integers (int64) or booleans. x-dispatcher-*, x-task-id and x-due-ms
+	// are reserved. W3C trace context travels as traceparent/tracestate.
+	Headers map[string]any `json:"headers,omitempty"`
+
+	ContentType     string `json:"content_type,omitempty"`
+	ContentEncoding string `json:"content_encoding,omitempty"`
+	CorrelationID   string `json:"correlation_id,omitempty"`
+	ReplyTo         string `json:"reply_to,omitempty"`
+	Type            string `json:"type,omitempty"`
+	// Priority is the AMQP priority, 0 to 255 (nil: none).
+	Priority *int `json:"priority,omitempty"`
+	// ExpirationMs is the per-message TTL the broker applies once it has
+	// the message (nil: none).
+	ExpirationMs *int64 `json:"expiration_ms,omitempty"`
+	// DeadlineMs (ms since the epoch, nil: none): a task that cannot be
+	// published by then is dead-lettered ("deadline passed") instead of
+	// being published late.
+	DeadlineMs *int64 `json:"deadline_ms,omitempty"`
+}
+
+// ReservedHeader reports whether a header name is the dispatcher's own.
+func ReservedHeader(name string) bool {
+	l := strings.ToLower(name)
+	return strings.HasPrefix(l, "x-dispatcher-") || l == "x-task-id" || l == "x-due-ms"
+}
+
+// Validate reports the first field that breaks the contract's rules.
+func (p *Properties) Validate() error {
+	if p.Priority != nil && (*p.Priority < 0 || *p.Priority > 255) {
+		return fmt.Errorf("properties: priority %d is not 0 to 255", *p.Priority)
+	}
+	if p.ExpirationMs != nil && *p.ExpirationMs < 0 {
+		return fmt.Errorf("properties: expiration_ms %d is negative", *p.ExpirationMs)
+	}
+	names := make([]string, 0, len(p.Headers))
+	for k := range p.Headers {
+		names = append(names, k)
+	}
+	sort.Strings(names) // the same error for the same input
+	for _, k := range names {
+		if k == "" {
+			return errors.New("properties: headers: empty header name")
+		}
+		if ReservedHeader(k) {
+			return fmt.Errorf("properties: headers: %q is reserved for the dispatcher", k)
+		}
+		switch v := p.Headers[k].(type) {
+		case string, bool, int64:
+		case int:
+			p.Headers[k] = int64(v)
+		case json.Number:
+			n, err := v.Int64()
+			if err != nil {
+				return fmt.Errorf("properties: headers: %q: %s is not an integer (strings, integers and booleans only)", k, v)
+			}
+			p.Headers[k] = n
+		case float64:
+			if v != float64(int64(v)) {
+				return fmt.Errorf("properties: headers: %q: %v is not an integer (strings, integers and booleans only)", k, v)
+			}
+			p.Headers[k] = int64(v)
+		default:
+			return fmt.Errorf("properties: headers: %q: a %s (strings, integers and booleans only)", k, jsonKind(v))
+		}
+	}
+	return nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case []any:
+		return "list"
+	case map[string]any:
+		return "object"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// ParseProperties reads and validates a properties JSON object: not JSON,
+// an unknown field, a value of the wrong type or out of range is an error
+// naming the field.
+func ParseProperties(b []byte) (Properties, error) {
+	var p Properties
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 || t[0] != '{' {
+		return p, fmt.Errorf("properties are not a JSON object: %.40q", b)
+	}
+	d := json.NewDecoder(bytes.NewReader(t))
+	d.DisallowUnknownFields()
+	d.UseNumber()
+	if err := d.Decode(&p); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return p, fmt.Errorf("properties: field %q: a JSON %s where a %s goes", te.Field, te.Value, te.Type)
+		}
+		if s, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return p, fmt.Errorf("properties: unknown field %s", s)
+		}
+		return p, fmt.Errorf("properties are not valid JSON: %w", err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return p, errors.New("properties: data after the JSON object")
+	}
+	return p, p.Validate()
+}
+
+// Marshal encodes validated properties as the contract's JSON object.
+func (p Properties) Marshal() ([]byte, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(p)
+}
+
+// IsZero reports whether p sets nothing (no props entry is written then).
+func (p Properties) IsZero() bool {
+	return p.RoutingKey == "" && len(p.Headers) == 0 && p.ContentType == "" && p.ContentEncoding == "" &&
+		p.CorrelationID == "" && p.ReplyTo == "" && p.Type == "" && p.Priority == nil &&
+		p.ExpirationMs == nil && p.DeadlineMs == nil
+}
+
+// HeaderCarrier lets a trace propagator write into the headers: it has
+// the methods of OpenTelemetry's propagation.TextMapCarrier, so
+// otel.GetTextMapPropagator().Inject(ctx, props.Carrier()) puts the
+// current span's traceparent and tracestate there, without this package
+// depending on OpenTelemetry.
+type HeaderCarrier struct{ p *Properties }
+
+// Carrier returns p's headers as a trace-context carrier.
+func (p *Properties) Carrier() HeaderCarrier { return HeaderCarrier{p} }
+
+// Get returns a string header, or "".
+func (c HeaderCarrier) Get(key string) string {
+	s, _ := c.p.Headers[key].(string)
+	return s
+}
+
+// Set sets a string header.
+func (c HeaderCarrier) Set(key, value string) {
+	if c.p.Headers == nil {
+		c.p.Headers = map[string]any{}
+	}
+	c.p.Headers[key] = value
+}
+
+// Keys lists the header names.
+func (c HeaderCarrier) Keys() []string {
+	out := make([]string, 0, len(c.p.Headers))
+	for k := range c.p.Headers {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
