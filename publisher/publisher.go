@@ -32,6 +32,19 @@ type Message struct {
 	DueMs      int64
 	// PublishedUs, when not 0, goes out as header x-published-us.
 	PublishedUs int64
+	// TaskID, when not empty, goes out as header x-task-id.
+	TaskID string
+	// Headers are added to the message's headers (values: string, int64,
+	// bool); the dispatcher's own (x-due-ms, x-task-id, ...) win.
+	Headers map[string]any
+	// The AMQP basic properties of those names; empty: not set.
+	ContentType     string
+	ContentEncoding string
+	CorrelationID   string
+	ReplyTo         string
+	Type            string
+	Priority        uint8
+	Expiration      string // per-message TTL in ms, as AMQP writes it
 }
 
 // Options configure a Publisher.
@@ -433,16 +446,30 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 }
 
 func publishing(m Message, now time.Time) amqp.Publishing {
-	h := amqp.Table{"x-due-ms": m.DueMs}
+	h := make(amqp.Table, len(m.Headers)+3)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	h["x-due-ms"] = m.DueMs
 	if m.PublishedUs != 0 {
 		h["x-published-us"] = m.PublishedUs
 	}
+	if m.TaskID != "" {
+		h["x-task-id"] = m.TaskID
+	}
 	return amqp.Publishing{
-		DeliveryMode: amqp.Persistent,
-		MessageId:    m.MessageID,
-		Timestamp:    now,
-		Headers:      h,
-		Body:         m.Body,
+		DeliveryMode:    amqp.Persistent,
+		MessageId:       m.MessageID,
+		Timestamp:       now,
+		Headers:         h,
+		Body:            m.Body,
+		ContentType:     m.ContentType,
+		ContentEncoding: m.ContentEncoding,
+		CorrelationId:   m.CorrelationID,
+		ReplyTo:         m.ReplyTo,
+		Type:            m.Type,
+		Priority:        m.Priority,
+		Expiration:      m.Expiration,
 	}
 }
 

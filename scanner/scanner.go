@@ -79,6 +79,11 @@ type Options struct {
 	// StampPublished adds header x-published-us to every message.
 	StampPublished bool
 
+	// Tracer, if set, is told of every message about to be published
+	// whose headers carry a W3C traceparent (see Tracer). Nil: trace
+	// context passes through unchanged and costs nothing.
+	Tracer Tracer
+
 	Logger  *slog.Logger
 	Metrics *Metrics
 
