@@ -33,7 +33,7 @@ func benchClaim(b *testing.B, batch int) {
 	rdb := testenv.Redis(b)
 	k := shard.Keys{Prefix: testenv.Name(b), Queue: "q"}
 	testenv.CleanRedis(b, rdb, k.Prefix)
-	keys := []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0), k.Paused(0)}
+	keys := claimKeysOf(k, 0)
 
 	now := time.Now().UnixMilli()
 	pad := strings.Repeat("x", 190)
@@ -63,7 +63,7 @@ func benchClaim(b *testing.B, batch int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if got := len(v) - 5; got != batch {
+		if got := len(entriesOf(v)); got != batch {
 			b.Fatalf("claimed %d members, want %d", got, batch)
 		}
 		// The dispatcher forgets confirmed entries; keep the in-flight
@@ -90,7 +90,7 @@ func BenchmarkClaimShardSize(b *testing.B) {
 	k := shard.Keys{Prefix: testenv.Name(b), Queue: "q"}
 	testenv.CleanRedis(b, rdb, k.Prefix)
 	b.Cleanup(func() { rdb.Unlink(ctx, k.Pending(0), k.Inflight(0), k.LastClaim(0)) })
-	keys := []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0), k.Paused(0)}
+	keys := claimKeysOf(k, 0)
 	most := 100_000
 	if v, err := strconv.Atoi(os.Getenv("DISPATCHER_BENCH_SHARD_MAX")); err == nil && v > 0 {
 		most = v
@@ -133,7 +133,7 @@ func BenchmarkClaimShardSize(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if got := len(v) - 5; got != batch {
+				if got := len(entriesOf(v)); got != batch {
 					b.Fatalf("claimed %d, want %d", got, batch)
 				}
 			}

@@ -194,12 +194,13 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			s.lim.Warn("reaped", "took over tasks whose lease ran out", "shard", i, "tasks", c.reaped)
 		}
 		b := batch{shard: i, deadline: c.deadline, reserved: d.job.reservedAt(n), nowUs: c.nowUs}
-		for _, e := range c.entries {
+		for k, e := range c.entries {
 			t, err := ParseEntry(e)
 			if err != nil {
 				s.lim.Error("entry", "skipping malformed in-flight entry", "shard", i, "err", err)
 				continue
 			}
+			t.withStored(c.bodies[k], c.props[k])
 			b.tasks = append(b.tasks, t)
 		}
 		if len(b.tasks) > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -75,11 +76,26 @@ func (s *Scanner) dispatch(work context.Context, b batch, published, done func()
 	nowUs := min(s.clock.surelyUs(b.shard), b.nowUs)
 	complete := len(b.tasks) == 0
 	for _, t := range b.tasks {
-		if len(t.Member) > s.opt.MaxMessageBytes {
+		if n := len(t.Payload()); n > s.opt.MaxMessageBytes {
 			s.met.error("too_large", 1)
+			what := "member"
+			if t.HasID {
+				what = "body"
+			}
 			complete = p.record(outcome{t.Entry, "dead", fmt.Sprintf(
-				"member is %d bytes, over DISPATCHER_MAX_MESSAGE_BYTES=%d", len(t.Member), s.opt.MaxMessageBytes)})
+				"%s is %d bytes, over DISPATCHER_MAX_MESSAGE_BYTES=%d", what, n, s.opt.MaxMessageBytes)})
 			continue
+		}
+		if t.Props != nil {
+			// Bad properties are the task's own fault: it alone is
+			// dead-lettered, with the field named.
+			props, err := shard.ParseProperties(t.Props)
+			if err != nil {
+				s.met.error("bad_properties", 1)
+				complete = p.record(outcome{t.Entry, "dead", err.Error()})
+				continue
+			}
+			t.props = &props
 		}
 		if t.DueMs*1000 > nowUs {
 			later = append(later, heldTask{task: t, batch: p})
@@ -131,6 +147,10 @@ func (s *Scanner) handBack(tasks []heldTask) []*progress {
 // publishTasks publishes tasks that are due, in one publish, and records
 // each one's outcome in its batch. It returns the batches it completed.
 func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progress {
+	tasks, out := s.pastDeadline(tasks)
+	if len(tasks) == 0 {
+		return out
+	}
 	msgs := make([]publisher.Message, 0, len(tasks))
 	// Publishing ends before the earliest lease of the tasks' batches
 	// does, less a margin to settle: past it another instance may take
@@ -164,10 +184,26 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		}
 		msgs = append(msgs, m)
 	}
+	var ends []func(error)
+	if s.opt.Tracer != nil {
+		for n := range msgs {
+			if _, ok := msgs[n].Headers["traceparent"].(string); ok {
+				if ends == nil {
+					ends = make([]func(error), len(msgs))
+				}
+				ends[n] = s.opt.Tracer.Start(s.opt.Queue, &msgs[n])
+			}
+		}
+	}
 	leased, cancel := context.WithTimeout(work, leaseLeft)
 	defer cancel()
 	errs := s.pub.Publish(leased, msgs)
 	s.isolateRefused(leased, msgs, errs)
+	for n, end := range ends {
+		if end != nil {
+			end(errs[n])
+		}
+	}
 	if work.Err() == nil {
 		for n, err := range errs {
 			if errors.Is(err, publisher.ErrStopped) {
@@ -176,7 +212,6 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		}
 	}
 
-	var out []*progress
 	var confirmed int
 	var failed []error // the task's fault, or the broker's view of it: retried
 	for n, err := range errs {
@@ -261,13 +296,69 @@ func (s *Scanner) settleBatch(p *progress) {
 }
 
 func (s *Scanner) message(t Task, hash uint64) publisher.Message {
-	return publisher.Message{
+	m := publisher.Message{
 		Exchange:   s.opt.Exchange,
 		RoutingKey: s.opt.RoutingKey,
-		Body:       t.Member,
+		Body:       t.Payload(),
 		MessageID:  shard.MessageIDOf(hash, t.DueMs),
 		DueMs:      t.DueMs,
 	}
+	if t.HasID {
+		m.TaskID = string(t.Member)
+	}
+	if p := t.props; p != nil {
+		if p.RoutingKey != "" {
+			m.RoutingKey = p.RoutingKey
+		}
+		if len(p.Headers) > 0 {
+			// A copy: a tracer may rewrite the trace context of this
+			// publish only.
+			m.Headers = make(map[string]any, len(p.Headers))
+			for k, v := range p.Headers {
+				m.Headers[k] = v
+			}
+		}
+		m.ContentType, m.ContentEncoding, m.CorrelationID = p.ContentType, p.ContentEncoding, p.CorrelationID
+		m.ReplyTo, m.Type = p.ReplyTo, p.Type
+		if p.Priority != nil {
+			m.Priority = uint8(*p.Priority)
+		}
+		if p.ExpirationMs != nil {
+			m.Expiration = strconv.FormatInt(*p.ExpirationMs, 10)
+		}
+	}
+	return m
+}
+
+// pastDeadline dead-letters the tasks whose properties' deadline_ms the
+// Redis clock has passed (an outage, a pause, a backlog or a rate limit
+// kept them): they are not published late. It returns the others and the
+// batches it completed.
+func (s *Scanner) pastDeadline(tasks []heldTask) ([]heldTask, []*progress) {
+	var keep []heldTask // nil while every task so far is kept
+	var done []*progress
+	for n, t := range tasks {
+		if p := t.task.props; p != nil && p.DeadlineMs != nil {
+			if nowMs := s.clock.serverNowUs(t.batch.b.shard) / 1000; nowMs > *p.DeadlineMs {
+				if keep == nil {
+					keep = append(make([]heldTask, 0, len(tasks)), tasks[:n]...)
+				}
+				s.met.error("deadline", 1)
+				why := fmt.Sprintf("deadline passed: deadline_ms %d, %d ms before it could be published (Redis clock)", *p.DeadlineMs, nowMs-*p.DeadlineMs)
+				if t.batch.record(outcome{t.task.Entry, "dead", why}) {
+					done = append(done, t.batch)
+				}
+				continue
+			}
+		}
+		if keep != nil {
+			keep = append(keep, t)
+		}
+	}
+	if keep == nil {
+		return tasks, nil
+	}
+	return keep, done
 }
 
 // isolateRefused publishes again, each on a channel of its own, the

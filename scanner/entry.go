@@ -2,7 +2,9 @@ package scanner
 
 import (
 	"bytes"
+
 	"fmt"
+	"github.com/dispatcher/dispatcher/shard"
 	"math"
 	"strconv"
 )
@@ -12,6 +14,31 @@ type Task struct {
 	Entry  string // the in-flight entry, "<due_ms>:<member>"
 	Member []byte
 	DueMs  int64
+	// HasID: the member is an id, scheduled with a body of its own (Body).
+	HasID bool
+	Body  []byte
+	// Props is the task's properties JSON as stored; nil: none.
+	Props []byte
+	props *shard.Properties // Props, parsed and valid (dispatch)
+}
+
+// withStored sets what the claim read of the task's stored body and
+// properties (a string, or nil for none).
+func (t *Task) withStored(body, props any) {
+	if b, ok := body.(string); ok {
+		t.HasID, t.Body = true, []byte(b)
+	}
+	if p, ok := props.(string); ok {
+		t.Props = []byte(p)
+	}
+}
+
+// Payload is the message body: the stored body of an id, else the member.
+func (t *Task) Payload() []byte {
+	if t.HasID {
+		return t.Body
+	}
+	return t.Member
 }
 
 // batch is what one claim took from one shard.

@@ -42,7 +42,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		seconds:    counter("dispatcher_tasks_seconds_scores_total", "Tasks whose score looks like seconds, not milliseconds, since the epoch (dispatched at once, as due).", "queue"),
 		undated:    counter("dispatcher_tasks_undated_scores_total", "Tasks scored 0 or less, -inf, or in seconds before 1973: no real due time (dispatched at once, as due; their lateness is not observed).", "queue"),
 		misplaced:  counter("dispatcher_tasks_misplaced_total", "Tasks written by a producer hashing with another shard count than the queue's: dispatched from a shard other than theirs (one still on the old count while the count changes), or moved to theirs from a shard index beyond the queue's count (a producer hashing with a larger count).", "queue"),
-		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, not_connected, stopped, too_large, ack, other.", "queue", "kind"),
+		errors:     counter("dispatcher_errors_total", "Errors by kind: redis, wrongtype, nack, returned, timeout, refused, lost, not_connected, stopped, too_large, bad_properties, deadline, ack, other.", "queue", "kind"),
 		sweeper: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dispatcher_sweeper", Help: "1 while this instance holds the queue's sweeper role (polls the shards for new tasks).",
 		}, []string{"queue"}),

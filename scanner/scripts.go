@@ -87,6 +87,16 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 //
 //	reaps nothing and returns reaped = -1
 //
+// KEYS[6] bodies of tasks with an id P:{Q:i}:tasks (id -> body)
+// KEYS[7] properties P:{Q:i}:props (member -> JSON)
+// KEYS[8] claimed bodies P:{Q:i}:claimed:body (entry -> body)
+// KEYS[9] claimed properties P:{Q:i}:claimed:props (entry -> JSON)
+//
+// A claimed member's body and properties move from KEYS[6]/KEYS[7] to
+// KEYS[8]/KEYS[9] under its entry, in the claim: a producer scheduling the
+// same id again then writes fields of its own, which this scheduling's ack
+// cannot delete. A queue without ids pays one EXISTS per claim for this.
+//
 // ARGV[1] most tasks to claim; 0 only reads when the shard next needs
 //
 //	attention, changing nothing
@@ -107,7 +117,8 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 //	batch of big bodies does not hold Redis (see docs/performance.md)
 //
 // Returns {now_us, next_pending_score|"", next_lease_deadline|"", reaped,
-// deadline, entry...}; reaped counts only re-leased entries that had no
+// deadline, then per task: entry, body|nil, properties|nil} (nil: the
+// member is its own body; no properties); reaped counts only re-leased entries that had no
 // failed attempt and were not released, i.e. whose instance died or
 // stalled, not retries whose backoff ran out.
 var claimScript = redis.NewScript(luaPrelude + luaNow + `
@@ -130,11 +141,20 @@ if limit == 0 then
 end
 local bad = wrongType({KEYS[3], 'hash'})
 if bad then return redis.error_reply(bad) end
+-- Values of fields of a hash, or none at all (one EXISTS) if it is absent.
+local function fields(key, names, from, to)
+  if to < from or redis.call('EXISTS', key) == 0 then return {} end
+  return redis.call('HMGET', key, unpack(names, from, to))
+end
 local lastToken, lastDeadline = string.match(redis.call('GET', KEYS[4]) or '', '^(.*) (%d+)$')
 if lastToken == ARGV[3] then
   out[5] = lastDeadline
-  for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)) do
-    out[#out + 1] = e
+  local list = redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)
+  local bodies, props = fields(KEYS[8], list, 1, #list), fields(KEYS[9], list, 1, #list)
+  for i = 1, #list do
+    out[#out + 1] = list[i]
+    out[#out + 1] = bodies[i] or false
+    out[#out + 1] = props[i] or false
   end
   return withNext()
 end
@@ -156,7 +176,13 @@ end
 local room = limit - #expired / 2
 local upto = now + tonumber(ARGV[4] or '0')
 local budget = tonumber(ARGV[5] or '0')
-local new, taken, bytes = {}, 0, 0
+local new, members, bodies, taken, bytes = {}, {}, {}, 0, 0
+-- One EXISTS for a queue without ids or properties.
+local withIDs, withProps = false, false
+if redis.call('EXISTS', KEYS[6], KEYS[7]) > 0 then
+  withIDs = redis.call('EXISTS', KEYS[6]) == 1
+  withProps = redis.call('EXISTS', KEYS[7]) == 1
+end
 -- With a byte budget, the first read takes one task to weigh the bodies;
 -- each next read takes what the budget left holds at the bodies' mean
 -- size so far, and at most 8 times as many as were read: big bodies stop
@@ -167,6 +193,13 @@ if budget > 0 then want = math.min(room, 1) end
 local lastScore, lastDue
 while want > 0 do
   local items = redis.call('ZRANGE', KEYS[1], '-inf', upto, 'BYSCORE', 'LIMIT', taken, want, 'WITHSCORES')
+  -- Bodies of ids, read with their members: the budget weighs them.
+  local got = {}
+  if withIDs and #items > 0 then
+    local names = {}
+    for i = 1, #items, 2 do names[#names + 1] = items[i] end
+    got = redis.call('HMGET', KEYS[6], unpack(names))
+  end
   for i = 1, #items, 2 do
     -- A herd shares one due time: format it once. A score below -2^53
     -- (-inf too) is no integer ms: due at 0 (%d of it is undefined in C).
@@ -178,7 +211,9 @@ while want > 0 do
     end
     taken = taken + 1
     new[taken] = lastDue .. ':' .. items[i]
-    bytes = bytes + #items[i]
+    members[taken] = items[i]
+    bodies[taken] = got[(i + 1) / 2] or false
+    bytes = bytes + #(bodies[taken] or items[i])
     if budget > 0 and bytes >= budget then break end
   end
   if #items < 2 * want or (budget > 0 and bytes >= budget) then break end
@@ -194,7 +229,24 @@ end
 local first = redis.call('ZRANGE', KEYS[1], taken, taken, 'WITHSCORES')
 if first[2] then out[2] = first[2] end
 local d = out[5]
-local fresh = {}
+local isFresh = {}
+local props = {}
+if withProps and taken > 0 then props = redis.call('HMGET', KEYS[7], unpack(members, 1, taken)) end
+local moved = {} -- indexes whose body or properties move with the claim
+local anyBody, anyProps = false, false
+for i = 1, taken do
+  if bodies[i] then anyBody = true end
+  if props[i] then anyProps = true end
+  if bodies[i] or props[i] then moved[#moved + 1] = i end
+end
+-- The re-leased entries' bodies, read before the first write.
+local reLeased = {}
+for i = 1, #expired, 2 do reLeased[#reLeased + 1] = expired[i] end
+local reBodies, reProps = fields(KEYS[8], reLeased, 1, #reLeased), fields(KEYS[9], reLeased, 1, #reLeased)
+if #moved > 0 then
+  bad = wrongType({KEYS[8], 'hash', KEYS[9], 'hash'})
+  if bad then return redis.error_reply(bad) end
+end
 if taken > 0 then
   -- Before the expired are re-leased: an entry both pending and expired in
   -- flight must not be counted as this claim's twice.
@@ -208,16 +260,28 @@ if taken > 0 then
     added = added + redis.call('ZADD', KEYS[2], unpack(args))
   end
   if added == taken then
-    fresh = new
+    for i = 1, taken do isFresh[i] = true end
   else
     -- NX: the same member and due time already in flight is the same
-    -- scheduling (one message_id), which its holder delivers. Only this
-    -- claim's entries have its deadline.
+    -- scheduling (one message_id), which its holder delivers with the body
+    -- it was claimed with. Only this claim's entries have its deadline.
     for i = 1, taken do
-      if tonumber(redis.call('ZSCORE', KEYS[2], new[i])) == deadline then
-        fresh[#fresh + 1] = new[i]
-      end
+      isFresh[i] = tonumber(redis.call('ZSCORE', KEYS[2], new[i])) == deadline
     end
+  end
+  if #moved > 0 then
+    local hb, hp, del = {}, {}, {}
+    for _, i in ipairs(moved) do
+      if isFresh[i] then
+        if bodies[i] then hb[#hb + 1] = new[i]; hb[#hb + 1] = bodies[i] end
+        if props[i] then hp[#hp + 1] = new[i]; hp[#hp + 1] = props[i] end
+      end
+      del[#del + 1] = members[i]
+    end
+    if #hb > 0 then redis.call('HSET', KEYS[8], unpack(hb)) end
+    if #hp > 0 then redis.call('HSET', KEYS[9], unpack(hp)) end
+    if anyBody then redis.call('HDEL', KEYS[6], unpack(del)) end
+    if anyProps then redis.call('HDEL', KEYS[7], unpack(del)) end
   end
   -- The claimed tasks are exactly the lowest ranks.
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, taken - 1)
@@ -227,11 +291,22 @@ for i = 1, #expired, 1000 do
   for j = i, math.min(i + 999, #expired), 2 do
     args[#args + 1] = d
     args[#args + 1] = expired[j]
-    out[#out + 1] = expired[j]
   end
   redis.call('ZADD', KEYS[2], unpack(args))
 end
-for i = 1, #fresh do out[#out + 1] = fresh[i] end
+for i = 1, #reLeased do
+  out[#out + 1] = reLeased[i]
+  out[#out + 1] = reBodies[i] or false
+  out[#out + 1] = reProps[i] or false
+end
+for i = 1, taken do
+  if isFresh[i] then
+    out[#out + 1] = new[i]
+    out[#out + 1] = bodies[i]
+    out[#out + 1] = props[i] or false
+  end
+end
+
 if #out > 5 then
   redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. d)
 end
@@ -348,19 +423,32 @@ return n
 // fence) and has no failed attempt; and only if its member is not pending
 // again (a producer scheduled it anew meanwhile: a second scheduling,
 // which this one must not overwrite). Those that cannot go back are
-// released instead (lease 0), as releaseScript does.
+// released instead (lease 0), as releaseScript does. A task that goes
+// back takes its claimed body and properties back to the id's fields.
 //
 // KEYS[1] pending shard
 // KEYS[2] in-flight set
 // KEYS[3] attempts hash
+// KEYS[4] bodies of ids P:{Q:i}:tasks
+// KEYS[5] properties P:{Q:i}:props
+// KEYS[6] claimed bodies
+// KEYS[7] claimed properties
 // ARGV[1] the lease deadline the caller's claim set
 // ARGV[2..] entries
 // Returns {back to pending, released}.
 var unclaimScript = redis.NewScript(luaPrelude + `
-local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash'})
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash', KEYS[6], 'hash', KEYS[7], 'hash'})
 if bad then return redis.error_reply(bad) end
 local held = tonumber(ARGV[1])
 local back, released = 0, 0
+-- Field f of key k moves to field t of key to, if it exists.
+local function moveField(k, f, to, t)
+  local v = redis.call('HGET', k, f)
+  if v then
+    redis.call('HSET', to, t, v)
+    redis.call('HDEL', k, f)
+  end
+end
 for i = 2, #ARGV do
   local e = ARGV[i]
   local score = redis.call('ZSCORE', KEYS[2], e)
@@ -368,6 +456,8 @@ for i = 2, #ARGV do
     local sep = string.find(e, ':', 1, true)
     local member = string.sub(e, sep + 1)
     if redis.call('ZSCORE', KEYS[1], member) == false and redis.call('HEXISTS', KEYS[3], e) == 0 then
+      moveField(KEYS[6], e, KEYS[4], member)
+      moveField(KEYS[7], e, KEYS[5], member)
       redis.call('ZADD', KEYS[1], string.sub(e, 1, sep - 1), member)
       redis.call('ZREM', KEYS[2], e)
       back = back + 1
@@ -390,17 +480,27 @@ return {back, released}
 // retrying index; the others cost no command for it, so the common case,
 // no failure, costs what it did before the index.
 //
+// The entries' claimed bodies and properties leave with them; a queue
+// without ids pays one EXISTS per batch for that.
+//
 // KEYS[1] in-flight set
 // KEYS[2] attempts hash
 // KEYS[3] retrying set
+// KEYS[4] claimed bodies
+// KEYS[5] claimed properties
 // ARGV[1..] entries
 // Returns how many entries were still in flight.
 var ackScript = redis.NewScript(luaPrelude + `
 local n = 0
+local withIDs = redis.call('EXISTS', KEYS[4], KEYS[5]) > 0
 for i = 1, #ARGV, 1000 do
   local j = math.min(i + 999, #ARGV)
   -- A wrong-type in-flight key fails here, before anything changed.
   n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
+  if withIDs then
+    redis.pcall('HDEL', KEYS[4], unpack(ARGV, i, j))
+    redis.pcall('HDEL', KEYS[5], unpack(ARGV, i, j))
+  end
   -- A wrong-type attempts or retrying key must not keep delivered tasks
   -- in flight.
   local failed = redis.pcall('HDEL', KEYS[2], unpack(ARGV, i, j))

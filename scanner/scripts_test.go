@@ -27,7 +27,23 @@ func setup(t *testing.T) (*redis.Client, shard.Keys, []string) {
 	rdb := testenv.Redis(t)
 	k := shard.Keys{Prefix: testenv.Name(t), Queue: "q"}
 	testenv.CleanRedis(t, rdb, k.Prefix)
-	return rdb, k, []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0), k.Paused(0)}
+	return rdb, k, claimKeysOf(k, 0)
+}
+
+// claimKeysOf is the claim script's keys for shard i (as store.claimKeys).
+func claimKeysOf(k shard.Keys, i int) []string {
+	return []string{k.Pending(i), k.Inflight(i), k.Attempts(i), k.LastClaim(i), k.Paused(i),
+		k.Tasks(i), k.Props(i), k.ClaimedBody(i), k.ClaimedProps(i)}
+}
+
+// entriesOf is the entries a claim returned (each comes with its body
+// and properties).
+func entriesOf(v []any) []any {
+	var out []any
+	for n := 5; n < len(v); n += 3 {
+		out = append(out, v[n])
+	}
+	return out
 }
 
 var claimTokens atomic.Int64
@@ -55,7 +71,7 @@ func TestClaimTakesOnlyDueTasksByServerClock(t *testing.T) {
 	if scriptNow < now || scriptNow > now+5000 {
 		t.Fatalf("script clock %d, server clock %d", scriptNow, now)
 	}
-	entries := v[5:]
+	entries := entriesOf(v)
 	want := []string{EntryOf([]byte("old"), now-1000), EntryOf([]byte("recent"), now-10)}
 	if len(entries) != 2 || entries[0] != want[0] || entries[1] != want[1] {
 		t.Fatalf("claimed %v, want %v (oldest first)", entries, want)
@@ -90,9 +106,9 @@ func TestClaimIsBoundedAndOldestFirst(t *testing.T) {
 	var got []any
 	for n := 0; n < 3; n++ {
 		v := claim(t, rdb, keys, 10, 30000)
-		got = append(got, v[5:]...)
-		if want := []int{10, 10, 5}[n]; len(v)-5 != want {
-			t.Fatalf("claim %d took %d, want %d", n, len(v)-5, want)
+		got = append(got, entriesOf(v)...)
+		if want := []int{10, 10, 5}[n]; len(entriesOf(v)) != want {
+			t.Fatalf("claim %d took %d, want %d", n, len(entriesOf(v)), want)
 		}
 	}
 	for i, e := range got {
@@ -115,7 +131,7 @@ func TestClaimReapsExpiredLeasesKeepingDueTime(t *testing.T) {
 	if v[3].(int64) != 1 {
 		t.Fatalf("reaped %v, want 1", v[3])
 	}
-	entries := v[5:]
+	entries := entriesOf(v)
 	if len(entries) != 1 || entries[0] != EntryOf([]byte("dead-instance"), now-40000) {
 		t.Fatalf("claimed %v: the reaped task must go out again with its original due time", entries)
 	}
@@ -138,7 +154,7 @@ func TestClaimOddMembersAndScores(t *testing.T) {
 	}
 	v := claim(t, rdb, keys, 10, 30000)
 	got := map[string]int64{}
-	for _, e := range v[5:] {
+	for _, e := range entriesOf(v) {
 		task, err := ParseEntry(e.(string))
 		if err != nil {
 			t.Fatal(err)
@@ -278,7 +294,7 @@ func TestReleaseHandsBackAtOnce(t *testing.T) {
 		t.Fatal("release wrote to pending")
 	}
 	v := claim(t, rdb, keys, 10, 30000)
-	if v[3].(int64) != 0 || len(v) != 6 || v[5] != e {
+	if v[3].(int64) != 0 || len(v) != 8 || v[5] != e {
 		t.Fatalf("claim after release: %v; want the entry back, not counted as reaped", v)
 	}
 }
@@ -288,7 +304,7 @@ func TestPeekChangesNothing(t *testing.T) {
 	ctx := context.Background()
 	now := serverMs(t, rdb)
 	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 5), Member: "due"})
-	v, err := claimScript.Run(ctx, rdb, []string{k.Pending(0), k.Inflight(0), k.Attempts(0), k.LastClaim(0), k.Paused(0)}, 0, 30000, "t").Slice()
+	v, err := claimScript.Run(ctx, rdb, claimKeysOf(k, 0), 0, 30000, "t").Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,10 +416,10 @@ func TestClaimStopsAtItsByteBudget(t *testing.T) {
 	}
 	// 1 MiB: the fourth body of 300 KiB crosses it.
 	v := run(10, 1<<20)
-	if len(v)-5 != 4 {
-		t.Fatalf("claimed %d bodies of 300 KiB with a budget of 1 MiB, want 4", len(v)-5)
+	if len(entriesOf(v)) != 4 {
+		t.Fatalf("claimed %d bodies of 300 KiB with a budget of 1 MiB, want 4", len(entriesOf(v)))
 	}
-	for i, e := range v[5:] {
+	for i, e := range entriesOf(v) {
 		task, err := ParseEntry(e.(string))
 		if err != nil || task.DueMs != now-1000+int64(i) {
 			t.Fatalf("entry %d due %d (%v): not in due order", i, task.DueMs, err)
@@ -420,8 +436,8 @@ func TestClaimStopsAtItsByteBudget(t *testing.T) {
 		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000 + int64(i)), Member: strconv.Itoa(i) + huge})
 	}
 	memBefore := luaMemory(t, rdb)
-	if v := run(500, 1<<20); len(v)-5 != 1 {
-		t.Fatalf("claimed %d bodies of 2 MiB with a budget of 1 MiB, want 1", len(v)-5)
+	if v := run(500, 1<<20); len(entriesOf(v)) != 1 {
+		t.Fatalf("claimed %d bodies of 2 MiB with a budget of 1 MiB, want 1", len(entriesOf(v)))
 	}
 	if grew := luaMemory(t, rdb) - memBefore; grew > 16<<20 {
 		t.Fatalf("the claim of one 2 MiB body grew Lua's memory by %d bytes: it copied more bodies than it took", grew)
@@ -431,16 +447,16 @@ func TestClaimStopsAtItsByteBudget(t *testing.T) {
 		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000 + int64(i)), Member: strconv.Itoa(i) + big})
 	}
 	// A budget below one body still takes one.
-	if v := run(10, 1000); len(v)-5 != 1 {
-		t.Fatalf("claimed %d with a budget below one body, want 1", len(v)-5)
+	if v := run(10, 1000); len(entriesOf(v)) != 1 {
+		t.Fatalf("claimed %d with a budget below one body, want 1", len(entriesOf(v)))
 	}
 	// Small bodies: the whole batch, in two reads.
 	rdb.Del(ctx, k.Pending(0))
 	for i := 0; i < 700; i++ {
 		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1000), Member: strconv.Itoa(i)})
 	}
-	if v := run(500, 1<<20); len(v)-5 != 500 {
-		t.Fatalf("claimed %d small tasks, want the batch of 500", len(v)-5)
+	if v := run(500, 1<<20); len(entriesOf(v)) != 500 {
+		t.Fatalf("claimed %d small tasks, want the batch of 500", len(entriesOf(v)))
 	}
 	if n := rdb.ZCard(ctx, k.Pending(0)).Val(); n != 200 {
 		t.Fatalf("%d pending after a claim of 500 of 700", n)

@@ -37,6 +37,9 @@ type claimed struct {
 	paused      bool  // the queue is paused: nothing claimed
 	deadline    int64 // the batch's lease deadline (fences fail and release)
 	entries     []string
+	// bodies and props go with entries: a claimed body or properties
+	// (string), or nil (the member is its own body; no properties).
+	bodies, props []any
 }
 
 // outcome is what became of one in-flight entry's publish: the fail
@@ -100,7 +103,8 @@ func (r sweepRead) result(now any) ([]any, error) {
 }
 
 func (st *store) claimKeys(i int) []string {
-	return []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i), st.keys.Paused(i)}
+	return []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i), st.keys.Paused(i),
+		st.keys.Tasks(i), st.keys.Props(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i)}
 }
 
 // token is unique per claim, so the script can tell a run of the same
@@ -136,9 +140,14 @@ func parseClaimed(vals []any) (claimed, error) {
 	if d, ok := parseScore(vals[4]); ok {
 		c.deadline = d
 	}
-	for _, v := range vals[5:] {
-		e, _ := v.(string)
+	if (len(vals)-5)%3 != 0 {
+		return claimed{}, fmt.Errorf("claim script returned %d values after 5, want triples", len(vals)-5)
+	}
+	for n := 5; n < len(vals); n += 3 {
+		e, _ := vals[n].(string)
 		c.entries = append(c.entries, e)
+		c.bodies = append(c.bodies, vals[n+1])
+		c.props = append(c.props, vals[n+2])
 	}
 	return c, nil
 }
@@ -148,7 +157,8 @@ func (st *store) ack(ctx context.Context, i int, entries []string) (int, error) 
 	if len(entries) == 0 {
 		return 0, nil
 	}
-	n, err := ackScript.Run(ctx, st.rdb, []string{st.keys.Inflight(i), st.keys.Attempts(i), st.keys.Retrying(i)}, anys(entries)...).Int()
+	keys := []string{st.keys.Inflight(i), st.keys.Attempts(i), st.keys.Retrying(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i)}
+	n, err := ackScript.Run(ctx, st.rdb, keys, anys(entries)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("ack %d tasks on %s: %w", len(entries), st.keys.Inflight(i), err)
 	}
@@ -182,7 +192,8 @@ func (st *store) unclaim(ctx context.Context, i int, deadline int64, entries []s
 	args := make([]any, 0, 1+len(entries))
 	args = append(args, deadline)
 	args = append(args, anys(entries)...)
-	keys := []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i)}
+	keys := []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i),
+		st.keys.Tasks(i), st.keys.Props(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i)}
 	res, err := unclaimScript.Run(ctx, st.rdb, keys, args...).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unclaim script returned %d values, want 2", len(res))
