@@ -450,3 +450,42 @@ func TestClientREADMEExamples(t *testing.T) {
 		}
 	})
 }
+
+// clientPropertiesTable is the table of message properties that the
+// dispatcher accepts or refuses, which the packages' own tests also read.
+const clientPropertiesTable = "testdata/clients/properties.json"
+
+// TestClientPropertiesTable: the dispatcher's own parsing
+// (shard.ParseProperties) agrees with the table the Python and Node
+// packages' tests check their client-side validation against, and each
+// refusal names the field the table says.
+func TestClientPropertiesTable(t *testing.T) {
+	b, err := os.ReadFile(clientPropertiesTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table struct {
+		Cases []struct {
+			Props json.RawMessage `json:"props"`
+			OK    bool            `json:"ok"`
+			Field string          `json:"field"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &table); err != nil {
+		t.Fatalf("%s: %v", clientPropertiesTable, err)
+	}
+	if len(table.Cases) < 10 {
+		t.Fatalf("%s has %d cases", clientPropertiesTable, len(table.Cases))
+	}
+	for _, c := range table.Cases {
+		_, err := shard.ParseProperties(c.Props)
+		switch {
+		case c.OK && err != nil:
+			t.Errorf("%s: the dispatcher refuses it: %v; the table says it is accepted", c.Props, err)
+		case !c.OK && err == nil:
+			t.Errorf("%s: the dispatcher accepts it; the table says it is refused (%s)", c.Props, c.Field)
+		case !c.OK && !strings.Contains(err.Error(), c.Field):
+			t.Errorf("%s: the dispatcher's error %q does not name %q", c.Props, err, c.Field)
+		}
+	}
+}
