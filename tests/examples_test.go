@@ -87,6 +87,8 @@ type exampleTask struct {
 	Shard     int    `json:"shard"`
 	DueMs     int64  `json:"due_ms"`
 	MessageID string `json:"message_id"`
+	// Traceparent is the header the test gave it (producer.py does not print it).
+	Traceparent string `json:"-"`
 }
 
 // body is the message body the task's message carries.
@@ -235,13 +237,16 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	for id, task := range produce("--in", "1.5", "--count", "150", "--tag", "later") {
 		want[id] = task
 	}
-	// By id: one with a trace context; one cancelled (due before the others
-	// by id, so that it would have come had the cancel failed); one moved
-	// from an hour ahead.
+	// By id: one with a trace context; one cancelled (due 2.5 s ahead: time
+	// for the cancel to find it pending, and before the moved one, which
+	// runs after it and is due 1.5 s after that, so that the consumer is
+	// still collecting when it came had the cancel failed); one moved from
+	// an hour ahead.
 	traced := one("--in", "1.2", "--id", "examples-order-7", "--header", "traceparent="+exampleTraceparent,
 		`{"order":7}`)
+	traced.Traceparent = exampleTraceparent
 	want[traced.MessageID] = traced
-	cancelled := one("--in", "1", "--id", "examples-cancelled", "cancelled body")
+	cancelled := one("--in", "2.5", "--id", "examples-cancelled", "cancelled body")
 	if r := one("--cancel-id", "examples-cancelled"); r.Op != "cancel" || r.Result == nil || !*r.Result {
 		t.Fatalf("producer.py --cancel-id printed %+v, want cancelled", r)
 	}
@@ -358,12 +363,14 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	t.Logf("Python producer -> dispatcher -> Java consumer: %d tasks, 1 duplicate dropped, in %v (with compiling)",
 		len(delivered), time.Since(began).Round(100*time.Millisecond))
 
-	javaConsumerQueueGoesWithIt(t, h, javaCP, exchange, routingKey, want[injected])
+	javaConsumerQueueGoesWithIt(t, h, javaCP, exchange, routingKey, traced)
 }
 
 // javaConsumerQueueGoesWithIt: without --durable, the Java consumer's
 // queue lives only as long as the consumer, so that no queue is left bound
-// to the exchange collecting tasks that no one reads.
+// to the exchange collecting tasks that no one reads. The task, a copy of
+// the traced one by id as the contract makes its message, also shows the
+// consumer's lines for its id and trace id.
 func javaConsumerQueueGoesWithIt(t *testing.T, h *harness, javaCP, exchange, routingKey string, task exampleTask) {
 	t.Helper()
 	queue := h.prefix + ".java-exclusive"
@@ -394,8 +401,10 @@ func javaConsumerQueueGoesWithIt(t *testing.T, h *harness, javaCP, exchange, rou
 	if err := consumer.Wait(); err != nil {
 		t.Fatalf("the Java consumer without --durable: %v\noutput:\n%s\nstderr:\n%s", err, strings.Join(rest, "\n"), stderr.String())
 	}
-	if len(rest) == 0 || rest[0] != "delivered "+task.MessageID+" "+task.body() {
-		t.Fatalf("the Java consumer without --durable printed %q, want the task %s delivered first", rest, task.MessageID)
+	wantLines := []string{"delivered " + task.MessageID + " " + task.body(), "task-id " + task.MessageID + " " + task.ID,
+		"trace-id " + task.MessageID + " " + exampleTraceID}
+	if len(rest) < 3 || fmt.Sprint(rest[:3]) != fmt.Sprint(wantLines) {
+		t.Fatalf("the Java consumer without --durable printed %q, want first %q", rest, wantLines)
 	}
 	ch, err := h.conn.Channel()
 	if err != nil {
@@ -430,6 +439,9 @@ func publishCopy(t *testing.T, conn *amqp.Connection, exchange, key string, task
 	headers := amqp.Table{"x-due-ms": task.DueMs}
 	if task.ID != "" {
 		headers["x-task-id"] = task.ID
+	}
+	if task.Traceparent != "" {
+		headers["traceparent"] = task.Traceparent
 	}
 	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
 		Body:         []byte(task.body()),
