@@ -366,7 +366,8 @@ func fencedBlocks(t *testing.T, path, lang string) string {
 // for word, but for the Redis URL, which points at a private server whose
 // queue orders has 16 shards recorded, and checks what it left there:
 // {"order":42} rescheduled 5 minutes after {"order":44}, {"order":43}
-// cancelled.
+// cancelled; by id, order-42 with its body and traceparent rescheduled as
+// far, order-43 cancelled with its body and properties.
 func TestClientREADMEExamples(t *testing.T) {
 	const readmeURL = "redis://localhost:6379/0"
 	srv := testenv.StartRedis(t, testenv.RedisOptions{})
@@ -401,6 +402,22 @@ func TestClientREADMEExamples(t *testing.T) {
 		}
 		if lag := time.Until(time.UnixMilli(s44)); lag < 9*time.Minute || lag > 11*time.Minute {
 			t.Fatalf("order 44 due in %s, want about 10 minutes", lag)
+		}
+		// By id: the same due time as the members (one due in the example).
+		i42, i43 := shard.Index([]byte("order-42"), 16), shard.Index([]byte("order-43"), 16)
+		id42, ok := score("order-42")
+		body := rdb.HGet(ctx, k.Tasks(i42), "order-42").Val()
+		props, err := shard.ParseProperties([]byte(rdb.HGet(ctx, k.Props(i42), "order-42").Val()))
+		if !ok || id42 != s42 || body != `{"order":42}` || err != nil ||
+			props.Headers["traceparent"] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" {
+			t.Fatalf("after the example: id order-42 pending %v at %d (want %d), body %q, properties %+v (%v)",
+				ok, id42, s42, body, props, err)
+		}
+		if _, ok := score("order-43"); ok || rdb.HExists(ctx, k.Tasks(i43), "order-43").Val() ||
+			rdb.HExists(ctx, k.Props(i43), "order-43").Val() {
+			t.Fatalf("after the example: id order-43 (cancelled) is left: pending %v, %s %v, %s %v", ok,
+				k.Tasks(i43), rdb.HExists(ctx, k.Tasks(i43), "order-43").Val(), k.Props(i43),
+				rdb.HExists(ctx, k.Props(i43), "order-43").Val())
 		}
 		return s44
 	}
@@ -445,8 +462,47 @@ func TestClientREADMEExamples(t *testing.T) {
 		out := runIn(t, dir, []string{"NODE_PATH=" + filepath.Join(dir, "nm") + ":" + filepath.Join(pkg, "node_modules")},
 			nil, time.Minute, "node", "example.js")
 		due := check(t)
-		if want := shard.MessageID([]byte(`{"order":42}`), due); strings.TrimSpace(out) != want {
+		if want := shard.MessageID([]byte("order-42"), due+300_000); strings.TrimSpace(out) != want {
 			t.Fatalf("the example printed %q, want the message id %s", out, want)
 		}
 	})
+}
+
+// clientPropertiesTable is the table of message properties that the
+// dispatcher accepts or refuses, which the packages' own tests also read.
+const clientPropertiesTable = "testdata/clients/properties.json"
+
+// TestClientPropertiesTable: the dispatcher's own parsing
+// (shard.ParseProperties) agrees with the table the Python and Node
+// packages' tests check their client-side validation against, and each
+// refusal names the field the table says.
+func TestClientPropertiesTable(t *testing.T) {
+	b, err := os.ReadFile(clientPropertiesTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table struct {
+		Cases []struct {
+			Props json.RawMessage `json:"props"`
+			OK    bool            `json:"ok"`
+			Field string          `json:"field"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &table); err != nil {
+		t.Fatalf("%s: %v", clientPropertiesTable, err)
+	}
+	if len(table.Cases) < 10 {
+		t.Fatalf("%s has %d cases", clientPropertiesTable, len(table.Cases))
+	}
+	for _, c := range table.Cases {
+		_, err := shard.ParseProperties(c.Props)
+		switch {
+		case c.OK && err != nil:
+			t.Errorf("%s: the dispatcher refuses it: %v; the table says it is accepted", c.Props, err)
+		case !c.OK && err == nil:
+			t.Errorf("%s: the dispatcher accepts it; the table says it is refused (%s)", c.Props, c.Field)
+		case !c.OK && !strings.Contains(err.Error(), c.Field):
+			t.Errorf("%s: the dispatcher's error %q does not name %q", c.Props, err, c.Field)
+		}
+	}
 }

@@ -74,22 +74,46 @@ func runExample(t *testing.T, timeout time.Duration, name string, args ...string
 	return stdout.String()
 }
 
-// exampleTask is one line that producer.py prints.
+// exampleTask is one line that producer.py prints; ID and Body for a task
+// scheduled by id (Member is then the id), Op and Result for --cancel-id and
+// --reschedule-id.
 type exampleTask struct {
+	ID        string `json:"id"`
+	Body      string `json:"body"`
+	Op        string `json:"op"`
+	Result    *bool  `json:"result"`
 	Member    string `json:"member"`
 	Key       string `json:"key"`
 	Shard     int    `json:"shard"`
 	DueMs     int64  `json:"due_ms"`
 	MessageID string `json:"message_id"`
+	// Traceparent is the header the test gave it (producer.py does not print it).
+	Traceparent string `json:"-"`
 }
+
+// body is the message body the task's message carries.
+func (task exampleTask) body() string {
+	if task.ID != "" {
+		return task.Body
+	}
+	return task.Member
+}
+
+// The task the examples schedule by id, with a W3C trace context.
+const (
+	exampleTraceID     = "4bf92f3577b34da6a3ce929d0e0e4736"
+	exampleTraceparent = "00-" + exampleTraceID + "-00f067aa0ba902b7-01"
+)
 
 // TestPythonProducerJavaConsumer runs the examples end to end against
 // the real servers and a dispatcher: examples/python/producer.py schedules
-// 200 tasks (some due at once and woken, most 1.5 s ahead), and
-// examples/java/Consumer.java, with the RabbitMQ Java client, must do every
-// one of them exactly once, acking after its work; a copy of a delivered
-// message, published by the test with the same message_id, must be
-// dropped as a duplicate. Both first check the contract's test vectors.
+// 200 tasks (some due at once and woken, most 1.5 s ahead) and, by id,
+// one with a traceparent header, one it then cancels and one it then
+// reschedules; examples/java/Consumer.java, with the RabbitMQ Java client,
+// must do every task exactly once, acking after its work, and print the
+// task id and trace id of the ones by id (the producer's); a copy of a
+// delivered message, published by the test with the same message_id, must
+// be dropped as a duplicate. Both first check the contract's test vectors.
 func TestPythonProducerJavaConsumer(t *testing.T) {
 	requireExampleTools(t)
 	began := time.Now()
@@ -120,7 +144,7 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	})
 
 	// The consumer first, so that its queue is bound before anything is due.
-	const total = 200
+	const total = 202 // 200 plain, 2 by id (one more is cancelled)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	consumer := exec.CommandContext(ctx, "java", "-cp", javaCP, "Consumer", testenv.AMQPURL(t), exchange, routingKey,
@@ -191,6 +215,18 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 		}
 		return tasks
 	}
+	// one runs producer.py for one task and returns what it printed.
+	one := func(args ...string) exampleTask {
+		t.Helper()
+		tasks := produce(args...)
+		if len(tasks) != 1 {
+			t.Fatalf("producer.py %v printed %d tasks, want 1: %v", args, len(tasks), tasks)
+		}
+		for _, task := range tasks {
+			return task
+		}
+		panic("unreachable")
+	}
 	// Due at once and woken; two given bodies a second ahead, woken too
 	// when the second is not yet over; the rest 1.5 s ahead, found by the
 	// sweeps.
@@ -201,14 +237,34 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	for id, task := range produce("--in", "1.5", "--count", "150", "--tag", "later") {
 		want[id] = task
 	}
+	// By id: one with a trace context; one cancelled (due 2.5 s ahead: time
+	// for the cancel to find it pending, and before the moved one, which
+	// runs after it and is due 1.5 s after that, so that the consumer is
+	// still collecting when it came had the cancel failed); one moved from
+	// an hour ahead.
+	traced := one("--in", "1.2", "--id", "examples-order-7", "--header", "traceparent="+exampleTraceparent,
+		`{"order":7}`)
+	traced.Traceparent = exampleTraceparent
+	want[traced.MessageID] = traced
+	cancelled := one("--in", "2.5", "--id", "examples-cancelled", "cancelled body")
+	if r := one("--cancel-id", "examples-cancelled"); r.Op != "cancel" || r.Result == nil || !*r.Result {
+		t.Fatalf("producer.py --cancel-id printed %+v, want cancelled", r)
+	}
+	hour := one("--in", "3600", "--id", "examples-moved", "moved body")
+	moved := one("--reschedule-id", "examples-moved", "--in", "1.5")
+	if moved.Op != "reschedule" || moved.Result == nil || !*moved.Result {
+		t.Fatalf("producer.py --reschedule-id printed %+v, want rescheduled", moved)
+	}
+	moved.Member, moved.Body = moved.ID, hour.Body
+	want[moved.MessageID] = moved
 	if len(want) != total {
 		t.Fatalf("producer.py printed %d distinct message ids, want %d", len(want), total)
 	}
 	// Python's shard choice and message ids are the Go package's.
 	for id, task := range want {
 		i := shard.Index([]byte(task.Member), shards)
-		if task.Shard != i || task.Key != fmt.Sprintf("%s:{examples:%d}", h.prefix, i) ||
-			id != shard.MessageID([]byte(task.Member), task.DueMs) {
+		placed := task.Op != "" || task.Shard == i && task.Key == fmt.Sprintf("%s:{examples:%d}", h.prefix, i)
+		if !placed || id != shard.MessageID([]byte(task.Member), task.DueMs) {
 			t.Fatalf("producer.py printed %+v; package shard says shard %d, message id %s", task, i,
 				shard.MessageID([]byte(task.Member), task.DueMs))
 		}
@@ -217,6 +273,7 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	// Read the consumer to its end; copy the first task it did, same
 	// message_id and all, straight into the exchange.
 	delivered := map[string]int{}
+	bodies, taskIDs, traceIDs := map[string]string{}, map[string]string{}, map[string]string{}
 	var dropped []string
 	var summary, injected string
 	for {
@@ -225,8 +282,13 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 			break
 		}
 		switch f := strings.Fields(l); {
+		case strings.HasPrefix(l, "task-id ") && len(f) >= 2:
+			taskIDs[f[1]] = strings.TrimPrefix(l, "task-id "+f[1]+" ")
+		case strings.HasPrefix(l, "trace-id ") && len(f) >= 2:
+			traceIDs[f[1]] = strings.TrimPrefix(l, "trace-id "+f[1]+" ")
 		case strings.HasPrefix(l, "delivered ") && len(f) >= 2:
 			delivered[f[1]]++
+			bodies[f[1]] = strings.TrimPrefix(l, "delivered "+f[1]+" ")
 			if injected == "" {
 				injected = f[1]
 				publishCopy(t, h.conn, exchange, routingKey, want[injected])
@@ -260,6 +322,24 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 		t.Errorf("the Java consumer did %d tasks: %d of %d scheduled missing %v; unexpected or done twice: %v",
 			len(delivered), len(lost), total, lost, extra)
 	}
+	if delivered[cancelled.MessageID] > 0 || delivered[hour.MessageID] > 0 {
+		t.Errorf("the task cancelled by id (%d times) or the one rescheduled by id at its old due time (%d times) "+
+			"was delivered", delivered[cancelled.MessageID], delivered[hour.MessageID])
+	}
+	// Tasks by id: their body, id and trace context, as producer.py gave them.
+	for id, task := range want {
+		wantID, wantTrace := "", ""
+		if task.ID != "" {
+			wantID = task.ID
+		}
+		if task.MessageID == traced.MessageID {
+			wantTrace = exampleTraceID
+		}
+		if delivered[id] > 0 && (bodies[id] != task.body() || taskIDs[id] != wantID || traceIDs[id] != wantTrace) {
+			t.Errorf("the Java consumer did %s with body %q, task id %q, trace id %q; want %q, %q, %q", id, bodies[id],
+				taskIDs[id], traceIDs[id], task.body(), wantID, wantTrace)
+		}
+	}
 	if len(dropped) != 1 || dropped[0] != injected {
 		t.Errorf("the Java consumer dropped duplicates %v, want exactly the copy of %s", dropped, injected)
 	}
@@ -283,12 +363,14 @@ func TestPythonProducerJavaConsumer(t *testing.T) {
 	t.Logf("Python producer -> dispatcher -> Java consumer: %d tasks, 1 duplicate dropped, in %v (with compiling)",
 		len(delivered), time.Since(began).Round(100*time.Millisecond))
 
-	javaConsumerQueueGoesWithIt(t, h, javaCP, exchange, routingKey, want[injected])
+	javaConsumerQueueGoesWithIt(t, h, javaCP, exchange, routingKey, traced)
 }
 
 // javaConsumerQueueGoesWithIt: without --durable, the Java consumer's
 // queue lives only as long as the consumer, so that no queue is left bound
-// to the exchange collecting tasks that no one reads.
+// to the exchange collecting tasks that no one reads. The task, a copy of
+// the traced one by id as the contract makes its message, also shows the
+// consumer's lines for its id and trace id.
 func javaConsumerQueueGoesWithIt(t *testing.T, h *harness, javaCP, exchange, routingKey string, task exampleTask) {
 	t.Helper()
 	queue := h.prefix + ".java-exclusive"
@@ -319,8 +401,10 @@ func javaConsumerQueueGoesWithIt(t *testing.T, h *harness, javaCP, exchange, rou
 	if err := consumer.Wait(); err != nil {
 		t.Fatalf("the Java consumer without --durable: %v\noutput:\n%s\nstderr:\n%s", err, strings.Join(rest, "\n"), stderr.String())
 	}
-	if len(rest) == 0 || rest[0] != "delivered "+task.MessageID+" "+task.Member {
-		t.Fatalf("the Java consumer without --durable printed %q, want the task %s delivered first", rest, task.MessageID)
+	wantLines := []string{"delivered " + task.MessageID + " " + task.body(), "task-id " + task.MessageID + " " + task.ID,
+		"trace-id " + task.MessageID + " " + exampleTraceID}
+	if len(rest) < 3 || fmt.Sprint(rest[:3]) != fmt.Sprint(wantLines) {
+		t.Fatalf("the Java consumer without --durable printed %q, want first %q", rest, wantLines)
 	}
 	ch, err := h.conn.Channel()
 	if err != nil {
@@ -352,11 +436,18 @@ func publishCopy(t *testing.T, conn *amqp.Connection, exchange, key string, task
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	headers := amqp.Table{"x-due-ms": task.DueMs}
+	if task.ID != "" {
+		headers["x-task-id"] = task.ID
+	}
+	if task.Traceparent != "" {
+		headers["traceparent"] = task.Traceparent
+	}
 	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
-		Body:         []byte(task.Member),
+		Body:         []byte(task.body()),
 		MessageId:    task.MessageID,
 		DeliveryMode: amqp.Persistent,
-		Headers:      amqp.Table{"x-due-ms": task.DueMs},
+		Headers:      headers,
 	})
 	if err != nil {
 		t.Fatal(err)

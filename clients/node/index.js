@@ -6,6 +6,7 @@
 const contract = require('./lib/contract');
 const layout = require('./lib/layout');
 const producer = require('./lib/producer');
+const properties = require('./lib/properties');
 
 module.exports = {
   Producer: producer.Producer,
@@ -17,6 +18,7 @@ module.exports = {
   VECTORS: contract.VECTORS,
   DEFAULT_PREFIX: contract.DEFAULT_PREFIX,
   MAX_SHARDS: contract.MAX_SHARDS,
+  MAX_ID_BYTES: properties.MAX_ID_BYTES,
   DEFAULT_WAKE_WITHIN_MS: producer.DEFAULT_WAKE_WITHIN_MS,
   LAYOUT_TTL_MS: producer.LAYOUT_TTL_MS,
   LAYOUT_RECHECK_MS: producer.LAYOUT_RECHECK_MS,
@@ -26,4 +28,8 @@ module.exports = {
   messageId: contract.messageId,
   shardOf: contract.shardOf,
   xxh64: contract.xxh64,
+  propertiesJson: properties.propertiesJson,
+  reservedHeader: properties.reservedHeader,
+  taskIdBytes: properties.taskIdBytes,
+  validateProperties: properties.validateProperties,
 };

@@ -12,8 +12,11 @@
 // "worked on" (printed), then acked, so a crash in between gets it
 // delivered again. Delivery is at least once, so it drops duplicates by
 // message_id (and acks them). It checks every message against the contract:
-// message_id is the lowercase 16-hex XXH64 of the body, '-', the due time
-// in ms, which also comes in header x-due-ms.
+// message_id is the lowercase 16-hex XXH64 of the task's id (header
+// x-task-id, for a task scheduled by id) or else of the body, '-', the due
+// time in ms, which also comes in header x-due-ms. A task's trace context
+// comes in header traceparent (W3C: 00-<trace id>-<span id>-<flags>) if the
+// producer gave one.
 //
 //   javac -cp "$CP" -d /tmp/consumer Consumer.java
 //   java -cp "/tmp/consumer:$CP" Consumer amqp://guest:guest@localhost:5672/ tasks default my-worker
@@ -28,7 +31,10 @@
 // exit 1) and --prefetch N (default 50). Without --expect it runs until
 // SIGINT/SIGTERM.
 // It prints "ready ..." once consuming, "delivered <message_id> <body>" per
-// task done, "duplicate <message_id> dropped" per duplicate, "rejected
+// task done, after it "task-id <message_id> <id>" for a task with an id and
+// "trace-id <message_id> <trace id>" for one with a traceparent (a
+// traceparent of another form: "trace-id <message_id> ? <traceparent>"),
+// "duplicate <message_id> dropped" per duplicate, "rejected
 // <message_id>: <why>" per message that breaks the contract, and last
 // "summary: delivered N, duplicates dropped N, rejected N".
 
@@ -38,6 +44,7 @@ import com.rabbitmq.client.Channel;
 import com.rabbitmq.client.Connection;
 import com.rabbitmq.client.ConnectionFactory;
 import com.rabbitmq.client.Delivery;
+import com.rabbitmq.client.LongString;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.Map;
@@ -89,6 +96,40 @@ public final class Consumer {
         }
     }
 
+    /** A header's value as bytes (AMQP long strings), or null if absent or not a string. */
+    static byte[] headerBytes(Delivery d, String name) {
+        Map<String, Object> headers = d.getProperties().getHeaders();
+        Object v = headers == null ? null : headers.get(name);
+        if (v instanceof LongString s) {
+            return s.getBytes();
+        }
+        return v instanceof String s ? s.getBytes(StandardCharsets.UTF_8) : null;
+    }
+
+    /** The task id (header x-task-id) as text, or null for a task scheduled without one. */
+    static String taskId(Delivery d) {
+        byte[] id = headerBytes(d, "x-task-id");
+        return id == null ? null : new String(id, StandardCharsets.UTF_8);
+    }
+
+    private static final java.util.regex.Pattern TRACEPARENT =
+            java.util.regex.Pattern.compile("[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}");
+
+    /**
+     * The trace id of header traceparent, 00-<trace id>-<span id>-<flags>:
+     * its second field; "? <value>" for a traceparent of another form; null
+     * without one.
+     */
+    static String traceId(Delivery d) {
+        byte[] tp = headerBytes(d, "traceparent");
+        if (tp == null) {
+            return null;
+        }
+        String v = new String(tp, StandardCharsets.UTF_8).trim();
+        java.util.regex.Matcher m = TRACEPARENT.matcher(v);
+        return m.matches() ? m.group(1) : "? " + v;
+    }
+
     /** Why a message breaks the contract, or null if it keeps it. */
     static String contractViolation(Delivery d) {
         AMQP.BasicProperties p = d.getProperties();
@@ -100,7 +141,9 @@ public final class Consumer {
         if (!(due instanceof Number)) {
             return "no integer header x-due-ms";
         }
-        String want = messageId(d.getBody(), ((Number) due).longValue());
+        // The member hashed: the task's id if it has one, else its body.
+        byte[] id = headerBytes(d, "x-task-id");
+        String want = messageId(id != null ? id : d.getBody(), ((Number) due).longValue());
         if (!p.getMessageId().equals(want)) {
             return "message_id should be " + want;
         }
@@ -118,9 +161,18 @@ public final class Consumer {
     private final AtomicLong rejected = new AtomicLong();
     private volatile long lastDeliveryNanos = System.nanoTime();
 
-    /** The work: here, printing the task. */
-    private void work(String messageId, byte[] body) {
-        System.out.println("delivered " + messageId + " " + new String(body, StandardCharsets.UTF_8));
+    /** The work: here, printing the task, its id and its trace id. */
+    private void work(String messageId, Delivery d) {
+        StringBuilder out = new StringBuilder("delivered " + messageId + " " + new String(d.getBody(), StandardCharsets.UTF_8));
+        String id = taskId(d), trace = traceId(d);
+        if (id != null) {
+            out.append("\ntask-id ").append(messageId).append(' ').append(id);
+        }
+        if (trace != null) {
+            // A real consumer continues the producer's trace here (its span's parent).
+            out.append("\ntrace-id ").append(messageId).append(' ').append(trace);
+        }
+        System.out.println(out); // one call: the lines of one task stay together
     }
 
     /** Called for each delivery, one at a time per channel. */
@@ -141,7 +193,7 @@ public final class Consumer {
             ch.basicReject(tag, false); // to the queue's dead-letter exchange, if it has one
             return;
         }
-        work(id, d.getBody());
+        work(id, d);
         done.add(id); // only once the work is done
         ch.basicAck(tag, false); // after the work: a crash before this gets it redelivered
     }

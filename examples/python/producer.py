@@ -14,15 +14,27 @@ Needs redis-py and python-xxhash; on Debian: apt-get install python3-redis
 python3-xxhash, and run it with /usr/bin/python3. It imports the package
 from this checkout (clients/python), so it needs no install. Examples:
 
+    producer.py --queue orders --in 60 --id order-42 '{"order":42}' \
+        --header traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+    producer.py --queue orders --reschedule-id order-42 --in 120
+    producer.py --queue orders --cancel-id order-42
     producer.py --queue orders --in 60 '{"order":42}' '{"order":43}'
     producer.py --queue orders --in 0 --wake --count 100
     producer.py --check-vectors
+
+With --id (once per BODY, in order), each task is scheduled by its id:
+its body and message properties (--routing-key, --header NAME=VALUE, or
+any of them as --properties JSON) go with it in one MULTI/EXEC, the
+message carries header x-task-id, and --cancel-id and --reschedule-id
+find it by the id alone (CONTRACT.md, tasks with an id).
 
 --shards is used only while no shard count is recorded (no dispatcher has
 served the queue yet); it must then equal DISPATCHER_QUEUE_<NAME>_SHARDS.
 --prefix must equal DISPATCHER_KEY_PREFIX. It prints one JSON object per
 scheduled task, one a line: member, key, shard, due_ms and message_id, the
-id the consumers will see on the message.
+id the consumers will see on the message (by id, also id and body, member
+being the id); --cancel-id and --reschedule-id print id, the op and its
+result (false: the task was not pending).
 """
 
 import argparse
@@ -58,6 +70,15 @@ def main() -> None:
                     help="also schedule N generated bodies task-<tag>-<n>")
     ap.add_argument("--tag", default=secrets.token_hex(4),
                     help="tag of the generated bodies (default: random)")
+    ap.add_argument("--id", dest="ids", action="append", default=[], metavar="ID",
+                    help="schedule the BODY at the same place by this task id (once per BODY)")
+    ap.add_argument("--routing-key", help="by id: the message's routing key instead of the queue's")
+    ap.add_argument("--header", dest="headers", action="append", default=[], metavar="NAME=VALUE",
+                    help="by id: a message header (a string), e.g. traceparent=00-...-01")
+    ap.add_argument("--properties", metavar="JSON",
+                    help="by id: message properties as a JSON object (routing_key, headers, priority, ...)")
+    ap.add_argument("--cancel-id", metavar="ID", help="only cancel the pending task with this id")
+    ap.add_argument("--reschedule-id", metavar="ID", help="only move the pending task with this id to --in")
     ap.add_argument("--check-vectors", action="store_true",
                     help="only check the contract's XXH64 test vectors")
     ap.add_argument("bodies", nargs="*", metavar="BODY", help="task bodies (UTF-8)")
@@ -76,6 +97,11 @@ def main() -> None:
         ap.error("--shards must be 1 to 4096")
 
     due_ms = int(time.time() * 1000 + args.delay * 1000)
+    if args.ids or args.cancel_id or args.reschedule_id:
+        by_id(ap, args, due_ms)
+        return
+    if args.headers or args.routing_key or args.properties:
+        ap.error("--routing-key, --header and --properties go with --id")
     members = [b.encode("utf-8") for b in args.bodies]
     members += [f"task-{args.tag}-{n}".encode() for n in range(args.count)]
     if not members:
@@ -94,6 +120,57 @@ def main() -> None:
         print(json.dumps({"member": m.decode("utf-8"), "key": p.keys.pending(i), "shard": i,
                           "due_ms": due_ms, "message_id": dp.message_id(m, due_ms)},
                          ensure_ascii=False))
+
+
+def properties(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The message properties from --properties, --routing-key and --header."""
+    props = {}
+    if args.properties:
+        try:
+            props = json.loads(args.properties)
+        except ValueError as e:
+            ap.error(f"--properties: not JSON: {e}")
+        if not isinstance(props, dict):
+            ap.error("--properties: want a JSON object")
+    if args.routing_key:
+        props["routing_key"] = args.routing_key
+    for h in args.headers:
+        name, eq, value = h.partition("=")
+        if not eq:
+            ap.error(f"--header {h!r}: want NAME=VALUE")
+        props.setdefault("headers", {})[name] = value
+    try:
+        dp.validate_properties(props)  # the dispatcher's rules, checked before anything is written
+    except (TypeError, ValueError) as e:
+        ap.error(str(e))
+    return props
+
+
+def by_id(ap: argparse.ArgumentParser, args: argparse.Namespace, due_ms: int) -> None:
+    """Schedules, reschedules or cancels tasks by their id."""
+    if sum(map(bool, (args.ids, args.cancel_id, args.reschedule_id))) != 1:
+        ap.error("give one of --id, --cancel-id, --reschedule-id")
+    if args.ids and (len(args.ids) != len(args.bodies) or args.count):
+        ap.error(f"--id given {len(args.ids)} times for {len(args.bodies)} BODY arguments (and no --count)")
+    props = properties(ap, args)
+    p = dp.Producer(redis.Redis.from_url(args.redis), args.queue, args.prefix, shards=args.shards,
+                    wake_within_ms=1000 if args.wake else 0)
+    try:
+        if args.cancel_id:
+            print(json.dumps({"id": args.cancel_id, "op": "cancel", "result": p.cancel_task(args.cancel_id)},
+                             ensure_ascii=False))
+            return
+        if args.reschedule_id:
+            print(json.dumps({"id": args.reschedule_id, "op": "reschedule", "due_ms": due_ms,
+                              "result": p.reschedule_task(args.reschedule_id, due_ms),
+                              "message_id": dp.message_id(args.reschedule_id, due_ms)}, ensure_ascii=False))
+            return
+        for task_id, body in zip(args.ids, args.bodies):
+            i = p.schedule_task(task_id, body.encode("utf-8"), due_ms, props)
+            print(json.dumps({"id": task_id, "member": task_id, "body": body, "key": p.keys.pending(i), "shard": i,
+                              "due_ms": due_ms, "message_id": dp.message_id(task_id, due_ms)}, ensure_ascii=False))
+    except (dp.ProducerError, ValueError) as e:
+        sys.exit(f"producer.py: {e}")
 
 
 if __name__ == "__main__":

@@ -75,6 +75,12 @@ class Keys {
   /** The shard's moving hash during a change of the shard count. */
   moving(i) { return `${this.pending(i)}:moving`; }
 
+  /** The bodies of the shard's tasks scheduled with an id (hash: id -> body). */
+  tasks(i) { return `${this.pending(i)}:tasks`; }
+
+  /** The message properties of the shard's pending tasks (hash: id -> JSON). */
+  props(i) { return `${this.pending(i)}:props`; }
+
   shardCount() { return `${this.prefix}:{${this.queue}}:shards`; }
 
   reshard() { return `${this.prefix}:{${this.queue}}:reshard`; }

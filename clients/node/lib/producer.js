@@ -12,6 +12,7 @@ const {
 const {
   LayoutError, NoLayoutError, ProducerError, indexes, layout, moves, readLayout, sameLayout,
 } = require('./layout');
+const { propertiesJson, taskIdBytes } = require('./properties');
 
 // A layout read is used for at most this long before a write (CONTRACT.md).
 const LAYOUT_TTL_MS = 1000;
@@ -374,6 +375,160 @@ class Producer {
     });
     return removed;
   }
+
+  // --- tasks with an id ----------------------------------------------------
+
+  /**
+   * Schedules a task by its id (1 to 1024 bytes; a string as UTF-8): in one
+   * MULTI/EXEC on shard XXH64(id) mod M, HSET of the body in P:{Q:i}:tasks,
+   * HSET of the properties in P:{Q:i}:props (HDEL when there are none) and
+   * ZADD of the id with its due time. Scheduling a pending id again replaces
+   * its body, properties and due time. The properties (routing_key,
+   * headers, content_type, ...) are checked first by the dispatcher's rules:
+   * the TypeError or RangeError names the field. The message's message_id is
+   * messageId(id, due), its header x-task-id the id. Resolves to the shard
+   * index written.
+   */
+  async scheduleTask(id, body, due, properties) {
+    const tid = taskIdBytes(id);
+    const b = memberBytes(body);
+    const d = dueMs(due);
+    const props = propertiesJson(properties);
+    const hashing = await loadHashing();
+    return this.settled((l) => this.scheduleTaskBy(hashing, l, tid, b, props, d));
+  }
+
+  /**
+   * Writes the task to its shard by l.shards and then, during a change,
+   * removes it from its shard by the old count (after the reply, so that it
+   * is never in neither). body null leaves the tasks hash alone (a plain
+   * member moved by rescheduleTask).
+   */
+  async scheduleTaskBy(hashing, l, tid, body, props, due) {
+    const i = hashing.shardOf(tid, l.shards);
+    const key = this.keys.pending(i);
+    const tx = this.redis.multi();
+    let writes = 0;
+    if (body !== null) {
+      tx.hset(this.keys.tasks(i), tid, body);
+      writes++;
+    }
+    if (props === null) tx.hdel(this.keys.props(i), tid);
+    else tx.hset(this.keys.props(i), tid, props);
+    tx.zadd(key, String(due), tid);
+    writes += 2;
+    if (moves(l)) {
+      // Unlisted in the same transaction: a move whose first step added the
+      // id here does not undo this write.
+      tx.hdel(this.keys.moving(i), tid);
+      writes++;
+    }
+    // After the ZADD, inside the transaction; its own error is ignored (a
+    // lost wake-up costs a poll interval).
+    if (this.wakeSoon(due)) tx.publish(this.keys.wake(), wakeDue(i, due));
+    await execTx(tx, `schedule task ${showId(tid)} on ${key}`, writes);
+    if (l.changingFrom) {
+      const j = hashing.shardOf(tid, l.changingFrom);
+      if (j !== i) {
+        try {
+          await this.removeTaskIn(j, tid);
+        } catch (err) {
+          throw new ProducerError(`schedule task ${showId(tid)}: remove its copy by the old shard count ` +
+            `${l.changingFrom}: ${err.message} (run it again: a copy left there is dispatched at its old due time)`,
+          { cause: err });
+        }
+      }
+    }
+    return i;
+  }
+
+  /** MULTI, ZREM of the id, HDEL of its body and properties, EXEC, on shard i: true if the ZREM removed it. */
+  async removeTaskIn(i, tid) {
+    const key = this.keys.pending(i);
+    const results = await execTx(this.redis.multi()
+      .zrem(key, tid)
+      .hdel(this.keys.tasks(i), tid)
+      .hdel(this.keys.props(i), tid), `cancel task ${showId(tid)} on ${key}`);
+    return Number(results[0]) > 0;
+  }
+
+  /**
+   * Moves a pending task to a new due time (ZADD XX CH of its id; its body
+   * and properties stay): resolves to false if it is not pending (never
+   * scheduled, cancelled, or already claimed by a dispatcher, up to
+   * DISPATCHER_LOOKAHEAD before its due time). During a change of the
+   * shard count, a task pending in its shard by the old count moves, with
+   * its body and properties, to its shard by the new.
+   */
+  async rescheduleTask(id, due) {
+    const tid = taskIdBytes(id);
+    const d = dueMs(due);
+    const hashing = await loadHashing();
+    return this.settled(async (l) => {
+      const next = hashing.shardOf(tid, l.shards);
+      for (const i of indexes(hashing, l, tid)) {
+        const key = this.keys.pending(i);
+        const tx = this.redis.multi()
+          .zscore(key, tid) // pending: the ZADD XX below moved it
+          .zadd(key, 'XX', 'CH', String(d), tid);
+        if (moves(l)) tx.hdel(this.keys.moving(i), tid);
+        if (i !== next) tx.hgetBuffer(this.keys.tasks(i), tid).hgetBuffer(this.keys.props(i), tid);
+        const results = await execTx(tx, `reschedule task ${showId(tid)} on ${key}`);
+        if (results[0] === null) continue;
+        if (i !== next) {
+          // To the new count's shard, then out of this one.
+          const [body, props] = results.slice(-2);
+          await this.scheduleTaskBy(hashing, l, tid, body, props, d);
+        }
+        return true;
+      }
+      return false;
+    });
+  }
+
+  /**
+   * Cancels a pending task by its id: MULTI, ZREM, HDEL of its body and
+   * properties, EXEC. Resolves to false if it was not pending (never
+   * scheduled, or already claimed by a dispatcher, up to
+   * DISPATCHER_LOOKAHEAD before its due time, and then it is delivered).
+   * During a change of the shard count it is removed from its shards by
+   * both counts.
+   */
+  async cancelTask(id) {
+    const tid = taskIdBytes(id);
+    const hashing = await loadHashing();
+    let removed = false;
+    await this.settled(async (l) => {
+      for (const i of indexes(hashing, l, tid)) {
+        if (await this.removeTaskIn(i, tid)) removed = true;
+      }
+    });
+    return removed;
+  }
+}
+
+/**
+ * Runs a MULTI/EXEC and returns its replies; a failure of the transaction,
+ * or of one of its first `check` commands (all by default), is a
+ * ProducerError that starts with what.
+ */
+async function execTx(tx, what, check = Infinity) {
+  let results;
+  try {
+    results = await tx.exec();
+  } catch (err) {
+    throw new ProducerError(`${what}: ${err.message}`, { cause: err });
+  }
+  if (!results) throw new ProducerError(`${what}: the transaction was aborted`);
+  const failed = results.slice(0, check).find(([err]) => err);
+  if (failed) throw new ProducerError(`${what}: ${failed[0].message}`, { cause: failed[0] });
+  return results.map(([, v]) => v);
+}
+
+/** A task id for an error message: quoted, at most 64 characters. */
+function showId(tid) {
+  const text = tid.toString('utf8');
+  return JSON.stringify(text.length <= 64 ? text : `${text.slice(0, 61)}...`);
 }
 
 module.exports = { DEFAULT_WAKE_WITHIN_MS, LAYOUT_RECHECK_MS, LAYOUT_TTL_MS, Producer };

@@ -340,3 +340,122 @@ test('a slow write is written again by the new layout', async (t) => {
   assert.equal(await score(old, m), due, 'written by the layout it read');
   assert.equal(await r.exists(k.pending(nu)), 0);
 });
+
+const TRACEPARENT = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+
+/** What Redis holds for an id in shard i: score, body, properties. */
+async function held(r, k, i, id) {
+  const s = await r.zscore(k.pending(i), id);
+  const props = await r.hget(k.props(i), id);
+  return [s === null ? null : Number(s), await r.hget(k.tasks(i), id), props === null ? null : JSON.parse(props)];
+}
+
+test('tasks by id: schedule, reschedule, cancel', async (t) => {
+  const { r, k, setLayout, producer } = await setup(t);
+  await setLayout(16);
+  const p = producer();
+  const due = Date.now() + HOUR_MS;
+  const props = { routing_key: 'orders.eu', priority: 5, headers: { traceparent: TRACEPARENT, attempt: 1 } };
+  const i = await dp.shardOf('order:42', 16);
+  assert.equal(await p.scheduleTask('order:42', '{"order":42}', due, props), i);
+  assert.deepEqual(await held(r, k, i, 'order:42'), [due, '{"order":42}', props]);
+
+  // Again: body, properties and due time replaced; no properties: none kept.
+  assert.equal(await p.scheduleTask(Buffer.from('order:42'), Buffer.from('v2'), new Date(due + 1000)), i);
+  assert.deepEqual(await held(r, k, i, 'order:42'), [due + 1000, 'v2', null]);
+  await p.scheduleTask('order:42', 'v3', due, { type: 't' });
+  assert.deepEqual(await held(r, k, i, 'order:42'), [due, 'v3', { type: 't' }]);
+
+  assert.equal(await p.rescheduleTask('order:42', due + 2000), true);
+  assert.deepEqual(await held(r, k, i, 'order:42'), [due + 2000, 'v3', { type: 't' }], 'body and properties stay');
+  assert.equal(await p.rescheduleTask('order:42', due + 2000), true, 'the same due time: still pending');
+  assert.equal(await p.rescheduleTask('order:43', due), false, 'reschedule of an id never scheduled');
+  assert.equal(await r.exists(k.pending(await dp.shardOf('order:43', 16))), 0);
+
+  assert.equal(await p.cancelTask('order:42'), true);
+  assert.deepEqual(await held(r, k, i, 'order:42'), [null, null, null]);
+  assert.equal(await p.cancelTask('order:42'), false, 'second cancel');
+  assert.equal(await p.rescheduleTask('order:42', due), false, 'reschedule after cancel');
+});
+
+test('tasks by id: bad properties write nothing', async (t) => {
+  const { r, k, prefix, setLayout, producer } = await setup(t);
+  await setLayout(16);
+  const p = producer();
+  const due = Date.now() + HOUR_MS;
+  await assert.rejects(p.scheduleTask('t1', 'body', due, { headers: { 'X-Task-Id': 'forged' } }), /X-Task-Id.*reserved/);
+  await assert.rejects(p.scheduleTask('t1', 'body', due, { routing: 'x' }), /unknown field "routing"/);
+  await assert.rejects(p.scheduleTask('t1', 'body', due, { priority: 300 }), /priority 300 is not 0 to 255/);
+  await assert.rejects(p.scheduleTask('', 'body', due), /task id of 0 bytes/);
+  assert.deepEqual(await r.keys(`${prefix}:{${Q}:*`), []);
+  // A failed write is an error naming the key.
+  const i = await dp.shardOf('t', 16);
+  await r.set(k.tasks(i), 'not a hash');
+  await assert.rejects(p.scheduleTask('t', 'body', due),
+    (err) => err instanceof dp.ProducerError && err.message.includes(`task "t" on ${k.pending(i)}`));
+});
+
+test('tasks by id: the wake-up in the transaction', async (t) => {
+  const { r, k, setLayout, producer } = await setup(t);
+  await setLayout(4);
+  const p = producer({ wakeWithinMs: 1000 });
+  const sub = r.duplicate();
+  t.after(() => sub.disconnect());
+  const got = [];
+  sub.on('message', (_channel, message) => got.push(message));
+  await sub.subscribe(k.wake());
+  const due = Date.now();
+  const i = await p.scheduleTask('soon', 'body', due);
+  await p.scheduleTask('later', 'body', due + HOUR_MS);
+  const until = Date.now() + 2000;
+  while (got.length === 0 && Date.now() < until) await new Promise((res) => setTimeout(res, 10));
+  await new Promise((res) => setTimeout(res, 200));
+  assert.deepEqual(got, [`due:${i}:${due}`], 'one wake-up, for the task due now');
+});
+
+test('tasks by id during a change from 4 to 8 shards', async (t) => {
+  const { r, k, setLayout, producer } = await setup(t);
+  const h = await dp.loadHashing();
+  await setLayout(8, 4);
+  const id = await memberMoving(4, 8, 'order');
+  const old = h.shardOf(id, 4);
+  const nu = h.shardOf(id, 8);
+  const due = Date.now() + HOUR_MS;
+  const p = producer();
+  const put = async (i, body, props, d = due) => { // the id as a producer on shard i wrote it
+    await r.zadd(k.pending(i), d, id);
+    await r.hset(k.tasks(i), id, body);
+    if (props) await r.hset(k.props(i), id, JSON.stringify(props));
+  };
+  const none = [null, null, null];
+
+  await t.test('schedule goes to the new shard and leaves the old', async () => {
+    await put(old, 'old body', { type: 'old' }, due - 5000);
+    await r.hset(k.moving(nu), id, due); // listed by a move's first step
+    assert.equal(await p.scheduleTask(id, 'new body', due, { type: 'new' }), nu);
+    assert.deepEqual(await held(r, k, nu, id), [due, 'new body', { type: 'new' }]);
+    assert.deepEqual(await held(r, k, old, id), none, 'the old copy stays');
+    assert.equal(await r.hexists(k.moving(nu), id), 0, 'the schedule did not unlist the id from the moving hash');
+  });
+
+  await t.test('cancel removes by both counts', async () => {
+    await put(old, 'body', { type: 't' });
+    assert.equal(await p.cancelTask(id), true);
+    assert.deepEqual(await held(r, k, old, id), none);
+    assert.deepEqual(await held(r, k, nu, id), none);
+    await put(old, 'body');
+    assert.equal(await p.cancelTask(id), true, 'a task only in its shard by the old count');
+    assert.equal(await p.cancelTask(id), false);
+  });
+
+  await t.test('reschedule moves an old copy with its body and properties', async () => {
+    await put(old, Buffer.from([0xff, 0x00, 0x01]), { type: 't' });
+    assert.equal(await p.rescheduleTask(id, due + 1000), true);
+    assert.deepEqual(await r.hgetBuffer(k.tasks(nu), id), Buffer.from([0xff, 0x00, 0x01]), 'the body, byte for byte');
+    assert.deepEqual(await held(r, k, nu, id), [due + 1000, (await r.hget(k.tasks(nu), id)), { type: 't' }]);
+    assert.deepEqual(await held(r, k, old, id), none);
+    assert.equal(await p.rescheduleTask(id, due + 2000), true, 'now in the new shard');
+    assert.equal((await held(r, k, nu, id))[0], due + 2000);
+    assert.equal(await p.rescheduleTask(await memberMoving(4, 8, 'absent'), due), false);
+  });
+});

@@ -101,6 +101,14 @@ class Keys:
         """The shard's moving hash during a change of the shard count."""
         return self.pending(i) + ":moving"
 
+    def tasks(self, i: int) -> str:
+        """The bodies of the shard's tasks scheduled with an id (hash: id -> body)."""
+        return self.pending(i) + ":tasks"
+
+    def props(self, i: int) -> str:
+        """The message properties of the shard's pending tasks (hash: id -> JSON)."""
+        return self.pending(i) + ":props"
+
     def shard_count(self) -> str:
         return f"{self.prefix}:{{{self.queue}}}:shards"
 

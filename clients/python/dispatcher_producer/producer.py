@@ -8,13 +8,14 @@ import datetime as _dt
 import hashlib
 import logging
 import time
-from typing import Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 from redis.exceptions import NoScriptError, RedisError
 
 from .contract import (DEFAULT_PREFIX, Keys, check_queue_name, check_shards, due_ms, member_bytes,
                        shard_of, wake_due)
 from .layout import Layout, LayoutError, NoLayoutError, ProducerError, read_layout
+from .properties import properties_json, task_id_bytes
 
 log = logging.getLogger("dispatcher_producer")
 
@@ -341,3 +342,138 @@ class Producer:
 
         self._settled(write)
         return removed
+
+    # --- tasks with an id -------------------------------------------------
+
+    def schedule_task(self, task_id: Member, body: Member, due: Due,
+                      properties: Mapping[str, Any] | None = None) -> int:
+        """Schedules a task by its id (1 to 1024 bytes; str as UTF-8): in
+        one MULTI/EXEC on shard XXH64(id) mod M, HSET of the body in
+        P:{Q:i}:tasks, HSET of the properties in P:{Q:i}:props (HDEL when
+        there are none) and ZADD of the id with its due time. Scheduling a
+        pending id again replaces its body, properties and due time. The
+        properties (routing_key, headers, content_type, ...) are checked
+        first by the dispatcher's rules: ValueError or TypeError names the
+        field. The message's message_id is message_id(task_id, due), its
+        header x-task-id the id. Returns the shard index written."""
+        tid, b, d = task_id_bytes(task_id), member_bytes(body), due_ms(due)
+        props = properties_json(properties)
+        return self._settled(lambda layout: self._schedule_task_by(layout, tid, b, props, d))
+
+    def _schedule_task_by(self, layout: Layout, tid: bytes, body: bytes | None, props: bytes | None,
+                          due: int) -> int:
+        """Writes the task to its shard by layout.shards and then, during a
+        change, removes it from its shard by the old count (after the
+        reply, so that it is never in neither). body None leaves the tasks
+        hash alone (a plain member moved by reschedule_task)."""
+        i = shard_of(tid, layout.shards)
+        key = self.keys.pending(i)
+        pipe = self._r.pipeline(transaction=True)
+        if body is not None:
+            pipe.hset(self.keys.tasks(i), tid, body)
+        if props is None:
+            pipe.hdel(self.keys.props(i), tid)
+        else:
+            pipe.hset(self.keys.props(i), tid, props)
+        pipe.zadd(key, {tid: due})
+        if layout.moves:
+            # Unlisted in the same transaction: a move whose first step
+            # added the id here does not undo this write.
+            pipe.hdel(self.keys.moving(i), tid)
+        writes = len(pipe)
+        if self._wake_soon(due):
+            # After the ZADD, inside the transaction; its own error is
+            # ignored (a lost wake-up costs a poll interval).
+            pipe.publish(self.keys.wake(), wake_due(i, due))
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except RedisError as e:
+            raise ProducerError(f"schedule task {_show(tid)} on {key}: {e}") from e
+        for res in results[:writes]:
+            if isinstance(res, Exception):
+                raise ProducerError(f"schedule task {_show(tid)} on {key}: {res}")
+        if layout.changing:
+            j = shard_of(tid, layout.changing_from)
+            if j != i:
+                try:
+                    self._remove_task_in(j, tid)
+                except ProducerError as e:
+                    raise ProducerError(f"schedule task {_show(tid)}: remove its copy by the old shard count "
+                                        f"{layout.changing_from}: {e} (run it again: a copy left there is "
+                                        "dispatched at its old due time)") from e
+        return i
+
+    def _remove_task_in(self, i: int, tid: bytes) -> bool:
+        """MULTI, ZREM of the id, HDEL of its body and properties, EXEC, on
+        shard i: True if the ZREM removed it."""
+        key = self.keys.pending(i)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.zrem(key, tid)
+        pipe.hdel(self.keys.tasks(i), tid)
+        pipe.hdel(self.keys.props(i), tid)
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except RedisError as e:
+            raise ProducerError(f"cancel task {_show(tid)} on {key}: {e}") from e
+        for res in results:
+            if isinstance(res, Exception):
+                raise ProducerError(f"cancel task {_show(tid)} on {key}: {res}")
+        return int(results[0]) > 0
+
+    def reschedule_task(self, task_id: Member, due: Due) -> bool:
+        """Moves a pending task to a new due time (ZADD XX CH of its id; its
+        body and properties stay): False if it is not pending (never
+        scheduled, cancelled, or already claimed by a dispatcher, up to
+        DISPATCHER_LOOKAHEAD before its due time). During a change of the
+        shard count, a task pending in its shard by the old count moves,
+        with its body and properties, to its shard by the new."""
+        tid, d = task_id_bytes(task_id), due_ms(due)
+
+        def write(layout: Layout) -> bool:
+            new = shard_of(tid, layout.shards)
+            for i in layout.indexes(tid):
+                key = self.keys.pending(i)
+                pipe = self._r.pipeline(transaction=True)
+                pipe.zscore(key, tid)  # pending: the ZADD XX below moved it
+                pipe.zadd(key, {tid: d}, xx=True, ch=True)
+                if layout.moves:
+                    pipe.hdel(self.keys.moving(i), tid)
+                if i != new:
+                    pipe.hget(self.keys.tasks(i), tid)
+                    pipe.hget(self.keys.props(i), tid)
+                try:
+                    results = pipe.execute()
+                except RedisError as e:
+                    raise ProducerError(f"reschedule task {_show(tid)} on {key}: {e}") from e
+                if results[0] is None:
+                    continue
+                if i != new:
+                    # To the new count's shard, then out of this one.
+                    self._schedule_task_by(layout, tid, results[-2], results[-1], d)
+                return True
+            return False
+
+        return self._settled(write)
+
+    def cancel_task(self, task_id: Member) -> bool:
+        """Cancels a pending task by its id: MULTI, ZREM, HDEL of its body
+        and properties, EXEC. False if it was not pending (never scheduled,
+        or already claimed by a dispatcher, up to DISPATCHER_LOOKAHEAD before
+        its due time, and then it is delivered). During a change of the
+        shard count it is removed from its shards by both counts."""
+        tid = task_id_bytes(task_id)
+        removed = False
+
+        def write(layout: Layout) -> None:
+            nonlocal removed
+            for i in layout.indexes(tid):
+                removed = self._remove_task_in(i, tid) or removed
+
+        self._settled(write)
+        return removed
+
+
+def _show(tid: bytes) -> str:
+    """A task id for an error message: quoted, at most 64 characters."""
+    text = tid.decode("utf-8", "backslashreplace")
+    return repr(text if len(text) <= 64 else text[:61] + "...")
