@@ -118,6 +118,16 @@ func ParseProperties(b []byte) (Properties, error) {
 	if len(t) == 0 || t[0] != '{' {
 		return p, fmt.Errorf("properties are not a JSON object: %.40q", b)
 	}
+	// encoding/json matches field names regardless of case; the contract's
+	// names are exact (other languages' producers check them so).
+	var names map[string]json.RawMessage
+	if err := json.Unmarshal(t, &names); err == nil {
+		for _, n := range sortedKeys(names) {
+			if !knownProperty[n] {
+				return p, fmt.Errorf("properties: unknown field %q", n)
+			}
+		}
+	}
 	d := json.NewDecoder(bytes.NewReader(t))
 	d.DisallowUnknownFields()
 	d.UseNumber()
@@ -135,6 +145,19 @@ func ParseProperties(b []byte) (Properties, error) {
 		return p, errors.New("properties: data after the JSON object")
 	}
 	return p, p.Validate()
+}
+
+var knownProperty = map[string]bool{"routing_key": true, "headers": true, "content_type": true,
+	"content_encoding": true, "correlation_id": true, "reply_to": true, "type": true, "priority": true,
+	"expiration_ms": true, "deadline_ms": true}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Marshal encodes validated properties as the contract's JSON object.
