@@ -91,7 +91,7 @@ func (p *Properties) Validate() error {
 			}
 			p.Headers[k] = int64(v)
 		default:
-			return fmt.Errorf("properties: headers: %q: a %s (strings, integers and booleans only)", k, jsonKind(v))
+			return fmt.Errorf("properties: headers: %q: %s (strings, integers and booleans only)", k, jsonKind(v))
 		}
 	}
 	return nil
@@ -102,11 +102,11 @@ func jsonKind(v any) string {
 	case nil:
 		return "null"
 	case []any:
-		return "list"
+		return "a list"
 	case map[string]any:
-		return "object"
+		return "an object"
 	}
-	return fmt.Sprintf("%T", v)
+	return fmt.Sprintf("a %T", v)
 }
 
 // ParseProperties reads and validates a properties JSON object: not JSON,

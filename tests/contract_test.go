@@ -3,12 +3,18 @@ package tests
 import (
 	"context"
 	"fmt"
+	"os"
+	"regexp"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // TestContractEndToEnd schedules through the Go producer API and through
@@ -152,5 +158,109 @@ func TestNeverEarlyAndLoneTaskOnTime(t *testing.T) {
 	t.Logf("lone task lateness at the consumer (sorted): %v; median %s", late, late[len(late)/2])
 	if late[len(late)/2] > 50*time.Millisecond {
 		t.Errorf("median lone-task lateness %s; expected a few ms", late[len(late)/2])
+	}
+}
+
+// TestContractIDVectors checks CONTRACT.md's section on tasks with an id
+// against the code, so that its test vectors and its full example cannot
+// drift: each id's XXH64, shard of 16 and message_id; the example's
+// properties (valid), its shard in the MULTI, and the message it gives.
+func TestContractIDVectors(t *testing.T) {
+	b, err := os.ReadFile("../CONTRACT.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const title = "## Tasks with an id and properties (extension)"
+	_, sec, ok := strings.Cut(string(b), "\n"+title+"\n")
+	if !ok {
+		t.Fatalf("CONTRACT.md has no %q section", title)
+	}
+	if end := strings.Index(sec, "\n## "); end >= 0 {
+		sec = sec[:end]
+	}
+
+	row := regexp.MustCompile("(?m)^\\| `([^`]+)` \\| `([0-9a-f]{16})` \\| (\\d+) \\| `([0-9a-f]{16}-(\\d+))` \\|$")
+	rows := row.FindAllStringSubmatch(sec, -1)
+	if len(rows) < 3 {
+		t.Fatalf("found %d test vector rows (id, XXH64, mod 16, message_id); want 3 or more", len(rows))
+	}
+	for _, r := range rows {
+		id := []byte(r[1])
+		if got := fmt.Sprintf("%016x", shard.Hash(id)); got != r[2] {
+			t.Errorf("CONTRACT.md: XXH64(%q) = %s; the code says %s", id, r[2], got)
+		}
+		if got := strconv.Itoa(shard.Index(id, 16)); got != r[3] {
+			t.Errorf("CONTRACT.md: %q mod 16 = %s; the code says %s", id, r[3], got)
+		}
+		due, _ := strconv.ParseInt(r[5], 10, 64)
+		if got := shard.MessageID(id, due); got != r[4] {
+			t.Errorf("CONTRACT.md: message_id of %q = %s; the code says %s", id, r[4], got)
+		}
+	}
+
+	// The full example.
+	const id, dueMs = "order-42:timeout", int64(1767225600000)
+	_, js, ok := strings.Cut(sec, "```json\n")
+	if !ok {
+		t.Fatal("CONTRACT.md: the example's properties (a ```json block) are missing")
+	}
+	js, _, _ = strings.Cut(js, "\n```")
+	props, err := shard.ParseProperties([]byte(js))
+	if err != nil {
+		t.Fatalf("CONTRACT.md: the example's properties: %v", err)
+	}
+	i := shard.Index([]byte(id), 16)
+	for _, line := range []string{
+		fmt.Sprintf("HSET dq:{orders:%d}:tasks %s '{\"order\":42}'", i, id),
+		fmt.Sprintf("HSET dq:{orders:%d}:props %s ", i, id),
+		fmt.Sprintf("ZADD dq:{orders:%d} %d %s", i, dueMs, id),
+	} {
+		if !strings.Contains(sec, "\n"+line) {
+			t.Errorf("CONTRACT.md: the example's MULTI lacks %q", line)
+		}
+	}
+	_, given, ok := strings.Cut(sec, "gives this message")
+	if !ok {
+		t.Fatal("CONTRACT.md: the example's message (\"gives this message\") is missing")
+	}
+	msg := func(what string) string {
+		m := regexp.MustCompile("(?m)^\\| " + regexp.QuoteMeta(what) + " \\| (.*) \\|$").FindStringSubmatch(given)
+		if m == nil {
+			t.Fatalf("CONTRACT.md: the example's message has no %q row", what)
+		}
+		return m[1]
+	}
+	if got, want := msg("`message_id`"), "`"+shard.MessageID([]byte(id), dueMs)+"`"; got != want {
+		t.Errorf("CONTRACT.md: the example's message_id %s; the code says %s", got, want)
+	}
+	if got, want := msg("routing key"), "`"+props.RoutingKey+"`"; got != want {
+		t.Errorf("CONTRACT.md: the example's routing key %s; its properties say %s", got, want)
+	}
+	if got, want := msg("`priority`"), strconv.Itoa(*props.Priority); got != want {
+		t.Errorf("CONTRACT.md: the example's priority %s; its properties say %s", got, want)
+	}
+	if got, want := msg("`expiration`"), fmt.Sprintf("`%d`", *props.ExpirationMs); !strings.HasPrefix(got, want) {
+		t.Errorf("CONTRACT.md: the example's expiration %s; its properties say %s", got, want)
+	}
+	headers := msg("headers")
+	want := []string{fmt.Sprintf("`x-task-id` = `%s`", id), fmt.Sprintf("`x-due-ms` = %d", dueMs)}
+	for k, v := range props.Headers {
+		if s, ok := v.(string); ok {
+			want = append(want, fmt.Sprintf("`%s` = `%s`", k, s))
+		} else {
+			want = append(want, fmt.Sprintf("`%s` = %v", k, v))
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(headers, w) {
+			t.Errorf("CONTRACT.md: the example's headers (%s) lack %s", headers, w)
+		}
+	}
+	if got, want := msg("`content_type`, `correlation_id`, `reply_to`, `type`"),
+		fmt.Sprintf("`%s`, `%s`, `%s`, `%s`", props.ContentType, props.CorrelationID, props.ReplyTo, props.Type); got != want {
+		t.Errorf("CONTRACT.md: the example's basic properties %s; its properties say %s", got, want)
+	}
+	if !strings.Contains(sec, fmt.Sprintf("published by `%d`", *props.DeadlineMs)) {
+		t.Errorf("CONTRACT.md: the example does not say it is published by its deadline_ms %d", *props.DeadlineMs)
 	}
 }

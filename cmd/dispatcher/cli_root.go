@@ -27,6 +27,7 @@ var commands = []func(streams) *cobra.Command{
 	newScheduleCmd,
 	newCancelCmd,
 	newRescheduleCmd,
+	newShowCmd,
 	newTailCmd,
 	newStatsCmd,
 	newListCmd,
