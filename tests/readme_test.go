@@ -128,6 +128,7 @@ func TestREADMEFirstTask(t *testing.T) {
 		"scheduled on default shard",
 		`message_id=`,
 		`body="hello, dispatcher"`,
+		"greeting-1", // the id, in x-task-id
 		"queue default is swept by",
 	} {
 		if !strings.Contains(out.String(), want) {
