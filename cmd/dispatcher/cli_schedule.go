@@ -91,8 +91,12 @@ Exit status: 0 scheduled, 1 Redis failed, 2 bad arguments or settings.`,
 				res["id"] = id
 			}
 			se.print(res, func(w io.Writer) {
-				fmt.Fprintf(w, "scheduled on %s shard %d, due %s, message_id %s\n", q.Name, res["shard"],
+				fmt.Fprintf(w, "scheduled on %s shard %d, due %s, message_id %s", q.Name, res["shard"],
 					due.UTC().Format("2006-01-02 15:04:05.000Z"), res["message_id"])
+				if withID {
+					fmt.Fprintf(w, ", id %q", id)
+				}
+				fmt.Fprintln(w)
 			})
 			return nil
 		},
