@@ -29,8 +29,8 @@ Each shard is walked in due-time order, a batch of --batch tasks per call,
 and each task is changed only if it is still pending with the due time
 read, as a single command would: one claimed, cancelled or rescheduled
 meanwhile is left alone and reported as skipped. A cancelled task loses
-its body and properties with it; a rescheduled one keeps them. --dry-run counts and
-shows a sample, changing nothing. A run has an id, printed first on
+its body and properties with it; a rescheduled one keeps them. --dry-run
+counts and shows a sample, changing nothing. A run has an id, printed first on
 stderr; its progress is kept in Redis for 7 days with each batch, and
 --resume ID continues an interrupted run (Ctrl-C, a kill, a failure)
 without doing anything twice. Refused while the queue's shard count
