@@ -10,6 +10,20 @@ func TestParseFile(t *testing.T) {
 	if err != nil || len(f.Schedules) != 1 || f.Schedules[0].Body != `{"x":1}` {
 		t.Fatalf("%+v %v", f, err)
 	}
+	// Properties are an object in the file, kept as written (compacted);
+	// a bad one is refused by Parse, naming the schedule and the field.
+	f, err = ParseFile([]byte(`{"schedules": [
+	  {"queue": "q", "name": "a", "cron": "@daily", "body": "b", "properties": {"headers": {"tenant": "acme"}, "priority": 3}},
+	  {"queue": "q", "name": "bad", "cron": "@daily", "body": "c", "properties": {"priority": "high"}}]}`))
+	if err != nil || len(f.Schedules) != 2 || f.Schedules[0].Properties != `{"headers":{"tenant":"acme"},"priority":3}` {
+		t.Fatalf("%+v %v", f, err)
+	}
+	if _, err := Parse(f.Schedules[0]); err != nil {
+		t.Errorf("schedule with properties: %v", err)
+	}
+	if _, err := Parse(f.Schedules[1]); err == nil || !strings.Contains(err.Error(), `q/bad: properties: field "priority"`) {
+		t.Errorf("schedule with a bad priority: %v", err)
+	}
 	for _, bad := range []string{
 		`{"schedules": [{"queue": "q", "name": "a", "crom": "0 9 * * *"}]}`, // a typo is an error
 		`{"schedules": [{"queue": "q", "name": "a", "cron": "@daily", "paused": true}]}`,

@@ -468,8 +468,12 @@ func (m *Materialiser) backoff(e *entry) time.Duration {
 // run runs stepScript on shard i; it returns 1 done, 0 raced, 2 busy, -1
 // error (reported).
 func (m *Materialiser) run(ctx context.Context, e *entry, i int, expect, next, due string) int64 {
-	keys := []string{m.opt.Keys.Pending(i), m.opt.Keys.RecurringState(i)}
-	res, err := stepScript.Run(ctx, m.rdb, keys, e.def.Name, e.def.Body, expect, next, due).Slice()
+	keys := []string{m.opt.Keys.Pending(i), m.opt.Keys.RecurringState(i), m.opt.Keys.Tasks(i), m.opt.Keys.Props(i)}
+	var props []byte
+	if e.sched != nil {
+		props = e.sched.Props()
+	}
+	res, err := stepScript.Run(ctx, m.rdb, keys, e.def.Name, e.def.Body, expect, next, due, props).Slice()
 	if err != nil {
 		if ctx.Err() == nil {
 			m.redisError(e, fmt.Errorf("materialise on %s: %w", keys[0], err))

@@ -38,10 +38,10 @@ func TestStepScript(t *testing.T) {
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
 	keys := newKeys(t, rdb, 1)
-	k := []string{keys.Pending(0), keys.RecurringState(0)}
+	k := []string{keys.Pending(0), keys.RecurringState(0), keys.Tasks(0), keys.Props(0)}
 	run := func(expect, next, due string) []any {
 		t.Helper()
-		res, err := stepScript.Run(ctx, rdb, k, "s", "body", expect, next, due).Slice()
+		res, err := stepScript.Run(ctx, rdb, k, "s", "body", expect, next, due, "").Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,14 +82,15 @@ func TestRetireScript(t *testing.T) {
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
 	keys := newKeys(t, rdb, 1)
-	k := []string{keys.Pending(0), keys.RecurringState(0)}
+	k := []string{keys.Pending(0), keys.RecurringState(0), keys.Tasks(0), keys.Props(0)}
 	rdb.HSet(ctx, k[1], "s", "3:5000:")
 	rdb.ZAdd(ctx, k[0], redis.Z{Score: 5000, Member: "body"})
+	rdb.HSet(ctx, k[3], "body", `{"type":"tick"}`) // its properties go with it
 	res, err := retireScript.Run(ctx, rdb, k, "s", "body", "3:5000:", 4).Slice()
 	if err != nil || res[0] != int64(1) || res[1] != int64(1) {
 		t.Fatalf("retire pending: %v %v", res, err)
 	}
-	if rdb.Exists(ctx, k[0]).Val() != 0 || rdb.HGet(ctx, k[1], "s").Val() != "4:0:r" {
+	if rdb.Exists(ctx, k[0], k[2], k[3]).Val() != 0 || rdb.HGet(ctx, k[1], "s").Val() != "4:0:r" {
 		t.Fatalf("after: pending %d, state %q", rdb.ZCard(ctx, k[0]).Val(), rdb.HGet(ctx, k[1], "s").Val())
 	}
 	// Claimed already; a one-off task with the same body at another score is
@@ -469,5 +470,81 @@ func TestMaterialiserCatchUpLost(t *testing.T) {
 	}
 	if !strings.Contains(c.log, "could not be found") || !strings.Contains(c.log, far.UTC().Format(time.RFC3339)) {
 		t.Errorf("no warning naming the occurrence fired instead:\n%s", c.log)
+	}
+}
+
+// TestOccurrenceProperties: a schedule's properties are written to the
+// props hash under the body with each occurrence, in the step that ZADDs
+// it (a field left in the tasks hash would make the body an id: it goes);
+// a changed definition without properties writes its occurrence without
+// them, and the cancelled occurrence of the old definition leaves no
+// field behind.
+func TestOccurrenceProperties(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	keys := newKeys(t, rdb, 4)
+	st := NewStore(rdb, keys)
+	d := Def{Queue: "q", Name: "s", Cron: "@daily", Body: "tick", Source: "cli",
+		Properties: `{"headers": {"tenant": "acme", "n": 7}, "content_type": "text/plain", "expiration_ms": 60000}`}
+	if _, err := Parse(d); err != nil {
+		t.Fatal(err)
+	}
+	i := shard.Index([]byte("tick"), 4)
+	rdb.HSet(ctx, keys.Tasks(i), "tick", "left over from an earlier task")
+	if _, err := st.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	m := New(rdb, Options{Keys: keys, Sweeping: func() bool { return true }, Logger: quiet, Layout: func() shard.Layout { return shard.Layout{Shards: 4} }})
+	step := func() {
+		t.Helper()
+		if err := m.refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			m.step(ctx, m.entries["s"])
+		}
+	}
+	step()
+	if rdb.ZScore(ctx, keys.Pending(i), "tick").Err() != nil {
+		t.Fatal("the occurrence is not pending")
+	}
+	got, err := rdb.HGet(ctx, keys.Props(i), "tick").Result()
+	if err != nil {
+		t.Fatalf("the occurrence has no props field: %v", err)
+	}
+	p, err := shard.ParseProperties([]byte(got))
+	if err != nil || p.ContentType != "text/plain" || p.Headers["tenant"] != "acme" || p.Headers["n"] != int64(7) || p.ExpirationMs == nil || *p.ExpirationMs != 60000 {
+		t.Errorf("props field %s: %+v, %v", got, p, err)
+	}
+	if rdb.HExists(ctx, keys.Tasks(i), "tick").Val() {
+		t.Error("the tasks field left over is still there: the occurrence would go out with its body")
+	}
+	// Without properties now: the pending occurrence is cancelled with its
+	// field, the next one has none.
+	d.Properties = ""
+	if _, err := st.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	if rdb.ZScore(ctx, keys.Pending(i), "tick").Err() != nil {
+		t.Fatal("no occurrence pending after the change")
+	}
+	if rdb.HExists(ctx, keys.Props(i), "tick").Val() {
+		t.Errorf("the occurrence of a schedule without properties has a props field: %q", rdb.HGet(ctx, keys.Props(i), "tick").Val())
+	}
+	// With them again, then removed: nothing is left.
+	d.Properties = `{"type":"tick"}`
+	if _, err := st.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	if v := rdb.HGet(ctx, keys.Props(i), "tick").Val(); v != `{"type":"tick"}` {
+		t.Errorf("props field %q", v)
+	}
+	if _, err := st.Remove(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, keys.Pending(i), keys.Props(i), keys.Tasks(i)).Val(); n != 0 {
+		t.Errorf("after remove, %d of the pending, props and tasks keys are left", n)
 	}
 }

@@ -11,6 +11,8 @@
 package recurring
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -18,6 +20,8 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // Catch-up policies: what a schedule does with the occurrences it missed
@@ -55,9 +59,14 @@ type Def struct {
 	// @daily, or @every <duration>.
 	Cron string `json:"cron"`
 	// TZ is the IANA zone the expression is read in; empty means UTC.
-	TZ      string `json:"tz,omitempty"`
-	Body    string `json:"body"`
-	CatchUp string `json:"catchup,omitempty"` // latest (default), all or skip
+	TZ   string `json:"tz,omitempty"`
+	Body string `json:"body"`
+	// Properties are each occurrence's message properties: the JSON
+	// object of shard.Properties, written to the props hash under the body
+	// with every occurrence. deadline_ms is refused: a fixed time cannot
+	// suit every occurrence.
+	Properties PropsJSON `json:"properties,omitempty"`
+	CatchUp    string    `json:"catchup,omitempty"` // latest (default), all or skip
 	// Grace is how late an occurrence may be and still count as on time
 	// (DefaultGrace when empty): Go duration syntax.
 	Grace  string `json:"grace,omitempty"`
@@ -88,7 +97,66 @@ type Schedule struct {
 	every time.Duration
 	loc   *time.Location
 	grace time.Duration
+	// props is Properties validated and in canonical form, nil for none.
+	props []byte
 }
+
+// PropsJSON is a schedule's properties: a JSON object, kept as compact
+// text so that a Def stays comparable (the materialiser tells a changed
+// definition by ==). "" is none.
+type PropsJSON string
+
+// MarshalJSON writes the object as it is.
+func (p PropsJSON) MarshalJSON() ([]byte, error) {
+	if p == "" {
+		return []byte("null"), nil
+	}
+	return []byte(p), nil
+}
+
+// UnmarshalJSON keeps any JSON value, compacted: Parse says what is wrong
+// with one that is not a valid properties object, naming the schedule.
+func (p *PropsJSON) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+		*p = ""
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return err
+	}
+	*p = PropsJSON(buf.String())
+	return nil
+}
+
+// ParseProps reads a properties object as a schedule takes it (for a
+// command line flag): validated by shard.ParseProperties, deadline_ms
+// refused.
+func ParseProps(s string) (PropsJSON, []byte, error) {
+	p, err := shard.ParseProperties([]byte(s))
+	if err != nil {
+		return "", nil, err
+	}
+	if p.DeadlineMs != nil {
+		return "", nil, fmt.Errorf("properties: deadline_ms %d: a fixed time (ms since the epoch) would dead-letter every occurrence after it; a recurring schedule cannot have one (expiration_ms, a time to live, suits every occurrence)", *p.DeadlineMs)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, []byte(s)); err != nil {
+		return "", nil, fmt.Errorf("properties: %w", err)
+	}
+	if p.IsZero() {
+		return PropsJSON(buf.String()), nil, nil
+	}
+	b, err := p.Marshal()
+	if err != nil {
+		return "", nil, err
+	}
+	return PropsJSON(buf.String()), b, nil
+}
+
+// Props is the properties each occurrence is written with (canonical
+// JSON), nil for none.
+func (s *Schedule) Props() []byte { return s.props }
 
 // ErrInvalid marks a definition that cannot be used.
 var ErrInvalid = errors.New("invalid recurring schedule")
@@ -139,6 +207,13 @@ func Parse(d Def) (*Schedule, error) {
 			w.Location = time.UTC
 			s.wall = &w
 		}
+	}
+	if d.Properties != "" {
+		_, b, err := ParseProps(string(d.Properties))
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		s.props = b
 	}
 	if d.Grace != "" {
 		g, err := time.ParseDuration(d.Grace)

@@ -154,6 +154,12 @@ func TestParseRejects(t *testing.T) {
 		{Def{Name: "a", Cron: "@daily", CatchUp: "sometimes"}, `catchup "sometimes"`},
 		{Def{Name: "a", Cron: "@daily", Grace: "soon"}, `grace "soon"`},
 		{Def{Name: "a b", Cron: "@daily"}, `name "a b"`},
+		{Def{Name: "a", Cron: "@daily", Properties: `{"priority": 300}`}, "q/a: properties: priority 300"},
+		{Def{Name: "a", Cron: "@daily", Properties: `{"prio": 3}`}, `q/a: properties: unknown field "prio"`},
+		{Def{Name: "a", Cron: "@daily", Properties: `{"headers": {"x-task-id": "t"}}`}, `q/a: properties: headers: "x-task-id" is reserved`},
+		{Def{Name: "a", Cron: "@daily", Properties: `{"content_type": 5}`}, `q/a: properties: field "content_type"`},
+		{Def{Name: "a", Cron: "@daily", Properties: `["x"]`}, "q/a: properties are not a JSON object"},
+		{Def{Name: "a", Cron: "@daily", Properties: `{"deadline_ms": 1900000000000}`}, "q/a: properties: deadline_ms 1900000000000"},
 	} {
 		tc.d.Queue = "q"
 		_, err := Parse(tc.d)
@@ -163,5 +169,11 @@ func TestParseRejects(t *testing.T) {
 	}
 	if _, err := Parse(Def{Queue: "q", Name: "a", Cron: "* * * * * *"}); err != nil {
 		t.Errorf("every second: %v", err)
+	}
+	if s, err := Parse(Def{Queue: "q", Name: "a", Cron: "@daily", Properties: `{"routing_key": "r", "priority": 5}`}); err != nil || string(s.Props()) != `{"routing_key":"r","priority":5}` {
+		t.Errorf("with properties: %v, props %s", err, s.Props())
+	}
+	if s, err := Parse(Def{Queue: "q", Name: "a", Cron: "@daily", Properties: `{}`}); err != nil || s.Props() != nil {
+		t.Errorf("with empty properties: %v, props %q (want none written)", err, s.Props())
 	}
 }

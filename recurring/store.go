@@ -145,7 +145,7 @@ func (s *Store) List(ctx context.Context) ([]Entry, error) {
 // sameSpec reports whether a and b materialise the same occurrences of
 // the same body (pause and ownership aside).
 func sameSpec(a, b Def) bool {
-	return a.Cron == b.Cron && a.TZ == b.TZ && a.Body == b.Body && a.CatchUp == b.CatchUp && a.Grace == b.Grace
+	return a.Cron == b.Cron && a.TZ == b.TZ && a.Body == b.Body && a.Properties == b.Properties && a.CatchUp == b.CatchUp && a.Grace == b.Grace
 }
 
 // Put adds or changes a definition; the caller validated it with Parse.
@@ -281,7 +281,7 @@ func retire(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, i i
 		if ok && st.rev >= rev {
 			return false, nil
 		}
-		res, err := retireScript.Run(ctx, rdb, []string{keys.Pending(i), keys.RecurringState(i)}, name, body, cur, rev).Slice()
+		res, err := retireScript.Run(ctx, rdb, []string{keys.Pending(i), keys.RecurringState(i), keys.Tasks(i), keys.Props(i)}, name, body, cur, rev).Slice()
 		if err != nil {
 			return false, fmt.Errorf("retire %s on %s: %w", name, keys.RecurringState(i), err)
 		}

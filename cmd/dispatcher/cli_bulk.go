@@ -21,14 +21,16 @@ import (
 
 // bulkHelp says how cancel and reschedule act on many tasks.
 const bulkHelp = `With --match, --from, --to or --all instead of a BODY, it acts on every
-pending task that matches: --match GLOB on the body (Redis's MATCH syntax:
+pending task that matches: --match GLOB on the member, the task id (or
+the body of a task scheduled without one) (Redis's MATCH syntax:
 * ? [a-z] \x, on bytes; a range's ends must be ASCII), --from and --to on
 the due time (inclusive; RFC 3339, Unix ms, now, or an offset such as -10m).
 Each shard is walked in due-time order, a batch of --batch tasks per call,
 and each task is changed only if it is still pending with the due time
 read, as a single command would: one claimed, cancelled or rescheduled
-meanwhile is left alone and reported as skipped. --dry-run counts and
-shows a sample, changing nothing. A run has an id, printed first on
+meanwhile is left alone and reported as skipped. A cancelled task loses
+its body and properties with it; a rescheduled one keeps them. --dry-run
+counts and shows a sample, changing nothing. A run has an id, printed first on
 stderr; its progress is kept in Redis for 7 days with each batch, and
 --resume ID continues an interrupted run (Ctrl-C, a kill, a failure)
 without doing anything twice. Refused while the queue's shard count
@@ -42,7 +44,7 @@ type bulkFlags struct {
 }
 
 func (b *bulkFlags) add(fs *pflag.FlagSet) {
-	fs.StringVar(&b.match, "match", "", "act on the pending tasks whose body matches `GLOB`")
+	fs.StringVar(&b.match, "match", "", "act on the pending tasks whose member (task id, or body) matches `GLOB`")
 	fs.StringVar(&b.from, "from", "", "... due at or after `TIME`")
 	fs.StringVar(&b.to, "to", "", "... due at or before `TIME`")
 	fs.BoolVar(&b.all, "all", false, "act on every pending task of the queue (no filter)")

@@ -23,7 +23,11 @@ func newDeadCmd(s streams) *cobra.Command {
 		Short: "list, requeue or purge dead letters",
 		Long: `Dead letters are tasks the broker kept refusing, or over
 DISPATCHER_MAX_MESSAGE_BYTES. A requeued dead letter keeps its due time, and
-so its message_id, unless --now.
+so its message_id, unless --now. A dead letter is named by its member: the
+task id of a task scheduled with one, the body of one without. Requeued, a
+task with an id gets its body and properties back; one whose member is
+pending again (scheduled again since) is left dead, and the pending one
+keeps its body and properties. Purged, it loses them with it.
 
 Exit status: 0 done, 1 Redis failed or nothing to do (not dead), 2 bad
 arguments or settings.`,
@@ -61,9 +65,9 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 			return nil
 		}
 	case "requeue":
-		cmd.Use, cmd.Short = "requeue --queue Q [--shard i] [--now] (--all | BODY...)", "schedule dead letters again"
+		cmd.Use, cmd.Short = "requeue --queue Q [--shard i] [--now] (--all | ID_OR_BODY...)", "schedule dead letters again"
 	case "purge":
-		cmd.Use, cmd.Short = "purge --queue Q [--shard i] --yes (--all | BODY...)", "forget dead letters for good"
+		cmd.Use, cmd.Short = "purge --queue Q [--shard i] --yes (--all | ID_OR_BODY...)", "forget dead letters for good"
 	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if verb == "list" {
@@ -96,13 +100,15 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 			}
 			dead := make([]admin.Dead, len(page.Tasks))
 			for n, t := range page.Tasks {
-				dead[n] = admin.Dead{Shard: t.Shard, DueMs: t.DueMs, Member: t.Body, MessageID: t.MessageID, Reason: t.Reason, Entry: t.Entry}
+				dead[n] = admin.Dead{Shard: t.Shard, DueMs: t.DueMs, ID: t.ID, Body: t.Body, Properties: t.Properties,
+					Member: t.Member, MessageID: t.MessageID, Reason: t.Reason, Entry: t.Entry}
 			}
 			se.print(map[string]any{"queue": q.Name, "dead": dead, "scanned": page.Scanned, "next": nextCursor(page)}, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "SHARD\tDUE (UTC)\tMESSAGE_ID\tBODY\tREASON")
+				fmt.Fprintln(tw, "SHARD\tDUE (UTC)\tMESSAGE_ID\tID\tBODY\tPROPERTIES\tREASON")
 				for _, d := range dead {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", d.Shard, utcMs(d.DueMs, humanTime), d.MessageID, shortBody(d.Member, bodyWidth), d.Reason)
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Shard, utcMs(d.DueMs, humanTime), d.MessageID, shortID(d.ID),
+						shortBody(d.Body, bodyWidth), shortProps(d.Properties), d.Reason)
 				}
 				tw.Flush()
 				fmt.Fprintln(w, plural(len(dead), "dead letter", "dead letters"))
@@ -111,7 +117,7 @@ func deadVerbCmd(s streams, verb string) *cobra.Command {
 			return nil
 		}
 		if all == (len(args) > 0) {
-			return usageErrorf("give --all or the BODY of each dead letter, not both")
+			return usageErrorf("give --all or the ID (or BODY, for a task without an id) of each dead letter, not both")
 		}
 		if verb == "purge" && !yes {
 			return usageErrorf("purge forgets tasks for good: add --yes (nothing changed)")
@@ -282,7 +288,11 @@ func (ds *deadStream) add(d admin.Dead) {
 		}
 		fmt.Fprintf(ds.se.stdout, "%s\n    %s", sep, b)
 	} else {
-		fmt.Fprintf(ds.se.stdout, "%s shard %d %s message_id %s\n", ds.past, d.Shard, shortBody(d.Member, bodyWidth), d.MessageID)
+		what := shortBody(d.Member, bodyWidth)
+		if d.ID != "" {
+			what = "id " + what
+		}
+		fmt.Fprintf(ds.se.stdout, "%s shard %d %s message_id %s\n", ds.past, d.Shard, what, d.MessageID)
 	}
 	ds.n++
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -83,5 +86,85 @@ func TestRecurringListCount(t *testing.T) {
 	out, _, code := runCLI(t, "recurring", "list")
 	if code != exitOK || !strings.HasSuffix(out, "\n1 recurring schedule\n") {
 		t.Errorf("recurring list: exit %d\n%s", code, out)
+	}
+}
+
+// TestDeadCommandsWithIDs: dead list shows a dead task's id, body and
+// properties (table and --json); dead requeue ID puts body and properties
+// back under the id; one whose id is pending again is left dead (exit 1),
+// the pending one keeping its body; dead purge leaves no field.
+func TestDeadCommandsWithIDs(t *testing.T) {
+	prefix, rdb := cliEnv(t, nil)
+	recordShards(t, rdb, prefix, "q", 2)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	ctx := context.Background()
+	kill := func(id string, due int64, body, props string) int {
+		i := shard.Index([]byte(id), 2)
+		e := strconv.FormatInt(due, 10) + ":" + id
+		rdb.ZAdd(ctx, k.Dead(i), redis.Z{Score: float64(due), Member: e})
+		rdb.HSet(ctx, k.DeadReason(i), e, "nacked")
+		rdb.HSet(ctx, k.ClaimedBody(i), e, body)
+		if props != "" {
+			rdb.HSet(ctx, k.ClaimedProps(i), e, props)
+		}
+		return i
+	}
+	ia := kill("order-1", 1_800_000_000_000, "body one", `{"headers":{"tenant":"acme"}}`)
+	ib := kill("order-2", 1_800_000_000_001, "body two", "")
+	kill("order-3", 1_800_000_000_002, "body three", `{"type":"t"}`)
+
+	out, _, code := runCLI(t, "dead", "list", "--queue", "q")
+	if code != exitOK || !strings.Contains(out, "ID") || !strings.Contains(out, "PROPERTIES") ||
+		!regexp.MustCompile(`"order-1"\s+"body one"\s+\{"headers":\{"tenant":"acme"\}\}\s+nacked`).MatchString(out) ||
+		!regexp.MustCompile(`"order-2"\s+"body two"\s+-\s+nacked`).MatchString(out) {
+		t.Errorf("dead list: exit %d\n%s", code, out)
+	}
+	out, _, _ = runCLI(t, "dead", "list", "--queue", "q", "--json")
+	var page struct {
+		Dead []struct {
+			ID         string          `json:"id"`
+			Body       string          `json:"body"`
+			Properties json.RawMessage `json:"properties"`
+		} `json:"dead"`
+	}
+	var compact bytes.Buffer
+	if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Dead) != 3 || page.Dead[0].ID != "order-1" || page.Dead[0].Body != "body one" ||
+		json.Compact(&compact, page.Dead[0].Properties) != nil || compact.String() != `{"headers":{"tenant":"acme"}}` || page.Dead[1].Properties != nil {
+		t.Errorf("dead list --json: %v\n%s", err, out)
+	}
+
+	out, _, code = runCLI(t, "dead", "requeue", "--queue", "q", "order-1")
+	if code != exitOK || !strings.Contains(out, `requeued shard `+strconv.Itoa(ia)+` id "order-1" message_id`) {
+		t.Errorf("dead requeue order-1: exit %d\n%s", code, out)
+	}
+	if rdb.HGet(ctx, k.Tasks(ia), "order-1").Val() != "body one" || rdb.HGet(ctx, k.Props(ia), "order-1").Val() != `{"headers":{"tenant":"acme"}}` {
+		t.Errorf("after the requeue: tasks %v, props %v", rdb.HGetAll(ctx, k.Tasks(ia)).Val(), rdb.HGetAll(ctx, k.Props(ia)).Val())
+	}
+	if rdb.HExists(ctx, k.ClaimedBody(ia), "1800000000000:order-1").Val() || rdb.HExists(ctx, k.ClaimedProps(ia), "1800000000000:order-1").Val() {
+		t.Error("the requeued entry's claimed fields are left")
+	}
+
+	// order-2 scheduled again by its producer: the requeue leaves it.
+	rdb.ZAdd(ctx, k.Pending(ib), redis.Z{Score: 1_900_000_000_000, Member: "order-2"})
+	rdb.HSet(ctx, k.Tasks(ib), "order-2", "newer body")
+	_, errOut, code := runCLI(t, "dead", "requeue", "--queue", "q", "order-2")
+	if code != exitFailure || !strings.Contains(errOut, "pending already") {
+		t.Errorf("dead requeue of a pending-again id: exit %d, %q", code, errOut)
+	}
+	if rdb.HGet(ctx, k.Tasks(ib), "order-2").Val() != "newer body" || rdb.ZScore(ctx, k.Pending(ib), "order-2").Val() != 1_900_000_000_000 {
+		t.Error("the newer scheduling of order-2 changed")
+	}
+
+	out, _, code = runCLI(t, "dead", "purge", "--queue", "q", "--yes", "--all")
+	if code != exitOK || !strings.Contains(out, "2 purged") {
+		t.Errorf("dead purge --all: exit %d\n%s", code, out)
+	}
+	for i := range 2 {
+		if n := rdb.Exists(ctx, k.Dead(i), k.DeadReason(i), k.ClaimedBody(i), k.ClaimedProps(i)).Val(); n != 0 {
+			t.Errorf("shard %d: %d dead-letter keys left after the purge", i, n)
+		}
+	}
+	if rdb.HGet(ctx, k.Tasks(ib), "order-2").Val() != "newer body" {
+		t.Error("the purge took the pending order-2's body")
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -39,7 +40,7 @@ func (p *pageFlags) add(fs *pflag.FlagSet, times bool) {
 		fs.StringVar(&p.from, "from", "", "only tasks due at or after `T`: "+timeHelp)
 		fs.StringVar(&p.to, "to", "", "only tasks due at or before `T`")
 	}
-	fs.StringVar(&p.match, "match", "", "only bodies matching `GLOB` (Redis's MATCH: * ? [a-z] \\x; ASCII range ends)")
+	fs.StringVar(&p.match, "match", "", "only tasks whose member (task id, or body if none) matches `GLOB` (Redis's MATCH: * ? [a-z] \\x; ASCII range ends)")
 	fs.IntVar(&p.limit, "limit", browse.DefaultLimit, "at most `N` tasks, then the cursor to go on with")
 	fs.StringVar(&p.after, "after", "", "go on after `CURSOR`, printed by the page before")
 	fs.IntVar(&p.maxScan, "max-scan", browse.DefaultBudget, "look at most at `N` tasks (matching or not), then stop with a cursor")
@@ -133,15 +134,18 @@ type listTask struct {
 	Shard int `json:"shard"`
 	// DueMs is null, Due "never" and MessageID "" for a pending task that
 	// is never due (scored +inf).
-	DueMs     *int64  `json:"due_ms"`
-	Due       string  `json:"due"`
-	MessageID string  `json:"message_id"`
-	Body      string  `json:"body"`
-	Score     string  `json:"score,omitempty"` // pending: as Redis holds it
-	Misplaced bool    `json:"beyond_shard_count,omitempty"`
-	LeaseMs   *int64  `json:"lease_ms,omitempty"`
-	Attempts  *int    `json:"attempts,omitempty"`
-	Reason    *string `json:"reason,omitempty"`
+	DueMs     *int64 `json:"due_ms"`
+	Due       string `json:"due"`
+	MessageID string `json:"message_id"`
+	// ID is the task id, "" (left out) for a member that is its own body.
+	ID         string          `json:"id,omitempty"`
+	Body       string          `json:"body"`
+	Properties json.RawMessage `json:"properties,omitempty"`
+	Score      string          `json:"score,omitempty"` // pending: as Redis holds it
+	Misplaced  bool            `json:"beyond_shard_count,omitempty"`
+	LeaseMs    *int64          `json:"lease_ms,omitempty"`
+	Attempts   *int            `json:"attempts,omitempty"`
+	Reason     *string         `json:"reason,omitempty"`
 }
 
 func newListCmd(s streams) *cobra.Command {
@@ -153,7 +157,9 @@ func newListCmd(s streams) *cobra.Command {
 		Short: "page through a queue's tasks in due order",
 		Long: `list prints a queue's tasks a page at a time: pending and dead ones by due
 time, in-flight ones by lease deadline (when any instance may hand them out
-again), with their due time and failed publishes. Each Redis call reads at
+again), with their due time and failed publishes, and the id, body and
+properties of each (a task scheduled without an id is its own body; --match
+is on the member: the id, or that body). Each Redis call reads at
 most 256 tasks of one shard, so listing a queue of millions does not hold
 Redis. A page ends after --limit tasks, or after --max-scan tasks looked at
 (a selective --match), with the cursor to give --after for the next page.
@@ -204,8 +210,8 @@ Exit status: 0 listed, 1 Redis failed, 2 bad arguments or settings.`,
 func printList(se *session, q config.Queue, st browse.State, page browse.Page, span int, beyond []int) {
 	tasks := make([]listTask, len(page.Tasks))
 	for n, t := range page.Tasks {
-		lt := listTask{Shard: t.Shard, DueMs: &t.DueMs, Due: utcMs(t.DueMs, time.RFC3339Nano), MessageID: t.MessageID, Body: t.Body,
-			Score: t.Score, Misplaced: t.Shard >= span}
+		lt := listTask{Shard: t.Shard, DueMs: &t.DueMs, Due: utcMs(t.DueMs, time.RFC3339Nano), MessageID: t.MessageID, ID: t.ID, Body: t.Body,
+			Properties: t.Properties, Score: t.Score, Misplaced: t.Shard >= span}
 		if t.Never {
 			lt.DueMs, lt.Due = nil, "never"
 		}
@@ -220,7 +226,7 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page, s
 	se.print(map[string]any{"queue": q.Name, "state": st, "tasks": tasks, "scanned": page.Scanned, "next": nextCursor(page)},
 		func(w io.Writer) {
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-			head := "DUE (UTC)\tSHARD\tMESSAGE_ID\tBODY"
+			head := "DUE (UTC)\tSHARD\tMESSAGE_ID\tID\tBODY\tPROPERTIES"
 			switch st {
 			case browse.Inflight:
 				head += "\tLEASE (UTC)\tFAILED PUBLISHES"
@@ -236,7 +242,7 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page, s
 				if t.Shard >= span {
 					idx += "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s", due, idx, id, shortBody(t.Body, bodyWidth))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s", due, idx, id, shortID(t.ID), shortBody(t.Body, bodyWidth), shortProps(t.Properties))
 				switch st {
 				case browse.Inflight:
 					fmt.Fprintf(tw, "\t%s\t%d", utcMs(t.LeaseMs, humanTime), t.Attempts)
@@ -257,6 +263,27 @@ func printList(se *session, q config.Queue, st browse.State, page browse.Page, s
 			}
 			printMore(w, page)
 		})
+}
+
+// shortID is a task id for a table: quoted and cut, "-" for none.
+func shortID(id string) string {
+	if id == "" {
+		return "-"
+	}
+	return shortBody(id, 40)
+}
+
+// shortProps is stored properties for a table: the JSON as stored, cut to
+// bodyWidth characters; "-" for none.
+func shortProps(p []byte) string {
+	if len(p) == 0 {
+		return "-"
+	}
+	s := strings.Join(strings.Fields(string(p)), " ")
+	if r := []rune(s); len(r) > bodyWidth {
+		return string(r[:bodyWidth]) + "… (" + plural(len(p), "byte", "bytes") + ")"
+	}
+	return s
 }
 
 const humanTime = "2006-01-02 15:04:05.000"

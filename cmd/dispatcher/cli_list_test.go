@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -347,5 +348,51 @@ func TestListAndStatsBeyondShardCount(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st.Queues) != 1 || st.Queues[0].Beyond != 2 ||
 		len(st.Queues[0].Shards) != 6 || !st.Queues[0].Shards[4].Beyond || st.Queues[0].Shards[4].Index != 40 {
 		t.Errorf("stats --json: %v\n%s", err, out)
+	}
+}
+
+// TestListWithIDs: list shows a pending task's id, body and properties
+// (table and --json, where a task without an id has no "id"), and those
+// of in-flight tasks from the fields the claim set aside; --match is on
+// the id.
+func TestListWithIDs(t *testing.T) {
+	prefix, rdb := cliEnv(t, nil)
+	recordShards(t, rdb, prefix, "q", 2)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	ctx := context.Background()
+	const t0 = int64(1_800_000_000_000)
+	i := shard.Index([]byte("order-1"), 2)
+	rdb.ZAdd(ctx, k.Pending(i), redis.Z{Score: float64(t0), Member: "order-1"})
+	rdb.HSet(ctx, k.Tasks(i), "order-1", `{"customer":42}`)
+	rdb.HSet(ctx, k.Props(i), "order-1", `{"content_type":"application/json"}`)
+	j := shard.Index([]byte("plain"), 2)
+	rdb.ZAdd(ctx, k.Pending(j), redis.Z{Score: float64(t0 + 1), Member: "plain"})
+	e := t0s(t0-5) + ":order-0"
+	f := shard.Index([]byte("order-0"), 2)
+	rdb.ZAdd(ctx, k.Inflight(f), redis.Z{Score: float64(t0 + 30_000), Member: e})
+	rdb.HSet(ctx, k.ClaimedBody(f), e, "claimed")
+
+	out, _, code := runCLI(t, "list", "--queue", "q")
+	if code != exitOK || !regexp.MustCompile(`"order-1"\s+"\{\\"customer\\":42\}"\s+\{"content_type":"application/json"\}`).MatchString(out) ||
+		!regexp.MustCompile(`-\s+"plain"\s+-`).MatchString(out) {
+		t.Errorf("list: exit %d\n%s", code, out)
+	}
+	out, _, code = runCLI(t, "list", "--queue", "q", "--json", "--match", "order-*")
+	var p struct {
+		Tasks []map[string]any `json:"tasks"`
+	}
+	if err := json.Unmarshal([]byte(out), &p); code != exitOK || err != nil || len(p.Tasks) != 1 || p.Tasks[0]["id"] != "order-1" ||
+		p.Tasks[0]["body"] != `{"customer":42}` || fmt.Sprint(p.Tasks[0]["properties"]) != "map[content_type:application/json]" {
+		t.Errorf("list --json --match order-*: exit %d %v\n%s", code, err, out)
+	}
+	out, _, _ = runCLI(t, "list", "--queue", "q", "--json", "--match", "plain")
+	p.Tasks = nil // Unmarshal would merge into the maps there
+	if err := json.Unmarshal([]byte(out), &p); err != nil || len(p.Tasks) != 1 || p.Tasks[0]["body"] != "plain" || p.Tasks[0]["id"] != nil || p.Tasks[0]["properties"] != nil {
+		t.Errorf("list --json of a task without an id: %v\n%s", err, out)
+	}
+	out, _, _ = runCLI(t, "list", "--queue", "q", "--json", "--state", "inflight")
+	p.Tasks = nil
+	if err := json.Unmarshal([]byte(out), &p); err != nil || len(p.Tasks) != 1 || p.Tasks[0]["id"] != "order-0" || p.Tasks[0]["body"] != "claimed" {
+		t.Errorf("list --json --state inflight: %v\n%s", err, out)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -65,6 +66,8 @@ func recurringSession(s streams, asJSON bool, queue, name string) (*session, *re
 
 func newRecurringAddCmd(s streams) *cobra.Command {
 	var queue, name, expr, tz, catchup, grace string
+	var props, routingKey, contentType string
+	var headers []string
 	var asJSON, raw bool
 	cmd := &cobra.Command{
 		Use:   "add --queue Q --name N --cron EXPR [flags] (BODY | -)",
@@ -76,10 +79,18 @@ with its daylight saving changes. --catchup says what happens to
 occurrences missed while no instance ran for longer than --grace: fire only
 the latest (default), all of them, or skip them.
 ` + bodyHelp + `
+Each occurrence may carry message properties: --props takes their JSON
+object (routing_key, headers, content_type, priority, expiration_ms and the
+others of CONTRACT.md; not deadline_ms, a fixed time that would
+dead-letter every occurrence after it); --header, --routing-key and
+--content-type set one each. Without them occurrences have none.
 
 Exit status: 0 saved, 1 Redis failed, 2 bad arguments or schedule.`,
 		Example: `  dispatcher recurring add --queue reports --name nightly \
-    --cron '0 2 * * *' --tz Europe/Berlin '{"report":"daily"}'`,
+    --cron '0 2 * * *' --tz Europe/Berlin '{"report":"daily"}'
+  dispatcher recurring add --queue reports --name hourly --cron @hourly \
+    --props '{"content_type":"application/json","expiration_ms":600000}' \
+    --header tenant=acme '{"report":"hourly"}'`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -102,7 +113,11 @@ Exit status: 0 saved, 1 Redis failed, 2 bad arguments or schedule.`,
 			if len(body) > se.cfg.MaxMessageBytes {
 				return usageErrorf("the body is over DISPATCHER_MAX_MESSAGE_BYTES=%d bytes: it would go straight to the dead letters", se.cfg.MaxMessageBytes)
 			}
-			d := recurring.Def{Queue: queue, Name: name, Cron: expr, TZ: tz, Body: string(body), CatchUp: catchup, Grace: grace, Source: "cli"}
+			pj, err := recurringProps(props, headers, routingKey, contentType)
+			if err != nil {
+				return err
+			}
+			d := recurring.Def{Queue: queue, Name: name, Cron: expr, TZ: tz, Body: string(body), Properties: pj, CatchUp: catchup, Grace: grace, Source: "cli"}
 			if _, err := recurring.Parse(d); err != nil {
 				return usageErrorf("%v", err)
 			}
@@ -142,8 +157,73 @@ Exit status: 0 saved, 1 Redis failed, 2 bad arguments or schedule.`,
 	fs.StringVar(&catchup, "catchup", "", "what to fire of missed occurrences, a `POLICY`: latest (default), all or skip")
 	fs.StringVar(&grace, "grace", "", "how late, a `DURATION`, an occurrence may be and still count as on time (default 10s)")
 	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
+	fs.StringVar(&props, "props", "", "each occurrence's message properties, a `JSON` object (CONTRACT.md)")
+	fs.StringArrayVar(&headers, "header", nil, "a string header of each occurrence, `NAME=VALUE`; may be repeated")
+	fs.StringVar(&routingKey, "routing-key", "", "publish each occurrence with routing `KEY` instead of the queue's")
+	fs.StringVar(&contentType, "content-type", "", "each occurrence's AMQP content `TYPE`")
 	jsonFlag(fs, &asJSON)
 	return cmd
+}
+
+// recurringProps is a schedule's properties from --props and the flags
+// that set one field each (a field given both ways is refused), validated
+// as a schedule takes them; "" for none.
+func recurringProps(propsJSON string, headers []string, routingKey, contentType string) (recurring.PropsJSON, error) {
+	m := map[string]any{}
+	if propsJSON != "" {
+		if _, _, err := recurring.ParseProps(propsJSON); err != nil {
+			return "", usageErrorf("--props: %v", err)
+		}
+		dec := json.NewDecoder(strings.NewReader(propsJSON))
+		dec.UseNumber() // integers stay exact
+		if err := dec.Decode(&m); err != nil {
+			return "", usageErrorf("--props: %v", err)
+		}
+	}
+	set := func(flag, field string, v any) error {
+		if _, ok := m[field]; ok {
+			return usageErrorf("--%s: %s is given in --props too", flag, field)
+		}
+		m[field] = v
+		return nil
+	}
+	for _, f := range []struct{ flag, field, v string }{{"routing-key", "routing_key", routingKey}, {"content-type", "content_type", contentType}} {
+		if f.v == "" {
+			continue
+		}
+		if err := set(f.flag, f.field, f.v); err != nil {
+			return "", err
+		}
+	}
+	if len(headers) > 0 {
+		h, _ := m["headers"].(map[string]any)
+		if h == nil {
+			h = map[string]any{}
+		}
+		for _, kv := range headers {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return "", usageErrorf("--header %q: want NAME=VALUE", kv)
+			}
+			if _, dup := h[k]; dup {
+				return "", usageErrorf("--header %q: header %q is given twice", kv, k)
+			}
+			h[k] = v
+		}
+		m["headers"] = h
+	}
+	if len(m) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return "", usageErrorf("properties: %v", err)
+	}
+	p, _, err := recurring.ParseProps(string(b))
+	if err != nil {
+		return "", usageErrorf("%v", err)
+	}
+	return p, nil
 }
 
 func newRecurringChangeCmd(s streams, verb string) *cobra.Command {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/redact"
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // newTailCmd is `dispatcher tail`: a peek at a queue's tasks as they
@@ -32,7 +33,10 @@ func newTailCmd(s streams) *cobra.Command {
 		Short: "print queue Q's tasks as they arrive at the broker",
 		Long: `Binds a temporary, exclusive queue to exchange X with Q's routing key and
 prints every task that arrives there: its message_id, due time (x-due-ms),
-how late it came, and its body. The consumers' own queues lose nothing.
+how late it came, its task id (x-task-id) if it has one, the message
+properties it set (headers, content_type and the like), and its body. The
+consumers' own queues lose nothing. A task whose properties give another
+routing_key arrives only if --routing-key is that key.
 
 The exchange and routing key default to DISPATCHER_QUEUE_<NAME>_EXCHANGE and
 _ROUTING_KEY if set, the routing key otherwise to the queue name. The broker
@@ -153,21 +157,71 @@ func tail(ctx context.Context, s streams, cfg *config.Settings, o tailOptions) e
 }
 
 // printDelivery writes one task as it arrived: a line, or a JSON object
-// on one line.
+// on one line. A task scheduled with an id shows it (its x-task-id
+// header); the message properties a task set show as the JSON object of
+// its stored properties has them.
 func printDelivery(w io.Writer, d amqp.Delivery, asJSON bool) {
 	now := time.Now()
 	due, _ := headerInt(d.Headers["x-due-ms"])
 	late := now.Sub(time.UnixMilli(due))
+	id, _ := d.Headers["x-task-id"].(string)
+	props := deliveryProps(d)
 	if asJSON {
-		b, _ := json.Marshal(map[string]any{
+		m := map[string]any{
 			"message_id": d.MessageId, "due_ms": due, "received_ms": now.UnixMilli(), "late_ms": late.Milliseconds(),
 			"exchange": d.Exchange, "routing_key": d.RoutingKey, "redelivered": d.Redelivered, "body": string(d.Body),
-		})
+		}
+		if id != "" {
+			m["id"] = id
+		}
+		if len(props) > 0 {
+			m["properties"] = props
+		}
+		b, _ := json.Marshal(m)
 		fmt.Fprintf(w, "%s\n", b)
 		return
 	}
-	fmt.Fprintf(w, "%s message_id=%s x-due-ms=%d late=%s body=%q\n",
-		now.UTC().Format("15:04:05.000"), d.MessageId, due, late.Round(time.Millisecond), d.Body)
+	extra := ""
+	if id != "" {
+		extra += fmt.Sprintf(" id=%q", id)
+	}
+	if len(props) > 0 {
+		b, _ := json.Marshal(props)
+		extra += " properties=" + string(b)
+	}
+	fmt.Fprintf(w, "%s message_id=%s x-due-ms=%d late=%s%s body=%q\n",
+		now.UTC().Format("15:04:05.000"), d.MessageId, due, late.Round(time.Millisecond), extra, d.Body)
+}
+
+// deliveryProps are the message properties of a delivery a task can set,
+// by their names in a task's properties (CONTRACT.md): the AMQP basic
+// properties that are set, and the headers but the dispatcher's own.
+// The routing key is shown on its own.
+func deliveryProps(d amqp.Delivery) map[string]any {
+	p := map[string]any{}
+	for k, v := range map[string]string{"content_type": d.ContentType, "content_encoding": d.ContentEncoding,
+		"correlation_id": d.CorrelationId, "reply_to": d.ReplyTo, "type": d.Type} {
+		if v != "" {
+			p[k] = v
+		}
+	}
+	if d.Priority != 0 {
+		p["priority"] = d.Priority
+	}
+	if n, err := strconv.ParseInt(d.Expiration, 10, 64); err == nil {
+		p["expiration_ms"] = n
+	}
+	h := map[string]any{}
+	for k, v := range d.Headers {
+		if l := strings.ToLower(k); l == "x-published-us" || shard.ReservedHeader(l) {
+			continue
+		}
+		h[k] = v
+	}
+	if len(h) > 0 {
+		p["headers"] = h
+	}
+	return p
 }
 
 // headerInt reads an integer header, as AMQP tables carry it.

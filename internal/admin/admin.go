@@ -5,6 +5,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -65,12 +66,19 @@ func execAll(ctx context.Context, pipe redis.Pipeliner, what string) error {
 
 // Dead is one dead-lettered scheduling.
 type Dead struct {
-	Shard     int    `json:"shard"`
-	DueMs     int64  `json:"due_ms"`
-	Member    string `json:"body"`
-	MessageID string `json:"message_id"`
-	Reason    string `json:"reason"`
-	Entry     string `json:"-"` // "<due_ms>:<member>", the set member
+	Shard int   `json:"shard"`
+	DueMs int64 `json:"due_ms"`
+	// ID is the member when it is a task id (the entry has a claimed
+	// body), "" for a member that is its own body.
+	ID string `json:"id,omitempty"`
+	// Body is the message body: the claimed body of an id, or the member.
+	Body string `json:"body"`
+	// Properties are the task's properties as stored (browse.PropsJSON).
+	Properties json.RawMessage `json:"properties,omitempty"`
+	MessageID  string          `json:"message_id"`
+	Reason     string          `json:"reason"`
+	Member     string          `json:"-"` // the task id, or the body itself
+	Entry      string          `json:"-"` // "<due_ms>:<member>", the set member
 }
 
 // DeadEach calls fn with the dead letters of one shard, or of all (shard
@@ -85,9 +93,19 @@ func DeadEach(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx 
 			for n, z := range zs {
 				entries[n], _ = z.Member.(string)
 			}
-			reasons, err := rdb.HMGet(ctx, q.Keys.DeadReason(i), entries...).Result()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				return fmt.Errorf("read %s: %w", q.Keys.DeadReason(i), err)
+			// One round trip per batch for the reasons, bodies and
+			// properties of all its entries.
+			pipe := rdb.Pipeline()
+			reasons := pipe.HMGet(ctx, q.Keys.DeadReason(i), entries...)
+			bodies := pipe.HMGet(ctx, q.Keys.ClaimedBody(i), entries...)
+			props := pipe.HMGet(ctx, q.Keys.ClaimedProps(i), entries...)
+			if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+				for _, c := range []*redis.SliceCmd{reasons, bodies, props} {
+					if c.Err() != nil {
+						return fmt.Errorf("read %s: %w", c.Args()[1], c.Err())
+					}
+				}
+				return fmt.Errorf("read the dead letters of shard %d: %w", i, err)
 			}
 			out := make([]Dead, 0, len(entries))
 			for n, e := range entries {
@@ -95,8 +113,14 @@ func DeadEach(ctx context.Context, rdb redis.UniversalClient, q Queue, shardIdx 
 				if !ok {
 					continue
 				}
-				if n < len(reasons) {
-					d.Reason, _ = reasons[n].(string)
+				d.Reason = str(reasons.Val(), n)
+				if bs := bodies.Val(); n < len(bs) {
+					if body, ok := bs[n].(string); ok {
+						d.ID, d.Body = d.Member, body
+					}
+				}
+				if p := str(props.Val(), n); p != "" {
+					d.Properties = browse.PropsJSON(p)
 				}
 				out = append(out, d)
 			}
@@ -134,6 +158,15 @@ func DeadOf(ctx context.Context, rdb redis.UniversalClient, q Queue, member []by
 	return out, nil
 }
 
+// str is vals[n] of an HMGET reply, "" for a missing field.
+func str(vals []any, n int) string {
+	if n >= len(vals) {
+		return ""
+	}
+	s, _ := vals[n].(string)
+	return s
+}
+
 func parseEntry(i int, e string) (Dead, bool) {
 	due, member, ok := strings.Cut(e, ":")
 	if !ok {
@@ -143,7 +176,7 @@ func parseEntry(i int, e string) (Dead, bool) {
 	if err != nil {
 		return Dead{}, false
 	}
-	return Dead{Shard: i, DueMs: ms, Member: member, Entry: e, MessageID: shard.MessageID([]byte(member), ms)}, true
+	return Dead{Shard: i, DueMs: ms, Member: member, Body: member, Entry: e, MessageID: shard.MessageID([]byte(member), ms)}, true
 }
 
 func shardsOf(q Queue, shardIdx int) []int {
@@ -157,80 +190,35 @@ func shardsOf(q Queue, shardIdx int) []int {
 	return out
 }
 
-// requeueScript moves one dead entry back to its pending shard, at its
-// own due time (so the same message_id) unless given another score. A
-// member that is pending already (rescheduled since, or another dead
-// scheduling of it requeued first) is left alone: a sorted set holds a
-// member once, and the ZADD would move that scheduling.
-//
-// KEYS[1] pending shard P:{Q:i}
-// KEYS[2] dead-letter set P:{Q:i}:dead
-// KEYS[3] dead-letter reasons P:{Q:i}:dead:reason
-// ARGV[1] the entry "<due_ms>:<member>"
-// ARGV[2] the score to schedule it at, "" for its due time
-// Returns 1 if it was moved, 0 if the entry is not dead, 2 if its member is
-// pending already (nothing changed in either case).
-var requeueScript = redis.NewScript(`
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-  return 0
-end
-local due, member = string.match(ARGV[1], '^(-?%d+):(.*)$')
-if redis.call('ZSCORE', KEYS[1], member) then
-  return 2
-end
-local score = ARGV[2]
-if score == '' then score = due end
-redis.call('ZADD', KEYS[1], score, member)
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-return 1
-`)
-
 // ErrPending is Requeue's answer for a member that is pending already.
-var ErrPending = errors.New("its body is pending already (rescheduled since, or another dead scheduling of it was requeued): nothing changed")
+var ErrPending = errors.New("it is pending already (scheduled again since, or another dead scheduling of it was requeued): nothing changed, the pending scheduling keeps its body and properties")
+
+// requeueKeys are the keys requeueScript takes, for shard i.
+func requeueKeys(k shard.Keys, i int) []string {
+	return []string{k.Pending(i), k.Dead(i), k.DeadReason(i), k.Tasks(i), k.Props(i), k.ClaimedBody(i), k.ClaimedProps(i)}
+}
 
 // Requeue moves a dead letter back to pending; atMs 0 keeps its due time
 // (and message_id). It reports false if d is no longer dead, ErrPending if
 // its member is pending already. The instances are woken for it: it is due.
 func Requeue(ctx context.Context, rdb redis.UniversalClient, q Queue, d Dead, atMs int64) (bool, error) {
-	at := ""
-	if atMs != 0 {
-		at = strconv.FormatInt(atMs, 10)
-	}
-	n, err := requeueScript.Run(ctx, rdb, []string{q.Keys.Pending(d.Shard), q.Keys.Dead(d.Shard), q.Keys.DeadReason(d.Shard)}, d.Entry, at).Int()
+	res, err := RequeueBatch(ctx, rdb, q, d.Shard, []Dead{d}, atMs)
 	if err != nil {
-		return false, fmt.Errorf("requeue on %s: %w", q.Keys.Dead(d.Shard), err)
+		return false, err
 	}
-	if n == 2 {
+	if res[0] == Pending {
 		return false, ErrPending
 	}
-	if n == 1 {
-		due := d.DueMs
-		if atMs != 0 {
-			due = atMs
-		}
-		_ = rdb.Publish(ctx, q.Keys.Wake(), shard.WakeDue(d.Shard, due)).Err() // a hint: sweeps find it anyway
-	}
-	return n == 1, nil
+	return res[0] == Done, nil
 }
 
-// purgeScript forgets one dead entry and its reason.
-//
-// KEYS[1] dead-letter set, KEYS[2] its reasons; ARGV[1] the entry.
-// Returns 1 if it was dead, 0 if not.
-var purgeScript = redis.NewScript(`
-local n = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-return n
-`)
-
-// Purge forgets a dead letter for good.
+// Purge forgets a dead letter for good, with its body and properties.
 func Purge(ctx context.Context, rdb redis.UniversalClient, q Queue, d Dead) (bool, error) {
-	n, err := purgeScript.Run(ctx, rdb, []string{q.Keys.Dead(d.Shard), q.Keys.DeadReason(d.Shard)}, d.Entry).Int()
+	res, err := PurgeBatch(ctx, rdb, q, d.Shard, []Dead{d})
 	if err != nil {
-		return false, fmt.Errorf("purge on %s: %w", q.Keys.Dead(d.Shard), err)
+		return false, err
 	}
-	return n == 1, nil
+	return res[0] == Done, nil
 }
 
 // Outcome is what a batch requeue or purge did to one dead letter.
@@ -240,7 +228,7 @@ type Outcome int
 const (
 	NotDead Outcome = iota // no longer dead: nothing changed
 	Done                   // requeued, or purged
-	// Pending: its body is pending already (ErrPending); nothing changed.
+	// Pending: its member is pending already (ErrPending); nothing changed.
 	Pending
 )
 
@@ -260,33 +248,65 @@ local function wrongType(types)
 end
 `
 
-// requeueBatchScript is requeueScript for several entries of one shard:
-// one call per batch instead of one per dead letter. Two dead schedulings
-// of one body in a batch: the first is requeued, the second is then
-// pending already, as one call after the other would have it.
+// requeueBatchScript moves dead entries of one shard back to its pending
+// set, each at its own due time (so the same message_id) unless given
+// another score, with the body and properties the claim set aside for the
+// entry: they go back to the tasks and props hashes under the member, and
+// leave the claimed hashes, in the same step as the ZADD. An entry without
+// a claimed body (or properties) was a member that is its own body (or had
+// none): a field the member has in the tasks (props) hash is then removed,
+// so that the requeued task is the one that died.
+//
+// A member that is pending already is left alone, entry and claimed
+// fields too: a sorted set holds a member once, and the ZADD would move
+// that scheduling (rescheduled since, a producer scheduling the same id
+// again, or another dead scheduling of it requeued first) and the HSETs
+// would replace its newer body and properties. Two dead schedulings of one
+// member in a batch: the first is requeued, the second is then pending
+// already, as one call after the other would have it.
 //
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] dead-letter set P:{Q:i}:dead
 // KEYS[3] dead-letter reasons P:{Q:i}:dead:reason
+// KEYS[4] bodies of pending ids P:{Q:i}:tasks
+// KEYS[5] properties of pending members P:{Q:i}:props
+// KEYS[6] claimed bodies P:{Q:i}:claimed:body (entry -> body)
+// KEYS[7] claimed properties P:{Q:i}:claimed:props (entry -> JSON)
 // ARGV[1] the score to schedule them at, "" for each one's due time
 // ARGV[2..] the entries "<due_ms>:<member>"
-// Returns one code per entry, as requeueScript's.
+// Returns one code per entry: 1 requeued, 0 not dead, 2 its member is
+// pending already (nothing changed in either case).
 var requeueBatchScript = redis.NewScript(luaTypes + `
-local bad = wrongType({'zset', 'zset', 'hash'})
+local bad = wrongType({'zset', 'zset', 'hash', 'hash', 'hash', 'hash', 'hash'})
 if bad then return redis.error_reply(bad) end
 local out = {}
 for n = 2, #ARGV do
+  local e = ARGV[n]
   local code = 0
-  local due, member = string.match(ARGV[n], '^(-?%d+):(.*)$')
-  if due and redis.call('ZSCORE', KEYS[2], ARGV[n]) then
+  local due, member = string.match(e, '^(-?%d+):(.*)$')
+  if due and redis.call('ZSCORE', KEYS[2], e) then
     if redis.call('ZSCORE', KEYS[1], member) then
       code = 2
     else
       local score = ARGV[1]
       if score == '' then score = due end
+      local body = redis.call('HGET', KEYS[6], e)
+      local props = redis.call('HGET', KEYS[7], e)
       redis.call('ZADD', KEYS[1], score, member)
-      redis.call('ZREM', KEYS[2], ARGV[n])
-      redis.call('HDEL', KEYS[3], ARGV[n])
+      if body then
+        redis.call('HSET', KEYS[4], member, body)
+      else
+        redis.call('HDEL', KEYS[4], member)
+      end
+      if props then
+        redis.call('HSET', KEYS[5], member, props)
+      else
+        redis.call('HDEL', KEYS[5], member)
+      end
+      redis.call('ZREM', KEYS[2], e)
+      redis.call('HDEL', KEYS[3], e)
+      redis.call('HDEL', KEYS[6], e)
+      redis.call('HDEL', KEYS[7], e)
       code = 1
     end
   end
@@ -309,7 +329,7 @@ func RequeueBatch(ctx context.Context, rdb redis.UniversalClient, q Queue, shard
 	for _, d := range ds {
 		args = append(args, d.Entry)
 	}
-	codes, err := requeueBatchScript.Run(ctx, rdb, []string{q.Keys.Pending(shardIdx), q.Keys.Dead(shardIdx), q.Keys.DeadReason(shardIdx)}, args...).Int64Slice()
+	codes, err := requeueBatchScript.Run(ctx, rdb, requeueKeys(q.Keys, shardIdx), args...).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("requeue on %s: %w", q.Keys.Dead(shardIdx), err)
 	}
@@ -330,17 +350,24 @@ func RequeueBatch(ctx context.Context, rdb redis.UniversalClient, q Queue, shard
 	return out, nil
 }
 
-// purgeBatchScript is purgeScript for several entries of one shard.
+// purgeBatchScript forgets dead entries of one shard: each entry, its
+// reason, and the body and properties the claim set aside for it.
 //
-// KEYS[1] dead-letter set, KEYS[2] its reasons; ARGV[1..] the entries.
+// KEYS[1] dead-letter set P:{Q:i}:dead
+// KEYS[2] dead-letter reasons P:{Q:i}:dead:reason
+// KEYS[3] claimed bodies P:{Q:i}:claimed:body
+// KEYS[4] claimed properties P:{Q:i}:claimed:props
+// ARGV[1..] the entries.
 // Returns one code per entry: 1 if it was dead, 0 if not.
 var purgeBatchScript = redis.NewScript(luaTypes + `
-local bad = wrongType({'zset', 'hash'})
+local bad = wrongType({'zset', 'hash', 'hash', 'hash'})
 if bad then return redis.error_reply(bad) end
 local out = {}
 for n = 1, #ARGV do
   out[n] = redis.call('ZREM', KEYS[1], ARGV[n])
   redis.call('HDEL', KEYS[2], ARGV[n])
+  redis.call('HDEL', KEYS[3], ARGV[n])
+  redis.call('HDEL', KEYS[4], ARGV[n])
 end
 return out
 `)
@@ -354,7 +381,8 @@ func PurgeBatch(ctx context.Context, rdb redis.UniversalClient, q Queue, shardId
 	for n, d := range ds {
 		args[n] = d.Entry
 	}
-	codes, err := purgeBatchScript.Run(ctx, rdb, []string{q.Keys.Dead(shardIdx), q.Keys.DeadReason(shardIdx)}, args...).Int64Slice()
+	keys := []string{q.Keys.Dead(shardIdx), q.Keys.DeadReason(shardIdx), q.Keys.ClaimedBody(shardIdx), q.Keys.ClaimedProps(shardIdx)}
+	codes, err := purgeBatchScript.Run(ctx, rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("purge on %s: %w", q.Keys.Dead(shardIdx), err)
 	}

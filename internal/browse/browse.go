@@ -9,6 +9,7 @@ package browse
 import (
 	"container/heap"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -63,7 +64,15 @@ type Task struct {
 	Shard     int    `json:"shard"`
 	DueMs     int64  `json:"due_ms"`
 	MessageID string `json:"message_id"`
-	Body      string `json:"body"`
+	// ID is the member when it is a task id: a pending member with a
+	// field in the tasks hash, an in-flight or dead entry with a claimed
+	// body. "" for a member that is its own body.
+	ID string `json:"id,omitempty"`
+	// Body is the message body: the id's stored body, or the member.
+	Body string `json:"body"`
+	// Properties are the task's properties as stored (see PropsJSON), nil
+	// if it has none.
+	Properties json.RawMessage `json:"properties,omitempty"`
 	// Score is a pending task's score as Redis holds it ("+inf", "-5").
 	Score string `json:"score,omitempty"`
 	// Never: a pending task scored +inf or above 2^53 ms, never due: it
@@ -76,9 +85,23 @@ type Task struct {
 	Attempts int `json:"attempts,omitempty"`
 	// Reason says why a dead task died.
 	Reason string `json:"reason,omitempty"`
-	// Entry is the set member: the body, or "<due_ms>:<body>" in flight
-	// and dead.
+	// Member is the task's member: its id, or the body itself.
+	Member string `json:"-"`
+	// Entry is the set member: the member, or "<due_ms>:<member>" in
+	// flight and dead.
 	Entry string `json:"-"`
+}
+
+// PropsJSON is stored properties as JSON output shows them: the object
+// as stored, or, when the stored value is not valid JSON (such a task is
+// dead-lettered for it), that value as a JSON string, so that it can be
+// seen and the output stays JSON.
+func PropsJSON(stored string) json.RawMessage {
+	if json.Valid([]byte(stored)) {
+		return json.RawMessage(stored)
+	}
+	b, _ := json.Marshal(stored)
+	return b
 }
 
 // DefaultLimit and DefaultBudget are a Query's Limit and Budget when
@@ -97,8 +120,9 @@ type Query struct {
 	Shards []int
 	// From and To bound the due time (ms, inclusive); nil for none.
 	From, To *int64
-	// Match is a glob (Redis's MATCH) on the body; "" matches all. Walk
-	// refuses one glob.Check refuses.
+	// Match is a glob (Redis's MATCH) on the member (the task id, or the
+	// body of a task without one); "" matches all. Walk refuses one
+	// glob.Check refuses.
 	Match string
 	// Limit is the most tasks a page holds (default DefaultLimit).
 	Limit int
@@ -234,7 +258,7 @@ func openSources(ctx context.Context, rdb redis.UniversalClient, q Query, sp Ran
 
 // keep makes a Task of an entry, if it passes q's filters.
 func (q Query) keep(i int, score float64, member string) (Task, bool) {
-	t := Task{Shard: i, Body: member, Entry: member}
+	t := Task{Shard: i, Member: member, Entry: member}
 	if q.State == Pending {
 		t.DueMs, t.Never = shard.DueOf(score)
 		t.Score = shard.FormatScore(score)
@@ -242,9 +266,9 @@ func (q Query) keep(i int, score float64, member string) (Task, bool) {
 		if q.State == Dead {
 			t.DueMs = int64(score)
 		}
-		if due, body, ok := strings.Cut(member, ":"); ok {
+		if due, m, ok := strings.Cut(member, ":"); ok {
 			if ms, err := strconv.ParseInt(due, 10, 64); err == nil {
-				t.DueMs, t.Body = ms, body
+				t.DueMs, t.Member = ms, m
 			}
 		}
 		if q.State == Inflight {
@@ -254,32 +278,48 @@ func (q Query) keep(i int, score float64, member string) (Task, bool) {
 			}
 		}
 	}
-	if q.Match != "" && !glob.Match(q.Match, t.Body) {
+	if q.Match != "" && !glob.Match(q.Match, t.Member) {
 		return Task{}, false
 	}
+	t.Body = t.Member
 	if !t.Never {
-		t.MessageID = shard.MessageID([]byte(t.Body), t.DueMs)
+		t.MessageID = shard.MessageID([]byte(t.Member), t.DueMs)
 	}
 	return t, true
 }
 
-// annotate adds what the entries' hashes say: attempts in flight, the
-// reason of the dead.
+// annotate adds what the hashes beside the sets say of a page's tasks:
+// the body and properties of a task with an id (pending: the tasks and
+// props hashes by member; in flight and dead: the claimed ones by entry),
+// attempts in flight, the reason of the dead. One HMGET per shard and hash
+// (of up to MaxRead fields), all in one pipeline: a round trip per page.
 func (q Query) annotate(ctx context.Context, rdb redis.UniversalClient, tasks []Task) error {
-	var hash func(int) string
+	type hashes struct{ body, props, extra func(int) string }
+	var h hashes
 	switch q.State {
 	case Inflight:
-		hash = q.Keys.Attempts
+		h = hashes{q.Keys.ClaimedBody, q.Keys.ClaimedProps, q.Keys.Attempts}
 	case Dead:
-		hash = q.Keys.DeadReason
+		h = hashes{q.Keys.ClaimedBody, q.Keys.ClaimedProps, q.Keys.DeadReason}
 	default:
-		return nil
+		h = hashes{q.Keys.Tasks, q.Keys.Props, nil}
 	}
 	byShard := map[int][]int{}
+	var order []int
 	for n, t := range tasks {
+		if byShard[t.Shard] == nil {
+			order = append(order, t.Shard)
+		}
 		byShard[t.Shard] = append(byShard[t.Shard], n)
 	}
-	for i, idx := range byShard {
+	type read struct {
+		batch              []int
+		body, props, extra *redis.SliceCmd
+	}
+	var reads []read
+	pipe := rdb.Pipeline()
+	for _, i := range order {
+		idx := byShard[i]
 		for len(idx) > 0 {
 			batch := idx[:min(len(idx), MaxRead)]
 			idx = idx[len(batch):]
@@ -287,17 +327,48 @@ func (q Query) annotate(ctx context.Context, rdb redis.UniversalClient, tasks []
 			for k, n := range batch {
 				fields[k] = tasks[n].Entry
 			}
-			vals, err := rdb.HMGet(ctx, hash(i), fields...).Result()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				return fmt.Errorf("read %s: %w", hash(i), err)
+			r := read{batch: batch, body: pipe.HMGet(ctx, h.body(i), fields...), props: pipe.HMGet(ctx, h.props(i), fields...)}
+			if h.extra != nil {
+				r.extra = pipe.HMGet(ctx, h.extra(i), fields...)
 			}
-			for k, v := range vals {
-				s, _ := v.(string)
-				if q.State == Dead {
-					tasks[batch[k]].Reason = s
-				} else {
-					tasks[batch[k]].Attempts, _ = strconv.Atoi(s)
+			reads = append(reads, r)
+		}
+	}
+	if len(reads) == 0 {
+		return nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		for _, r := range reads {
+			for _, c := range []*redis.SliceCmd{r.body, r.props, r.extra} {
+				if c != nil && c.Err() != nil && !errors.Is(c.Err(), redis.Nil) {
+					return fmt.Errorf("read %s: %w", c.Args()[1], c.Err())
 				}
+			}
+		}
+		return fmt.Errorf("read the bodies and properties of %s tasks: %w", q.State, err)
+	}
+	field := func(c *redis.SliceCmd, k int) (string, bool) {
+		if c == nil || k >= len(c.Val()) {
+			return "", false
+		}
+		s, ok := c.Val()[k].(string)
+		return s, ok
+	}
+	for _, r := range reads {
+		for k, n := range r.batch {
+			t := &tasks[n]
+			if b, ok := field(r.body, k); ok {
+				t.ID, t.Body = t.Member, b
+			}
+			if p, ok := field(r.props, k); ok {
+				t.Properties = PropsJSON(p)
+			}
+			s, _ := field(r.extra, k)
+			switch q.State {
+			case Dead:
+				t.Reason = s
+			case Inflight:
+				t.Attempts, _ = strconv.Atoi(s)
 			}
 		}
 	}

@@ -3,9 +3,11 @@ package browse
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,7 +40,7 @@ func fill(t *testing.T, rdb redis.UniversalClient, k shard.Keys, n int) []Task {
 		}
 		i := shard.Index([]byte(body), shards)
 		pipe.ZAdd(ctx, k.Pending(i), redis.Z{Score: float64(due), Member: body})
-		want = append(want, Task{Shard: i, DueMs: due, Body: body, Entry: body, MessageID: shard.MessageID([]byte(body), due),
+		want = append(want, Task{Shard: i, DueMs: due, Body: body, Member: body, Entry: body, MessageID: shard.MessageID([]byte(body), due),
 			Score: strconv.FormatInt(due, 10)})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -107,14 +109,17 @@ func TestListPendingInOrderAcrossPages(t *testing.T) {
 	if pages != 104 {
 		t.Errorf("%d pages of 97 for 10^4 tasks, want 104", pages)
 	}
-	if !slices.Equal(got, want) {
+	if !slices.EqualFunc(got, want, sameTask) {
 		t.Fatalf("walk differs from the sorted tasks: got %d, want %d; first difference at %d", len(got), len(want), firstDiff(got, want))
 	}
 }
 
+// sameTask compares tasks field by field (Properties is a slice).
+func sameTask(a, b Task) bool { return reflect.DeepEqual(a, b) }
+
 func firstDiff(a, b []Task) int {
 	for n := range min(len(a), len(b)) {
-		if a[n] != b[n] {
+		if !sameTask(a[n], b[n]) {
 			return n
 		}
 	}
@@ -185,7 +190,7 @@ func TestListFilters(t *testing.T) {
 	}
 	q := Query{Keys: k, State: Pending, Shards: []int{0, 1, 2, 3}, From: &from, To: &to, Match: "task-0??7?-*", Limit: 7, Budget: 200}
 	got, pages := walkAll(t, rdb, q, nil)
-	if !slices.Equal(got, want) || len(want) == 0 {
+	if !slices.EqualFunc(got, want, sameTask) || len(want) == 0 {
 		t.Fatalf("from %d to %d matching: got %d tasks, want %d", from, to, len(got), len(want))
 	}
 	if pages < 5 {
@@ -219,21 +224,21 @@ func TestListInflightAndDead(t *testing.T) {
 		lease := due + int64(j%10)
 		rdb.ZAdd(ctx, k.Inflight(i), redis.Z{Score: float64(lease), Member: e})
 		rdb.HSet(ctx, k.Attempts(i), e, j%3)
-		wantIn = append(wantIn, Task{Shard: i, DueMs: d, Body: body, Entry: e, LeaseMs: lease, Attempts: j % 3, MessageID: shard.MessageID([]byte(body), d)})
+		wantIn = append(wantIn, Task{Shard: i, DueMs: d, Body: body, Member: body, Entry: e, LeaseMs: lease, Attempts: j % 3, MessageID: shard.MessageID([]byte(body), d)})
 		rdb.ZAdd(ctx, k.Dead(i), redis.Z{Score: float64(d), Member: e})
 		rdb.HSet(ctx, k.DeadReason(i), e, "refused "+body)
-		wantDead = append(wantDead, Task{Shard: i, DueMs: d, Body: body, Entry: e, Reason: "refused " + body, MessageID: shard.MessageID([]byte(body), d)})
+		wantDead = append(wantDead, Task{Shard: i, DueMs: d, Body: body, Member: body, Entry: e, Reason: "refused " + body, MessageID: shard.MessageID([]byte(body), d)})
 	}
 	slices.SortFunc(wantIn, func(a, b Task) int {
 		return cmp.Or(cmp.Compare(a.LeaseMs, b.LeaseMs), cmp.Compare(a.Shard, b.Shard), cmp.Compare(a.Entry, b.Entry))
 	})
 	slices.SortFunc(wantDead, order)
 	got, _ := walkAll(t, rdb, Query{Keys: k, State: Inflight, Shards: []int{0, 1, 2, 3}, Limit: 33}, nil)
-	if !slices.Equal(got, wantIn) {
+	if !slices.EqualFunc(got, wantIn, sameTask) {
 		t.Errorf("in flight: got %d, want %d; first difference at %d", len(got), len(wantIn), firstDiff(got, wantIn))
 	}
 	got, _ = walkAll(t, rdb, Query{Keys: k, State: Dead, Shards: []int{0, 1, 2, 3}, Limit: 33}, nil)
-	if !slices.Equal(got, wantDead) {
+	if !slices.EqualFunc(got, wantDead, sameTask) {
 		t.Errorf("dead: got %d, want %d; first difference at %d", len(got), len(wantDead), firstDiff(got, wantDead))
 	}
 	// from/to in flight is on the due time, not the lease.
@@ -242,7 +247,7 @@ func TestListInflightAndDead(t *testing.T) {
 	n := 0
 	for _, w := range wantIn {
 		if w.Shard == 2 && w.DueMs >= from && w.DueMs <= to {
-			if n >= len(got) || got[n] != w {
+			if n >= len(got) || !sameTask(got[n], w) {
 				t.Fatalf("in flight on shard 2 due %d..%d: got %+v", from, to, got)
 			}
 			n++
@@ -296,9 +301,95 @@ func TestListBadScores(t *testing.T) {
 		t.Fatalf("%d tasks, want %d: %+v", len(p.Tasks), len(want), p.Tasks)
 	}
 	for n, w := range want {
-		w.Entry = w.Body
-		if p.Tasks[n] != w {
+		w.Entry, w.Member = w.Body, w.Body
+		if !sameTask(p.Tasks[n], w) {
 			t.Errorf("task %d: %+v, want %+v", n, p.Tasks[n], w)
+		}
+	}
+}
+
+// TestListIDBodyAndProperties: pending tasks show the body and properties
+// of their tasks and props fields (a task with a body field has an id;
+// one with only properties is its own body), in-flight and dead ones those
+// of their claimed fields; --match is on the member (the id); properties
+// that are not JSON show as a JSON string. Pages larger than a read batch
+// get every task's fields.
+func TestListIDBodyAndProperties(t *testing.T) {
+	rdb, k := setup(t)
+	ctx := context.Background()
+	const due = int64(1_800_000_000_000)
+	pipe := rdb.Pipeline()
+	for j := range 600 { // more than MaxRead per shard: several HMGETs per shard
+		id := fmt.Sprintf("order-%03d", j)
+		i := shard.Index([]byte(id), shards)
+		pipe.ZAdd(ctx, k.Pending(i), redis.Z{Score: float64(due + int64(j)), Member: id})
+		pipe.HSet(ctx, k.Tasks(i), id, "body of "+id)
+		if j%2 == 0 {
+			pipe.HSet(ctx, k.Props(i), id, fmt.Sprintf(`{"headers":{"n":%d}}`, j))
+		}
+	}
+	plain := "plain-tick"
+	pi := shard.Index([]byte(plain), shards)
+	pipe.ZAdd(ctx, k.Pending(pi), redis.Z{Score: float64(due + 1000), Member: plain})
+	pipe.HSet(ctx, k.Props(pi), plain, `{"type":"tick"}`)
+	bare := "bare"
+	bi := shard.Index([]byte(bare), shards)
+	pipe.ZAdd(ctx, k.Pending(bi), redis.Z{Score: float64(due + 1001), Member: bare})
+	// In flight and dead: the claimed fields, by entry. A second scheduling
+	// of the same id pending meanwhile has its own body.
+	for _, st := range []State{Inflight, Dead} {
+		e := fmt.Sprintf("%d:job-%s", due, st)
+		i := shard.Index([]byte("job-"+string(st)), shards)
+		pipe.ZAdd(ctx, st.key(k, i), redis.Z{Score: float64(due), Member: e})
+		pipe.HSet(ctx, k.ClaimedBody(i), e, "claimed body")
+		pipe.HSet(ctx, k.ClaimedProps(i), e, `{"priority":`)
+		pipe.ZAdd(ctx, k.Pending(i), redis.Z{Score: float64(due + 5000), Member: "job-" + string(st)})
+		pipe.HSet(ctx, k.Tasks(i), "job-"+string(st), "newer body")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	all := []int{0, 1, 2, 3}
+	p, err := Walk(ctx, rdb, Query{Keys: k, State: Pending, Shards: all, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Tasks) != 604 {
+		t.Fatalf("%d pending tasks, want 604", len(p.Tasks))
+	}
+	for j, tk := range p.Tasks[:600] {
+		id := fmt.Sprintf("order-%03d", j)
+		wantProps := ""
+		if j%2 == 0 {
+			wantProps = fmt.Sprintf(`{"headers":{"n":%d}}`, j)
+		}
+		if tk.ID != id || tk.Member != id || tk.Body != "body of "+id || string(tk.Properties) != wantProps || tk.MessageID != shard.MessageID([]byte(id), due+int64(j)) {
+			t.Fatalf("task %d: %+v", j, tk)
+		}
+	}
+	if tk := p.Tasks[600]; tk.ID != "" || tk.Body != plain || string(tk.Properties) != `{"type":"tick"}` {
+		t.Errorf("plain member with properties: %+v", tk)
+	}
+	if tk := p.Tasks[601]; tk.ID != "" || tk.Body != bare || tk.Properties != nil {
+		t.Errorf("plain member: %+v", tk)
+	}
+	p, err = Walk(ctx, rdb, Query{Keys: k, State: Pending, Shards: all, Match: "order-12?"})
+	if err != nil || len(p.Tasks) != 10 || p.Tasks[3].ID != "order-123" || p.Tasks[3].Body != "body of order-123" {
+		t.Errorf("--match on the id: %v, %+v", err, p.Tasks)
+	}
+	if p, _ = Walk(ctx, rdb, Query{Keys: k, State: Pending, Shards: all, Match: "body*"}); len(p.Tasks) != 0 {
+		t.Errorf("--match on the body matched %d tasks: it is on the member", len(p.Tasks))
+	}
+	for _, st := range []State{Inflight, Dead} {
+		p, err := Walk(ctx, rdb, Query{Keys: k, State: st, Shards: all})
+		if err != nil || len(p.Tasks) != 1 {
+			t.Fatalf("%s: %v, %+v", st, err, p.Tasks)
+		}
+		tk := p.Tasks[0]
+		b, err := json.Marshal(tk)
+		if tk.ID != "job-"+string(st) || tk.Body != "claimed body" || err != nil ||
+			!strings.Contains(string(b), `"id":"job-`+string(st)+`","body":"claimed body","properties":"{\"priority\":"`) {
+			t.Errorf("%s: %+v, JSON %s", st, tk, b)
 		}
 	}
 }

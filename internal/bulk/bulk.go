@@ -32,7 +32,7 @@ import (
 type Mode string
 
 const (
-	Cancel Mode = "cancel" // remove it (ZREM)
+	Cancel Mode = "cancel" // remove it (ZREM), with its body and properties
 	By     Mode = "by"     // shift its due time by Spec.ByMs
 	At     Mode = "at"     // set its due time to Spec.AtMs
 )
@@ -41,7 +41,7 @@ const (
 // run does exactly what the first one started.
 type Spec struct {
 	Mode   Mode   `json:"mode"`
-	Match  string `json:"match,omitempty"`   // glob on the body; "" matches all
+	Match  string `json:"match,omitempty"`   // glob on the member (task id, or body); "" matches all
 	FromMs *int64 `json:"from_ms,omitempty"` // due at or after; nil: no bound
 	ToMs   *int64 `json:"to_ms,omitempty"`   // due at or before; nil: no bound
 	ByMs   int64  `json:"by_ms,omitempty"`
@@ -394,7 +394,7 @@ func (r *Runner) act(ctx context.Context, i int, p, next progressOf, matched []s
 	for _, m := range matched {
 		args = append(args, m)
 	}
-	keys := []string{r.Keys.Pending(i), r.Keys.Moving(i), r.Keys.BulkProgress(i, r.ID)}
+	keys := []string{r.Keys.Pending(i), r.Keys.Moving(i), r.Keys.BulkProgress(i, r.ID), r.Keys.Tasks(i), r.Keys.Props(i)}
 	out, err := actScript.Run(ctx, r.RDB, keys, args...).Slice()
 	if err != nil {
 		return p, fmt.Errorf("%s a batch of %d tasks on %s: %w", r.Spec.Mode, len(matched)/2, keys[0], err)

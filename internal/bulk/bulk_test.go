@@ -345,3 +345,63 @@ func TestBulkResumeKeepsFinishedShards(t *testing.T) {
 		}
 	}
 }
+
+// TestBulkCancelTakesFieldsRescheduleKeeps: tasks with an id (a body
+// field) and properties, cancelled in bulk, leave no field behind, and
+// tasks that did not match keep theirs; rescheduled in bulk, they keep
+// body and properties.
+func TestBulkCancelTakesFieldsRescheduleKeeps(t *testing.T) {
+	f := newFixture(t, 4)
+	ctx := context.Background()
+	f.add("order", 600, func(k int) int64 { return base + int64(k%7) })
+	f.add("other", 600, func(k int) int64 { return base + int64(k%7) })
+	pipe := f.rdb.Pipeline()
+	fields := func(member string) (string, string) {
+		i := shard.Index([]byte(member), f.m)
+		return f.keys.Tasks(i), f.keys.Props(i)
+	}
+	for k := range 600 {
+		for _, name := range []string{"order", "other"} {
+			m := fmt.Sprintf("%s-%d", name, k)
+			tasks, props := fields(m)
+			pipe.HSet(ctx, tasks, m, "body of "+m)
+			pipe.HSet(ctx, props, m, `{"type":"`+name+`"}`)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	count := func() (tasks, props int64) {
+		for i := range f.m {
+			tasks += f.rdb.HLen(ctx, f.keys.Tasks(i)).Val()
+			props += f.rdb.HLen(ctx, f.keys.Props(i)).Val()
+		}
+		return tasks, props
+	}
+	res, err := f.runner(NewID(), Spec{Mode: By, Match: "other-*", ByMs: 60_000}).Run(ctx)
+	if err != nil || res.Changed != 600 {
+		t.Fatalf("reschedule: %+v, %v", res, err)
+	}
+	if nt, np := count(); nt != 1200 || np != 1200 {
+		t.Fatalf("after the reschedule: %d body and %d props fields, want 1200 each", nt, np)
+	}
+	res, err = f.runner(NewID(), Spec{Mode: Cancel, Match: "order-*"}).Run(ctx)
+	if err != nil || res.Changed != 600 {
+		t.Fatalf("cancel: %+v, %v", res, err)
+	}
+	for k := range 600 {
+		m := fmt.Sprintf("order-%d", k)
+		tasks, props := fields(m)
+		if f.due(m) != -1 || f.rdb.HExists(ctx, tasks, m).Val() || f.rdb.HExists(ctx, props, m).Val() {
+			t.Fatalf("%s: pending at %d, or a field left", m, f.due(m))
+		}
+		o := fmt.Sprintf("other-%d", k)
+		tasks, props = fields(o)
+		if f.due(o) != base+int64(k%7)+60_000 || f.rdb.HGet(ctx, tasks, o).Val() != "body of "+o || f.rdb.HGet(ctx, props, o).Val() != `{"type":"other"}` {
+			t.Fatalf("%s: due %d, fields %q %q", o, f.due(o)-base, f.rdb.HGet(ctx, tasks, o).Val(), f.rdb.HGet(ctx, props, o).Val())
+		}
+	}
+	if nt, np := count(); nt != 600 || np != 600 {
+		t.Errorf("after the cancel: %d body and %d props fields, want 600 each", nt, np)
+	}
+}

@@ -14,11 +14,16 @@ import "github.com/redis/go-redis/v9"
 // pending, as a single cancel or reschedule would find it. Otherwise it was
 // claimed, cancelled or rescheduled meanwhile, and is left alone and
 // reported. A reschedule also unlists the member from the shard's moving
-// hash, as shard.Producer's does.
+// hash, as shard.Producer's does; it leaves the member's body and
+// properties where they are (they stay with the member). A cancel removes
+// them with the member, as a single cancel does, so that no field outlives
+// its task.
 //
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] its moving hash P:{Q:i}:moving
 // KEYS[3] the run's progress on the shard P:{Q:i}:bulk:ID (hash)
+// KEYS[4] bodies of pending ids P:{Q:i}:tasks (hash)
+// KEYS[5] properties of pending members P:{Q:i}:props (hash)
 // ARGV[1] "cancel", "by" (shift by ARGV[2] ms) or "at" (due at ARGV[2] ms)
 // ARGV[2] ms, see ARGV[1]
 // ARGV[3] the progress's seq the caller read (0: none yet): another
@@ -34,7 +39,7 @@ import "github.com/redis/go-redis/v9"
 // Returns {changed, skipped, earliest new due ms or -1, first skipped
 // members (up to 10)...}, or {-1} when the seq differs.
 var actScript = redis.NewScript(`
-for _, kt in ipairs({{KEYS[1], 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}}) do
+for _, kt in ipairs({{KEYS[1], 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'}, {KEYS[5], 'hash'}}) do
   local got = redis.call('TYPE', kt[1])['ok']
   if got ~= 'none' and got ~= kt[2] then
     return redis.error_reply('WRONGTYPE key ' .. kt[1] .. ' holds a ' .. got .. ', not a ' .. kt[2] .. '; nothing changed')
@@ -53,6 +58,8 @@ for i = 9, #ARGV, 2 do
   if s and tonumber(s) == tonumber(ARGV[i + 1]) then
     if mode == 'cancel' then
       redis.call('ZREM', KEYS[1], m)
+      redis.call('HDEL', KEYS[4], m)
+      redis.call('HDEL', KEYS[5], m)
     else
       local due = ms
       if mode == 'by' then due = tonumber(s) + ms end

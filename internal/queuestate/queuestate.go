@@ -48,6 +48,12 @@ import (
 // KEYS[4] pause flag P:{Q:i}:paused
 // KEYS[5] attempts hash P:{Q:i}:attempts
 // KEYS[6] retrying set P:{Q:i}:retrying (score = due ms)
+// KEYS[7..10] the hashes of task ids' bodies and properties, P:{Q:i}:tasks,
+//
+//	:props, :claimed:body and :claimed:props: only their types are
+//	checked (HLEN, O(1)), so that a key of the wrong type, which stops
+//	the shard's claims, marks the shard broken here too
+//
 // ARGV[1] the score below which a due time is taken for seconds (10^11)
 // ARGV[2] retryProbe: most index entries looked at for the oldest retried
 // ARGV[3] the score below which a task is undated (10^8)
@@ -65,6 +71,7 @@ import (
 // when the first task is undated, the earliest score from ARGV[3] up to
 // ARGV[1].
 var readScript = redis.NewScript(`#!lua flags=no-writes
+for k = 7, 10 do redis.call('HLEN', KEYS[k]) end
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -252,7 +259,8 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 	sweepers := make([]*redis.StringCmd, len(targets))
 	send := func(pipe redis.Pipeliner, c *call, source bool) {
 		k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
-		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i), k.Paused(c.i), k.Attempts(c.i), k.Retrying(c.i)}
+		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i), k.Paused(c.i), k.Attempts(c.i), k.Retrying(c.i),
+			k.Tasks(c.i), k.Props(c.i), k.ClaimedBody(c.i), k.ClaimedProps(c.i)}
 		if source { // after NOSCRIPT: the source, which also caches it
 			c.cmd = readScript.Eval(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe, shard.UndatedBelow, shard.FarScoreFrom, memberCut)
 		} else {
@@ -296,7 +304,8 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 		if redis.HasErrorPrefix(c.cmd.Err(), "WRONGTYPE") {
 			k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
 			why[n] = wrongType(ctx, rdb, k.Pending(c.i), "zset", k.Inflight(c.i), "zset", k.Dead(c.i), "zset",
-				k.Attempts(c.i), "hash", k.Retrying(c.i), "zset")
+				k.Attempts(c.i), "hash", k.Retrying(c.i), "zset", k.Tasks(c.i), "hash", k.Props(c.i), "hash",
+				k.ClaimedBody(c.i), "hash", k.ClaimedProps(c.i), "hash")
 		}
 	}
 

@@ -197,6 +197,22 @@ func TestReadRetried(t *testing.T) {
 	if err != nil || !strings.Contains(qs[0].Shards[1].Err, "WRONGTYPE key "+k.Attempts(1)+" holds a string, not a hash") {
 		t.Errorf("wrong-type attempts key: %v, shard 1 error %q", err, qs[0].Shards[1].Err)
 	}
+	// So does one of the hashes of task ids' bodies and properties (the
+	// claim script fails on it too), each named.
+	rdb.Del(ctx, k.Attempts(1))
+	for _, key := range []string{k.Tasks(0), k.Props(0), k.ClaimedBody(0), k.ClaimedProps(0)} {
+		rdb.Set(ctx, key, "x", 0)
+		qs, err = queuestate.Read(ctx, rdb, prefix, []queuestate.Target{{Name: "orders", Shards: 2}})
+		if err != nil || !strings.Contains(qs[0].Shards[0].Err, "WRONGTYPE key "+key+" holds a string, not a hash") || qs[0].Shards[1].Err != "" {
+			t.Errorf("wrong-type %s: %v, shard errors %q, %q", key, err, qs[0].Shards[0].Err, qs[0].Shards[1].Err)
+		}
+		rdb.Del(ctx, key)
+	}
+	rdb.HSet(ctx, k.Tasks(0), "id-1", "body")
+	rdb.HSet(ctx, k.ClaimedProps(0), "1:id-1", "{}")
+	if qs, err = queuestate.Read(ctx, rdb, prefix, []queuestate.Target{{Name: "orders", Shards: 2}}); err != nil || qs[0].Shards[0].Err != "" {
+		t.Errorf("with hashes of the right type: %v, shard 0 error %q", err, qs[0].Shards[0].Err)
+	}
 }
 
 // TestReadRetriedCostIsBounded: the read of a shard with many retried
