@@ -114,6 +114,9 @@ func TestMoveKeepsProducerSchedule(t *testing.T) {
 			f := newMoveFixture(t)
 			m := &Mover{RDB: f.rdb, Keys: f.keys}
 			b := m.batch(f.i, f.j, []task{{score: strconv.FormatInt(f.due, 10), member: f.m}})
+			if err := b.read(ctx); err != nil {
+				t.Fatal(err)
+			}
 			if err := b.add(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -155,6 +158,11 @@ func TestMoveTwoMovers(t *testing.T) {
 			ts := []task{{score: strconv.FormatInt(f.due, 10), member: f.m}}
 			movers := map[byte]*batchMove{'A': m.batch(f.i, f.j, ts), 'B': m.batch(f.i, f.j, ts)}
 			progress := map[byte]*Progress{'A': {}, 'B': {}}
+			for _, b := range movers {
+				if err := b.read(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
 			for _, st := range strings.Fields(order) {
 				b := movers[st[0]]
 				var err error
