@@ -58,9 +58,9 @@ func retiredWork(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys
 // instance, takes and delivers them (with their due time, so their
 // message_id, their failed attempts, body and properties). The shards are
 // in different slots on Redis Cluster, so this goes in the three steps of
-// a move
-// (scripts.go: handInScript, takeInflightScript, undoInflightScript),
-// each entry in at least one of the two sets at every moment.
+// a move (scripts.go: handInScript, takeInflightScript,
+// undoInflightScript), each entry in at least one of the two sets at
+// every moment.
 func (m *Mover) reclaimInflight(ctx context.Context, l shard.Layout, i int) (int64, error) {
 	batch := m.Batch
 	if batch <= 0 {
