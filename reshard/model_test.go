@@ -31,7 +31,16 @@ package reshard
 //     against a model clock that only reaches the near tasks, never the
 //     ones due in an hour: the horizon's promise that no claim takes a
 //     task between a move's steps);
-//   - dead letters appearing in a shard (with a reason or without);
+//   - tasks with an id (a body in :tasks, properties in :props or not)
+//     and plain members with properties, mixed with the plain members:
+//     the old-count and new-count producers schedule them (the contract's
+//     MULTI: HSET :tasks, HSET or HDEL :props, ZADD; often the same due
+//     again, with the same fields or others), reschedule them (ZADD XX
+//     CH) and cancel them (MULTI: ZREM, HDEL, HDEL); a batch reads their
+//     fields on the source in a step of its own, so writes land between
+//     that read and the steps too;
+//   - dead letters appearing in a shard (with a reason or without, with
+//     the body and properties their claim kept or without);
 //   - in one seed in four, one to three slow producers: each a
 //     shard.Producer on a client of its own whose commands wait at a gate
 //     (gate_test.go). Its one operation (Schedule, Reschedule or Cancel)
@@ -47,8 +56,11 @@ package reshard
 //     slow producer wrote again.
 //
 // After every step the shards' pending sets, dead letters (with reasons)
-// and moving hashes must equal the mirror exactly (every script's flags
-// and every pass's counts are predicted too), and:
+// and moving hashes, and their :tasks, :props, claimed:body and
+// claimed:props hashes, must equal the mirror exactly (every script's
+// flags and every pass's counts are predicted too): no field is left
+// without its member or entry, none is missing, and a moved task carries
+// the fields it had when read. And:
 //
 //	(a) never lost: a member whose last operation was a schedule (a ZADD
 //	    by either raw producer, Schedule, ScheduleMany or a Reschedule that
@@ -62,8 +74,9 @@ package reshard
 // Pass (horizon -1: everything) runs with no producer activity; then
 //
 //	(c) every pending member is in exactly one shard, its shard by T. A
-//	    member whose last operation was a schedule has the score of that
-//	    latest schedule, except under the documented conflict rule: when a
+//	    member whose last operation was a schedule has the score, body and
+//	    properties of that latest schedule, except under the documented
+//	    conflict rule (the new count's copy wins with its fields): when a
 //	    move (a batch's take, or a Pass) removes the old count's copy of a
 //	    member while the new count's shard holds the member with another
 //	    score, the new count's copy wins. That deviates from the latest
