@@ -2,6 +2,8 @@ package reshard
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -27,9 +29,10 @@ type Progress struct {
 	// Kept: the member was pending in both shards, with the new count's
 	// copy kept (a producer on the new count wrote it).
 	Kept int64 `json:"kept_new_copy"`
-	// Raced: a producer on the old count rescheduled or cancelled the task
-	// while it was being moved; the move was undone (a rescheduled one
-	// moves on the next pass).
+	// Raced: a producer on the old count rescheduled or cancelled the task,
+	// or scheduled it again with another body or properties, while it was
+	// being moved; the move was undone (a rescheduled one moves on the
+	// next pass).
 	Raced     int64 `json:"raced"`
 	DeadMoved int64 `json:"dead_moved"`
 	// Near: tasks in a shard other than theirs by the new count, due
@@ -158,7 +161,9 @@ func (m *Mover) horizon() time.Duration {
 // moveGroups moves a page's tasks from shard i to their shards, each
 // step for all destinations in one pipelined round trip: a page's tasks
 // spread over up to the shard count's destinations, and a round trip per
-// destination and step made moving a million tasks take minutes.
+// destination and step made moving a million tasks take minutes. The
+// read of the tasks' fields on the source goes first, in one round trip
+// too.
 func (m *Mover) moveGroups(ctx context.Context, i int, groups map[int][]task, p *Progress) error {
 	if len(groups) == 0 {
 		return nil
@@ -177,41 +182,34 @@ func (m *Mover) moveGroups(ctx context.Context, i int, groups map[int][]task, p 
 	for j, ts := range groups {
 		bs = append(bs, m.batch(i, j, ts))
 	}
-	steps := []struct {
-		script *redis.Script
-		call   func(b *batchMove) ([]string, []any)
-		done   func(b *batchMove, c *redis.Cmd) error
-	}{
-		{addScript, func(b *batchMove) ([]string, []any) { return []string{b.dst, b.moving}, b.args }, func(b *batchMove, c *redis.Cmd) (err error) {
-			if b.added, err = c.Int64Slice(); err != nil {
-				return fmt.Errorf("move %d tasks from %s to %s: add: %w", len(b.ts), b.src, b.dst, err)
-			}
-			return nil
-		}},
-		{takeScript, func(b *batchMove) ([]string, []any) { return []string{b.src}, b.args[1:] }, func(b *batchMove, c *redis.Cmd) (err error) {
-			if b.taken, err = c.Int64Slice(); err != nil {
-				// Those added are in both shards now, with one score:
-				// the next pass finishes their move.
-				return fmt.Errorf("move %d tasks from %s to %s: remove from the source: %w", len(b.ts), b.src, b.dst, err)
-			}
-			return nil
-		}},
-		{undoScript, func(b *batchMove) ([]string, []any) { return []string{b.dst, b.moving}, b.undoArgs(p) }, func(b *batchMove, c *redis.Cmd) error {
-			if err := c.Err(); err != nil {
-				return fmt.Errorf("undo moves to %s (raced by producers): %w", b.dst, err)
-			}
-			return nil
-		}},
+	if err := readAll(ctx, m.RDB, bs, (*batchMove).readCmds, (*batchMove).readDone); err != nil {
+		return err
 	}
-	for _, st := range steps {
-		cmds, err := runPipelined(ctx, m.RDB, st.script, len(bs), func(n int) ([]string, []any) { return st.call(bs[n]) })
-		if err != nil {
+	var parts []*batchMove
+	for _, b := range bs {
+		parts = append(parts, b.split()...)
+	}
+	if err := runSteps(ctx, m.RDB, moveSteps, parts); err != nil {
+		return err
+	}
+	for _, b := range parts {
+		p.add(b.p)
+	}
+	return nil
+}
+
+// readAll runs the reads of batches bs in one pipelined round trip.
+func readAll[B any](ctx context.Context, rdb redis.UniversalClient, bs []B, read func(B, context.Context, redis.Cmdable) []*redis.SliceCmd,
+	done func(B, []*redis.SliceCmd) error) error {
+	pipe := rdb.Pipeline()
+	cmds := make([][]*redis.SliceCmd, len(bs))
+	for n, b := range bs {
+		cmds[n] = read(b, ctx, pipe)
+	}
+	_, _ = pipe.Exec(ctx)
+	for n, b := range bs {
+		if err := done(b, cmds[n]); err != nil {
 			return err
-		}
-		for n, c := range cmds {
-			if err := st.done(bs[n], c); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
@@ -245,81 +243,195 @@ func runPipelined(ctx context.Context, rdb redis.UniversalClient, script *redis.
 	return cmds, ctx.Err()
 }
 
-// batchMove is one batch's move from shard i to shard j, run a step at a
-// time: add, take, undo (scripts.go). A test interleaves the steps with
-// producers.
+// fields are a task's body and properties as read on the source: a
+// pending member's in :tasks / :props, an entry's in claimed:body /
+// claimed:props.
+type fields struct {
+	has               int // 1: a body, 2: properties (bits)
+	body, props       string
+	bodySum, propsSum string // SHA1 in hex, "" if absent
+}
+
+// readFields takes the replies of HMGETs of the bodies and the
+// properties of n fields.
+func readFields(bodies, props *redis.SliceCmd, n int) ([]fields, error) {
+	out := make([]fields, n)
+	for h, c := range []*redis.SliceCmd{bodies, props} {
+		vals, err := c.Result()
+		if err == nil && len(vals) != n {
+			err = fmt.Errorf("%d values for %d fields", len(vals), n)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the bodies and properties: %w", err)
+		}
+		for k, v := range vals {
+			s, ok := v.(string)
+			if !ok {
+				continue
+			}
+			sum := sha1.Sum([]byte(s))
+			out[k].has |= 1 << h
+			if h == 0 {
+				out[k].body, out[k].bodySum = s, hex.EncodeToString(sum[:])
+			} else {
+				out[k].props, out[k].propsSum = s, hex.EncodeToString(sum[:])
+			}
+		}
+	}
+	return out, nil
+}
+
+func (f fields) size() int { return len(f.body) + len(f.props) }
+
+// moveBytes bounds what one call of a move's step carries (members,
+// bodies and properties; one task at least): bodies of tasks with an id
+// may be large, and a call of 500 of them would hold Redis.
+const moveBytes = 1 << 20
+
+// parts cuts n tasks into runs of at most moveBytes (size gives a task's
+// bytes), one task at least each: it returns the runs' ends.
+func parts(n int, size func(k int) int) []int {
+	var ends []int
+	sum := 0
+	for k := range n {
+		s := size(k)
+		if sum > 0 && sum+s > moveBytes {
+			ends = append(ends, k)
+			sum = 0
+		}
+		sum += s
+	}
+	return append(ends, n)
+}
+
+// batchMove is one batch's move from shard i to shard j: read the tasks'
+// fields on the source, then add, take, undo (scripts.go). A test
+// interleaves the steps with producers.
 type batchMove struct {
-	rdb      redis.UniversalClient
-	src, dst string
-	moving   string // the destination's moving hash
-	ts       []task
-	args     []any   // score1, member1, ...
-	added    []int64 // addScript's flags
-	taken    []int64 // takeScript's flags
+	rdb                redis.UniversalClient
+	src, dst           string
+	srcTasks, srcProps string
+	dstTasks, dstProps string
+	moving             string // the destination's moving hash
+	ts                 []task
+	f                  []fields // read on the source
+	added              []int64  // addScript's flags
+	taken              []int64  // takeScript's flags
+	p                  Progress // the batch's outcome, once taken
 }
 
 func (m *Mover) batch(i, j int, ts []task) *batchMove {
-	b := &batchMove{rdb: m.RDB, src: m.Keys.Pending(i), dst: m.Keys.Pending(j), moving: m.Keys.Moving(j), ts: ts,
-		args: make([]any, 0, 2*len(ts)+1)}
-	b.args = append(b.args, movingTTL.Milliseconds())
-	for _, t := range ts {
-		b.args = append(b.args, t.score, t.member)
-	}
-	return b
+	return &batchMove{rdb: m.RDB, src: m.Keys.Pending(i), dst: m.Keys.Pending(j), moving: m.Keys.Moving(j), ts: ts,
+		srcTasks: m.Keys.Tasks(i), srcProps: m.Keys.Props(i), dstTasks: m.Keys.Tasks(j), dstProps: m.Keys.Props(j)}
 }
 
-// add is step 1, on the destination.
-func (b *batchMove) add(ctx context.Context) error {
-	var err error
-	if b.added, err = addScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, b.args...).Int64Slice(); err != nil {
-		return fmt.Errorf("move %d tasks from %s to %s: add: %w", len(b.ts), b.src, b.dst, err)
-	}
-	return nil
-}
-
-// take is step 2, on the source.
-func (b *batchMove) take(ctx context.Context) error {
-	var err error
-	if b.taken, err = takeScript.Run(ctx, b.rdb, []string{b.src}, b.args[1:]...).Int64Slice(); err != nil {
-		// Those added are in both shards now, with one score: the next
-		// pass finishes their move.
-		return fmt.Errorf("move %d tasks from %s to %s: remove from the source: %w", len(b.ts), b.src, b.dst, err)
-	}
-	return nil
-}
-
-// undo is step 3, on the destination: it undoes the adds whose source
-// removal did not happen, unlists the batch's members from the moving
-// hash (also those a mover that died listed), and counts the batch's
-// outcome into p.
-func (b *batchMove) undo(ctx context.Context, p *Progress) error {
-	args := b.undoArgs(p)
-	if err := undoScript.Run(ctx, b.rdb, []string{b.dst, b.moving}, args...).Err(); err != nil {
-		return fmt.Errorf("undo moves to %s (raced by producers): %w", b.dst, err)
-	}
-	return nil
-}
-
-// undoArgs are undoScript's arguments after steps 1 and 2; it counts the
-// batch's outcome into p.
-func (b *batchMove) undoArgs(p *Progress) []any {
-	var args []any
+func (b *batchMove) readCmds(ctx context.Context, c redis.Cmdable) []*redis.SliceCmd {
+	ms := make([]string, len(b.ts))
 	for k, t := range b.ts {
-		switch {
-		case b.taken[k] == 1 && b.added[k] == 1:
-			p.Moved++
-		case b.taken[k] == 1:
-			p.Kept++
-		default:
-			p.Raced++
-		}
-		flag := 0
-		if b.added[k] == 1 && b.taken[k] != 1 {
-			flag = 1
-		}
-		args = append(args, t.score, t.member, flag)
+		ms[k] = t.member
 	}
-	return args
+	return []*redis.SliceCmd{c.HMGet(ctx, b.srcTasks, ms...), c.HMGet(ctx, b.srcProps, ms...)}
+}
+
+func (b *batchMove) readDone(cmds []*redis.SliceCmd) (err error) {
+	if b.f, err = readFields(cmds[0], cmds[1], len(b.ts)); err != nil {
+		return fmt.Errorf("move %d tasks from %s: %w", len(b.ts), b.src, err)
+	}
+	return nil
+}
+
+// split cuts the batch, once read, into batches of at most moveBytes.
+func (b *batchMove) split() []*batchMove {
+	ends := parts(len(b.ts), func(k int) int { return len(b.ts[k].member) + b.f[k].size() })
+	if len(ends) == 1 {
+		return []*batchMove{b}
+	}
+	out := make([]*batchMove, len(ends))
+	lo := 0
+	for n, hi := range ends {
+		c := *b
+		c.ts, c.f = b.ts[lo:hi], b.f[lo:hi]
+		out[n], lo = &c, hi
+	}
+	return out
+}
+
+// moveSteps are a batch's steps after the read, as moveGroups pipelines
+// them.
+var moveSteps = []step[*batchMove]{
+	{addScript, func(b *batchMove) ([]string, []any) {
+		args := make([]any, 0, 1+5*len(b.ts))
+		args = append(args, movingTTL.Milliseconds())
+		for k, t := range b.ts {
+			args = append(args, t.score, t.member, b.f[k].has, b.f[k].body, b.f[k].props)
+		}
+		return []string{b.dst, b.moving, b.dstTasks, b.dstProps}, args
+	}, func(b *batchMove, c *redis.Cmd) (err error) {
+		if b.added, err = c.Int64Slice(); err != nil {
+			return fmt.Errorf("move %d tasks from %s to %s: add: %w", len(b.ts), b.src, b.dst, err)
+		}
+		return nil
+	}},
+	{takeScript, func(b *batchMove) ([]string, []any) {
+		args := make([]any, 0, 4*len(b.ts))
+		for k, t := range b.ts {
+			args = append(args, t.score, t.member, b.f[k].bodySum, b.f[k].propsSum)
+		}
+		return []string{b.src, b.srcTasks, b.srcProps}, args
+	}, func(b *batchMove, c *redis.Cmd) (err error) {
+		if b.taken, err = c.Int64Slice(); err != nil {
+			// Those added are in both shards now, with one score and
+			// their fields: the next pass finishes their move.
+			return fmt.Errorf("move %d tasks from %s to %s: remove from the source: %w", len(b.ts), b.src, b.dst, err)
+		}
+		for k := range b.ts {
+			switch {
+			case b.taken[k] == 1 && b.added[k] == 1:
+				b.p.Moved++
+			case b.taken[k] == 1:
+				b.p.Kept++
+			default:
+				b.p.Raced++
+			}
+		}
+		return nil
+	}},
+	{undoScript, func(b *batchMove) ([]string, []any) {
+		args := make([]any, 0, 5*len(b.ts))
+		for k, t := range b.ts {
+			undo := 0
+			if b.added[k] == 1 && b.taken[k] != 1 {
+				undo = 1
+			}
+			args = append(args, t.score, t.member, undo, b.f[k].bodySum, b.f[k].propsSum)
+		}
+		return []string{b.dst, b.moving, b.dstTasks, b.dstProps}, args
+	}, func(b *batchMove, c *redis.Cmd) error {
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("undo moves to %s (raced by producers): %w", b.dst, err)
+		}
+		return nil
+	}},
+}
+
+// steps are the batch's steps, one Redis call each: read, add, take,
+// undo (a test interleaves them with producers).
+func (b *batchMove) steps() []func(context.Context) error {
+	read := func(ctx context.Context) error { return b.readDone(b.readCmds(ctx, b.rdb)) }
+	return append([]func(context.Context) error{read}, stepsOf(b.rdb, moveSteps, b)...)
+}
+
+// read, add, take and undo are the batch's steps one by one; undo counts
+// the batch's outcome into p.
+func (b *batchMove) read(ctx context.Context) error { return b.steps()[0](ctx) }
+func (b *batchMove) add(ctx context.Context) error  { return b.steps()[1](ctx) }
+func (b *batchMove) take(ctx context.Context) error { return b.steps()[2](ctx) }
+func (b *batchMove) undo(ctx context.Context, p *Progress) error {
+	if err := b.steps()[3](ctx); err != nil {
+		return err
+	}
+	p.add(b.p)
+	return nil
 }
 
 // dead moves shard i's misplaced dead letters with their reasons.
@@ -366,53 +478,54 @@ func (m *Mover) moveDead(ctx context.Context, i int, groups map[int][]task, p *P
 	for j, ts := range groups {
 		ds = append(ds, m.deadBatch(i, j, ts))
 	}
-	pipe := m.RDB.Pipeline()
-	reads := make([]*redis.SliceCmd, len(ds))
-	for n, d := range ds {
-		reads[n] = d.readCmd(ctx, pipe)
-	}
-	_, _ = pipe.Exec(ctx)
-	for n, d := range ds {
-		if err := d.readDone(reads[n]); err != nil {
-			return err
-		}
-	}
-	if err := runSteps(ctx, m.RDB, deadSteps, ds); err != nil {
+	if err := readAll(ctx, m.RDB, ds, (*deadMove).readCmds, (*deadMove).readDone); err != nil {
 		return err
 	}
+	var parts []*deadMove
 	for _, d := range ds {
+		parts = append(parts, d.split()...)
+	}
+	if err := runSteps(ctx, m.RDB, deadSteps, parts); err != nil {
+		return err
+	}
+	for _, d := range parts {
 		p.DeadMoved += d.moved
 	}
 	return nil
 }
 
 // deadMove is one batch's move of dead letters (entries "<due>:<member>",
-// with their reasons) from shard i to shard j: read the reasons on the
-// source, then the three steps of scripts.go (add, take, undo).
+// with their reasons, bodies and properties) from shard i to shard j:
+// read the reasons and fields on the source, then the three steps of
+// scripts.go (add, take, undo).
 type deadMove struct {
 	rdb                              redis.UniversalClient
 	src, srcWhy, dst, dstWhy, moving string
+	srcBody, srcProps                string // claimed:body, claimed:props
+	dstBody, dstProps                string
 	ts                               []task   // score, entry
 	why                              []string // the reasons read ("": none)
+	f                                []fields // the fields read
 	added, taken                     []int64
 	moved                            int64 // taken out of the source
 }
 
 func (m *Mover) deadBatch(i, j int, ts []task) *deadMove {
 	return &deadMove{rdb: m.RDB, src: m.Keys.Dead(i), srcWhy: m.Keys.DeadReason(i), dst: m.Keys.Dead(j), dstWhy: m.Keys.DeadReason(j),
-		moving: m.Keys.DeadMoving(j), ts: ts}
+		moving: m.Keys.DeadMoving(j), srcBody: m.Keys.ClaimedBody(i), srcProps: m.Keys.ClaimedProps(i),
+		dstBody: m.Keys.ClaimedBody(j), dstProps: m.Keys.ClaimedProps(j), ts: ts}
 }
 
-func (d *deadMove) readCmd(ctx context.Context, c redis.Cmdable) *redis.SliceCmd {
+func (d *deadMove) readCmds(ctx context.Context, c redis.Cmdable) []*redis.SliceCmd {
 	entries := make([]string, len(d.ts))
 	for k, t := range d.ts {
 		entries[k] = t.member
 	}
-	return c.HMGet(ctx, d.srcWhy, entries...)
+	return []*redis.SliceCmd{c.HMGet(ctx, d.srcWhy, entries...), c.HMGet(ctx, d.srcBody, entries...), c.HMGet(ctx, d.srcProps, entries...)}
 }
 
-func (d *deadMove) readDone(c *redis.SliceCmd) error {
-	vals, err := c.Result()
+func (d *deadMove) readDone(cmds []*redis.SliceCmd) error {
+	vals, err := cmds[0].Result()
 	if err == nil && len(vals) != len(d.ts) {
 		err = fmt.Errorf("%d reasons for %d entries", len(vals), len(d.ts))
 	}
@@ -423,18 +536,37 @@ func (d *deadMove) readDone(c *redis.SliceCmd) error {
 	for k, v := range vals {
 		d.why[k], _ = v.(string)
 	}
+	if d.f, err = readFields(cmds[1], cmds[2], len(d.ts)); err != nil {
+		return fmt.Errorf("dead letters of %s: %w", d.src, err)
+	}
 	return nil
+}
+
+// split cuts the batch, once read, into batches of at most moveBytes.
+func (d *deadMove) split() []*deadMove {
+	ends := parts(len(d.ts), func(k int) int { return len(d.ts[k].member) + len(d.why[k]) + d.f[k].size() })
+	if len(ends) == 1 {
+		return []*deadMove{d}
+	}
+	out := make([]*deadMove, len(ends))
+	lo := 0
+	for n, hi := range ends {
+		c := *d
+		c.ts, c.why, c.f = d.ts[lo:hi], d.why[lo:hi], d.f[lo:hi]
+		out[n], lo = &c, hi
+	}
+	return out
 }
 
 // deadSteps are the steps after the read, as moveDead pipelines them.
 var deadSteps = []step[*deadMove]{
 	{addDeadScript, func(d *deadMove) ([]string, []any) {
-		args := make([]any, 0, 1+3*len(d.ts))
+		args := make([]any, 0, 1+6*len(d.ts))
 		args = append(args, movingTTL.Milliseconds())
 		for k, t := range d.ts {
-			args = append(args, t.score, t.member, d.why[k])
+			args = append(args, t.score, t.member, d.why[k], d.f[k].has, d.f[k].body, d.f[k].props)
 		}
-		return []string{d.dst, d.dstWhy, d.moving}, args
+		return []string{d.dst, d.dstWhy, d.moving, d.dstBody, d.dstProps}, args
 	}, func(d *deadMove, c *redis.Cmd) (err error) {
 		if d.added, err = c.Int64Slice(); err != nil {
 			return fmt.Errorf("move %d dead letters from %s to %s: %w", len(d.ts), d.src, d.dst, err)
@@ -442,11 +574,11 @@ var deadSteps = []step[*deadMove]{
 		return nil
 	}},
 	{takeDeadScript, func(d *deadMove) ([]string, []any) {
-		args := make([]any, 0, 3*len(d.ts))
+		args := make([]any, 0, 5*len(d.ts))
 		for k, t := range d.ts {
-			args = append(args, t.score, t.member, d.why[k])
+			args = append(args, t.score, t.member, d.why[k], d.f[k].bodySum, d.f[k].propsSum)
 		}
-		return []string{d.src, d.srcWhy}, args
+		return []string{d.src, d.srcWhy, d.srcBody, d.srcProps}, args
 	}, func(d *deadMove, c *redis.Cmd) (err error) {
 		if d.taken, err = c.Int64Slice(); err != nil {
 			// Those added are in both shards, as read: the next pass
@@ -461,15 +593,15 @@ var deadSteps = []step[*deadMove]{
 		return nil
 	}},
 	{undoDeadScript, func(d *deadMove) ([]string, []any) {
-		args := make([]any, 0, 4*len(d.ts))
+		args := make([]any, 0, 6*len(d.ts))
 		for k, t := range d.ts {
 			undo := 0
 			if d.added[k] == 1 && d.taken[k] != 1 {
 				undo = 1
 			}
-			args = append(args, t.score, t.member, d.why[k], undo)
+			args = append(args, t.score, t.member, d.why[k], undo, d.f[k].bodySum, d.f[k].propsSum)
 		}
-		return []string{d.dst, d.dstWhy, d.moving}, args
+		return []string{d.dst, d.dstWhy, d.moving, d.dstBody, d.dstProps}, args
 	}, func(d *deadMove, c *redis.Cmd) error {
 		if err := c.Err(); err != nil {
 			return fmt.Errorf("undo dead-letter moves to %s (requeued, purged or dead again meanwhile): %w", d.dst, err)
@@ -481,7 +613,7 @@ var deadSteps = []step[*deadMove]{
 // steps are the batch's steps, one Redis call each (a test interleaves
 // them with requeues and purges).
 func (d *deadMove) steps() []func(context.Context) error {
-	read := func(ctx context.Context) error { return d.readDone(d.readCmd(ctx, d.rdb)) }
+	read := func(ctx context.Context) error { return d.readDone(d.readCmds(ctx, d.rdb)) }
 	return append([]func(context.Context) error{read}, stepsOf(d.rdb, deadSteps, d)...)
 }
 

@@ -114,6 +114,9 @@ func TestMoveKeepsProducerSchedule(t *testing.T) {
 			f := newMoveFixture(t)
 			m := &Mover{RDB: f.rdb, Keys: f.keys}
 			b := m.batch(f.i, f.j, []task{{score: strconv.FormatInt(f.due, 10), member: f.m}})
+			if err := b.read(ctx); err != nil {
+				t.Fatal(err)
+			}
 			if err := b.add(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -155,6 +158,11 @@ func TestMoveTwoMovers(t *testing.T) {
 			ts := []task{{score: strconv.FormatInt(f.due, 10), member: f.m}}
 			movers := map[byte]*batchMove{'A': m.batch(f.i, f.j, ts), 'B': m.batch(f.i, f.j, ts)}
 			progress := map[byte]*Progress{'A': {}, 'B': {}}
+			for _, b := range movers {
+				if err := b.read(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
 			for _, st := range strings.Fields(order) {
 				b := movers[st[0]]
 				var err error
@@ -320,6 +328,102 @@ func TestDeadMoveTwoMovers(t *testing.T) {
 			}
 			if len(got) != 1 || got[f.j] != "nacked" {
 				t.Errorf("after %s: dead letter %q in (shard: reason) %v, want only in %d with %q", order, e, got, f.j, "nacked")
+			}
+		})
+	}
+}
+
+// TestMoveCarriesFields runs producers' writes of a task with an id
+// (the contract's MULTI: body, properties, ZADD; or cancel) between a
+// batch's steps. The task must end pending once, in its new shard, with
+// the body and properties of the write that wins (the last one, or the
+// new count's copy by the conflict rule), and no field of :tasks or
+// :props may be left in a shard that does not hold the member pending.
+func TestMoveCarriesFields(t *testing.T) {
+	type write struct {
+		before      int  // the write runs before this step (0 read, 1 add, 2 take, 3 undo; 4 after)
+		shard       byte // 'i' the old count's shard, 'j' the new one's
+		cancel      bool
+		body, props string
+	}
+	cases := []struct {
+		name        string
+		writes      []write
+		body, props string // what the task must end with
+	}{
+		{"moved with its fields", nil, "b1", `{"priority":1}`},
+		{"scheduled again with the same due and another body before the read",
+			[]write{{before: 0, shard: 'i', body: "b2"}}, "b2", ""},
+		{"scheduled again with the same due and another body between read and add",
+			[]write{{before: 1, shard: 'i', body: "b2", props: `{"priority":2}`}}, "b2", `{"priority":2}`},
+		{"scheduled again with the same due and other properties between add and take",
+			[]write{{before: 2, shard: 'i', body: "b1", props: `{"priority":3}`}}, "b1", `{"priority":3}`},
+		{"old-count cancel between add and take, new-count schedule of the same due with another body between take and undo",
+			[]write{{before: 2, shard: 'i', cancel: true}, {before: 3, shard: 'j', body: "b3"}}, "b3", ""},
+		{"new-count schedule before the read: its copy wins, with its fields",
+			[]write{{before: 0, shard: 'j', body: "new", props: `{"type":"new"}`}}, "new", `{"type":"new"}`},
+		{"new-count schedule between add and take: the last write wins",
+			[]write{{before: 2, shard: 'j', body: "new"}}, "new", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			f := newMoveFixture(t)
+			schedule := func(w write) {
+				k := f.i
+				if w.shard == 'j' {
+					k = f.j
+				}
+				pipe := f.rdb.TxPipeline()
+				if w.cancel {
+					pipe.ZRem(ctx, f.keys.Pending(k), f.m)
+					pipe.HDel(ctx, f.keys.Tasks(k), f.m)
+					pipe.HDel(ctx, f.keys.Props(k), f.m)
+				} else {
+					pipe.HSet(ctx, f.keys.Tasks(k), f.m, w.body)
+					if w.props != "" {
+						pipe.HSet(ctx, f.keys.Props(k), f.m, w.props)
+					} else {
+						pipe.HDel(ctx, f.keys.Props(k), f.m)
+					}
+					pipe.ZAdd(ctx, f.keys.Pending(k), redis.Z{Score: float64(f.due), Member: f.m})
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			schedule(write{shard: 'i', body: "b1", props: `{"priority":1}`})
+			m := &Mover{RDB: f.rdb, Keys: f.keys}
+			b := m.batch(f.i, f.j, []task{{score: strconv.FormatInt(f.due, 10), member: f.m}})
+			for k, st := range append(b.steps(), nil) {
+				for _, w := range c.writes {
+					if w.before == k {
+						schedule(w)
+					}
+				}
+				if st == nil {
+					break
+				}
+				if err := st(ctx); err != nil {
+					t.Fatalf("step %d: %v", k, err)
+				}
+			}
+			// The next pass settles what the batch left.
+			if _, err := m.Pass(ctx, shard.Layout{Shards: 4, From: 2}, 0, 4); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.pending(t); len(got) != 1 || got[f.j] != f.due {
+				t.Fatalf("%q pending in (shard: score) %v (added %v, taken %v), want only in %d", f.m, got, b.added, b.taken, f.j)
+			}
+			for _, k := range []int{f.i, f.j} {
+				body, props := f.rdb.HGet(ctx, f.keys.Tasks(k), f.m).Val(), f.rdb.HGet(ctx, f.keys.Props(k), f.m).Val()
+				want := [2]string{c.body, c.props}
+				if k == f.i {
+					want = [2]string{}
+				}
+				if [2]string{body, props} != want {
+					t.Errorf("shard %d: body %q props %q, want %q (added %v, taken %v)", k, body, props, want, b.added, b.taken)
+				}
 			}
 		})
 	}

@@ -56,10 +56,11 @@ func retiredWork(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys
 // lease ran out to the in-flight set of their member's shard by l.Shards,
 // with a lease that has run out too: the next claim there, by any
 // instance, takes and delivers them (with their due time, so their
-// message_id, and their failed attempts). The shards are in different
-// slots on Redis Cluster, so this goes in the three steps of a move
-// (scripts.go: handInScript, takeInflightScript, undoInflightScript),
-// each entry in at least one of the two sets at every moment.
+// message_id, their failed attempts, body and properties). The shards are
+// in different slots on Redis Cluster, so this goes in the three steps of
+// a move (scripts.go: handInScript, takeInflightScript,
+// undoInflightScript), each entry in at least one of the two sets at
+// every moment.
 func (m *Mover) reclaimInflight(ctx context.Context, l shard.Layout, i int) (int64, error) {
 	batch := m.Batch
 	if batch <= 0 {
@@ -83,9 +84,17 @@ func (m *Mover) reclaimInflight(ctx context.Context, l shard.Layout, i int) (int
 		for k, z := range zs {
 			entries[k], _ = z.Member.(string)
 		}
-		attempts, err := m.RDB.HMGet(ctx, m.Keys.Attempts(i), entries...).Result()
+		pipe := m.RDB.Pipeline()
+		attemptsCmd := pipe.HMGet(ctx, m.Keys.Attempts(i), entries...)
+		bodies, props := pipe.HMGet(ctx, m.Keys.ClaimedBody(i), entries...), pipe.HMGet(ctx, m.Keys.ClaimedProps(i), entries...)
+		_, _ = pipe.Exec(ctx)
+		attempts, err := attemptsCmd.Result()
 		if err != nil {
 			return total, fmt.Errorf("shard %d: read the attempts of expired leases: %w", i, err)
+		}
+		fs, err := readFields(bodies, props, len(entries))
+		if err != nil {
+			return total, fmt.Errorf("shard %d: expired leases: %w", i, err)
 		}
 		groups := map[int][]handOver{}
 		for k, e := range entries {
@@ -95,7 +104,7 @@ func (m *Mover) reclaimInflight(ctx context.Context, l shard.Layout, i int) (int
 			}
 			n, _ := attempts[k].(string)
 			j := shard.Index([]byte(member), l.Shards)
-			groups[j] = append(groups[j], handOver{entry: e, lease: strconv.FormatFloat(zs[k].Score, 'f', -1, 64), due: due, attempts: n})
+			groups[j] = append(groups[j], handOver{entry: e, lease: strconv.FormatFloat(zs[k].Score, 'f', -1, 64), due: due, attempts: n, f: fs[k]})
 		}
 		n, err := m.handOver(ctx, i, groups, now.UnixMilli())
 		total += n
@@ -105,9 +114,11 @@ func (m *Mover) reclaimInflight(ctx context.Context, l shard.Layout, i int) (int
 	}
 }
 
-// handOver is one in-flight entry handed from a retired shard to another.
+// handOver is one in-flight entry handed from a retired shard to another,
+// with its body and properties.
 type handOver struct {
 	entry, lease, due, attempts string // attempts "": none failed
+	f                           fields
 }
 
 // handOver runs the three steps for a page's entries, each step for all
@@ -122,7 +133,12 @@ func (m *Mover) handOver(ctx context.Context, i int, groups map[int][]handOver, 
 	marker := newMarker()
 	bs := make([]*inflightMove, 0, len(groups))
 	for j, hs := range groups {
-		bs = append(bs, m.inflightBatch(i, j, hs, marker))
+		// At most moveBytes of bodies and properties per call.
+		lo := 0
+		for _, hi := range parts(len(hs), func(k int) int { return len(hs[k].entry) + hs[k].f.size() }) {
+			bs = append(bs, m.inflightBatch(i, j, hs[lo:hi], marker))
+			lo = hi
+		}
 	}
 	err := runSteps(ctx, m.RDB, inflightSteps, bs)
 	var moved int64
@@ -145,7 +161,7 @@ func newMarker() string {
 // inflightMove is one batch's hand-over from retired shard i to shard j.
 type inflightMove struct {
 	j            int
-	src, dst     []string // in-flight set, attempts hash, retrying index
+	src, dst     []string // in-flight set, attempts hash, retrying index, claimed:body, claimed:props
 	hs           []handOver
 	marker       string
 	added, taken []int64
@@ -153,7 +169,9 @@ type inflightMove struct {
 }
 
 func (m *Mover) inflightBatch(i, j int, hs []handOver, marker string) *inflightMove {
-	keys := func(k int) []string { return []string{m.Keys.Inflight(k), m.Keys.Attempts(k), m.Keys.Retrying(k)} }
+	keys := func(k int) []string {
+		return []string{m.Keys.Inflight(k), m.Keys.Attempts(k), m.Keys.Retrying(k), m.Keys.ClaimedBody(k), m.Keys.ClaimedProps(k)}
+	}
 	return &inflightMove{j: j, src: keys(i), dst: keys(j), hs: hs, marker: marker}
 }
 
@@ -161,7 +179,7 @@ var inflightSteps = []step[*inflightMove]{
 	{handInScript, func(b *inflightMove) ([]string, []any) {
 		args := []any{b.marker}
 		for _, h := range b.hs {
-			args = append(args, h.entry, h.attempts, h.due)
+			args = append(args, h.entry, h.attempts, h.due, h.f.has, h.f.body, h.f.props)
 		}
 		return b.dst, args
 	}, func(b *inflightMove, c *redis.Cmd) (err error) {

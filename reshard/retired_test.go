@@ -49,6 +49,10 @@ func newRetiredFixture(t *testing.T) *retiredFixture {
 	pipe.ZAdd(ctx, f.keys.Inflight(f.i), redis.Z{Score: f.lease, Member: f.entry})
 	pipe.HSet(ctx, f.keys.Attempts(f.i), f.entry, 2)
 	pipe.ZAdd(ctx, f.keys.Retrying(f.i), redis.Z{Score: float64(f.due), Member: f.entry})
+	// A task with an id: its claim moved its body and properties under the
+	// entry.
+	pipe.HSet(ctx, f.keys.ClaimedBody(f.i), f.entry, heldBody)
+	pipe.HSet(ctx, f.keys.ClaimedProps(f.i), f.entry, heldProps)
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +60,26 @@ func newRetiredFixture(t *testing.T) *retiredFixture {
 		t.Fatalf("layout %+v, %v; want %+v", l, err, f.l)
 	}
 	return f
+}
+
+const heldBody, heldProps = "body\x00of the held task", `{"priority":4}`
+
+// checkFields fails unless the entry's body and properties are in the
+// shard that holds it in flight, and nowhere else.
+func (f *retiredFixture) checkFields(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	in := f.inflight(t)
+	for k := range 4 {
+		body, props := f.rdb.HGet(ctx, f.keys.ClaimedBody(k), f.entry).Val(), f.rdb.HGet(ctx, f.keys.ClaimedProps(k), f.entry).Val()
+		want := [2]string{}
+		if _, ok := in[k]; ok {
+			want = [2]string{heldBody, heldProps}
+		}
+		if [2]string{body, props} != want {
+			t.Errorf("shard %d (entry in flight in %v): claimed body %q props %q, want %q", k, in, body, props, want)
+		}
+	}
 }
 
 // inflight returns the entry's lease in each shard that holds it.
@@ -104,6 +128,7 @@ func TestSweepRetiredInflight(t *testing.T) {
 	if n := f.rdb.Exists(ctx, f.keys.Attempts(f.i), f.keys.Retrying(f.i)).Val(); n != 0 {
 		t.Errorf("the retired shard still has %d of its attempts and retrying keys", n)
 	}
+	f.checkFields(t)
 	if s, err := f.rdb.ZScore(ctx, f.keys.Inflight(f.i), live).Result(); err != nil || s != liveLease {
 		t.Errorf("the entry whose lease runs: %v, %v; want left with %v", s, err, liveLease)
 	}
@@ -125,7 +150,13 @@ func TestHandOverRaces(t *testing.T) {
 		want func(f *retiredFixture) map[int]float64
 	}{
 		{"acked by its holder", func(f *retiredFixture) error {
-			return f.rdb.ZRem(context.Background(), f.keys.Inflight(f.i), f.entry).Err()
+			ctx := context.Background()
+			pipe := f.rdb.TxPipeline()
+			pipe.ZRem(ctx, f.keys.Inflight(f.i), f.entry)
+			pipe.HDel(ctx, f.keys.ClaimedBody(f.i), f.entry)
+			pipe.HDel(ctx, f.keys.ClaimedProps(f.i), f.entry)
+			_, err := pipe.Exec(ctx)
+			return err
 		}, func(f *retiredFixture) map[int]float64 { return map[int]float64{} }},
 		{"claimed again in the retired shard", func(f *retiredFixture) error {
 			return f.rdb.ZAddXX(context.Background(), f.keys.Inflight(f.i), redis.Z{Score: f.lease + 60_000, Member: f.entry}).Err()
@@ -137,7 +168,8 @@ func TestHandOverRaces(t *testing.T) {
 				ctx := context.Background()
 				f := newRetiredFixture(t)
 				m := &Mover{RDB: f.rdb, Keys: f.keys}
-				h := handOver{entry: f.entry, lease: strconv.FormatFloat(f.lease, 'f', -1, 64), due: strconv.FormatInt(f.due, 10), attempts: "2"}
+				h := handOver{entry: f.entry, lease: strconv.FormatFloat(f.lease, 'f', -1, 64), due: strconv.FormatInt(f.due, 10), attempts: "2",
+					f: heldFields()}
 				b := m.inflightBatch(f.i, f.j, []handOver{h}, newMarker())
 				for k, st := range stepsOf(f.rdb, inflightSteps, b) {
 					if k == before {
@@ -156,6 +188,7 @@ func TestHandOverRaces(t *testing.T) {
 				if fmt.Sprint(got) != fmt.Sprint(want) {
 					t.Errorf("entry in flight in (shard: lease) %v, want %v (added %v, taken %v)", got, want, b.added, b.taken)
 				}
+				f.checkFields(t)
 			})
 		}
 	}
@@ -164,7 +197,8 @@ func TestHandOverRaces(t *testing.T) {
 			ctx := context.Background()
 			f := newRetiredFixture(t)
 			m := &Mover{RDB: f.rdb, Keys: f.keys}
-			h := handOver{entry: f.entry, lease: strconv.FormatFloat(f.lease, 'f', -1, 64), due: strconv.FormatInt(f.due, 10), attempts: "2"}
+			h := handOver{entry: f.entry, lease: strconv.FormatFloat(f.lease, 'f', -1, 64), due: strconv.FormatInt(f.due, 10), attempts: "2",
+				f: heldFields()}
 			steps := map[byte][]func(context.Context) error{
 				'X': stepsOf(f.rdb, inflightSteps, m.inflightBatch(f.i, f.j, []handOver{h}, newMarker())),
 				'Y': stepsOf(f.rdb, inflightSteps, m.inflightBatch(f.i, f.j, []handOver{h}, newMarker())),
@@ -177,6 +211,7 @@ func TestHandOverRaces(t *testing.T) {
 			if got := f.inflight(t); len(got) != 1 || got[f.j] >= 1 {
 				t.Errorf("after %s: entry in flight in (shard: lease) %v, want only in shard %d with a lease run out", order, got, f.j)
 			}
+			f.checkFields(t)
 		})
 	}
 }
@@ -188,4 +223,14 @@ func mustFloat(t *testing.T, s string) float64 {
 		t.Fatal(err)
 	}
 	return x
+}
+
+// heldFields are the fields the fixture's entry has, as a hand-over reads
+// them.
+func heldFields() fields {
+	body, props := redis.NewSliceCmd(context.Background()), redis.NewSliceCmd(context.Background())
+	body.SetVal([]any{heldBody})
+	props.SetVal([]any{heldProps})
+	fs, _ := readFields(body, props, 1)
+	return fs[0]
 }

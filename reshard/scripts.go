@@ -68,32 +68,88 @@ import (
 // unlists them).
 const movingTTL = time.Hour
 
-// addScript adds pending tasks to the destination shard, each only if its
-// member is not pending there, and lists those it adds in the moving hash.
-// A member pending there already is unlisted: this batch's step 2 may
-// remove the source's copy on the strength of that one, so no undo may
-// remove it (another mover's batch may have added and listed it).
+// A task's body and properties travel with it. A pending member's live in
+// the fields named by the member of its shard's P:{Q:i}:tasks and
+// P:{Q:i}:props; an in-flight or dead entry's in P:{Q:i}:claimed:body and
+// P:{Q:i}:claimed:props, under the entry. The mover reads them on the
+// source with the batch, and each step carries them:
+//
+//   - step 1 writes the fields read into the destination with each task
+//     it adds (and deletes a field the task had none of, so that nothing
+//     left there attaches to it); a task already there keeps its own
+//     fields, as it keeps its score;
+//   - step 2 removes a task from the source only if its fields are still
+//     the ones read (compared by SHA1), and removes its fields with it: a
+//     schedule again with another body or properties by an old-count
+//     producer meanwhile is left alone, and moves on the next pass, as a
+//     reschedule does. Since step 1 ran first, a task's fields are never
+//     deleted from the source before they are in the destination (the
+//     destination's own, when its copy wins by the conflict rule);
+//   - step 3 undoes an add only if its fields are still the ones step 1
+//     wrote, and removes them with it. A producer in another language
+//     scheduling the task again in the destination with the same score
+//     but another body is then not undone (with the same body it still
+//     cannot be told apart: the limit above).
+//
+// In the scripts' arguments a task's fields are "has" (1: a body, 2:
+// properties, 3: both, 0: none) and the values, or their SHA1 in hex
+// ("": absent).
+
+// luaMove is the prelude of the move's scripts: the check of the keys'
+// types before the first write, and the helpers for a task's fields.
+const luaMove = `#!lua flags=allow-oom
+local function wrongType(kt)
+  for i = 1, #kt, 2 do
+    local got = redis.call('TYPE', kt[i])['ok']
+    if got ~= 'none' and got ~= kt[i + 1] then
+      return 'WRONGTYPE key ' .. kt[i] .. ' holds a ' .. got .. ', not a ' .. kt[i + 1] .. '; nothing moved'
+    end
+  end
+  return nil
+end
+-- sum is the SHA1 of field f of hash h, '' if it has none.
+local function sum(h, f)
+  local v = redis.call('HGET', h, f)
+  if v then return redis.sha1hex(v) end
+  return ''
+end
+-- put writes field f's body (hb) and properties (hp) as has says, and
+-- deletes the ones it has not.
+local function put(hb, hp, f, has, body, props)
+  has = tonumber(has)
+  if has % 2 == 1 then redis.call('HSET', hb, f, body) else redis.call('HDEL', hb, f) end
+  if has >= 2 then redis.call('HSET', hp, f, props) else redis.call('HDEL', hp, f) end
+end
+`
+
+// addScript adds pending tasks to the destination shard with their body
+// and properties, each only if its member is not pending there, and lists
+// those it adds in the moving hash. A member pending there already is
+// unlisted, and keeps its own fields: this batch's step 2 may remove the
+// source's copy on the strength of that one, so no undo may remove it
+// (another mover's batch may have added and listed it).
 //
 // KEYS[1] destination pending shard P:{Q:j}
 // KEYS[2] destination moving hash P:{Q:j}:moving
+// KEYS[3] destination bodies P:{Q:j}:tasks, KEYS[4] properties P:{Q:j}:props
 // ARGV[1] the moving hash's TTL (ms)
-// ARGV    then score1, member1, score2, member2, ...
+// ARGV    then score1, member1, has1, body1, props1, ...
 // Returns one flag per task: 1 added, 0 already pending there.
-var addScript = redis.NewScript(`#!lua flags=allow-oom
-local t, h = redis.call('TYPE', KEYS[1])['ok'], redis.call('TYPE', KEYS[2])['ok']
-if (t ~= 'none' and t ~= 'zset') or (h ~= 'none' and h ~= 'hash') then
-  return redis.error_reply('WRONGTYPE keys ' .. KEYS[1] .. ' / ' .. KEYS[2] .. ' hold the wrong type; nothing moved')
-end
+var addScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash'})
+if bad then return redis.error_reply(bad) end
 local out = {}
-for i = 2, #ARGV, 2 do
-  if redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
+for i = 2, #ARGV, 5 do
+  local m = ARGV[i + 1]
+  if redis.call('ZSCORE', KEYS[1], m) then
     -- Step 2 may now rely on this copy: no batch may undo it, not even
     -- the one that added it, if that mover lost its lock and runs on.
-    redis.call('HDEL', KEYS[2], ARGV[i + 1])
+    redis.call('HDEL', KEYS[2], m)
     out[#out + 1] = 0
   else
-    redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
-    redis.call('HSET', KEYS[2], ARGV[i + 1], ARGV[i])
+    redis.call('ZADD', KEYS[1], ARGV[i], m)
+    put(KEYS[3], KEYS[4], m, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
+    redis.call('HSET', KEYS[2], m, ARGV[i])
     out[#out + 1] = 1
   end
 end
@@ -101,20 +157,27 @@ if #out > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[1]) end
 return out
 `)
 
-// takeScript removes pending tasks from the source shard, each only if it
-// still has the score read.
+// takeScript removes pending tasks and their fields from the source
+// shard, each only if it still has the score and the fields read.
 //
 // KEYS[1] source pending shard P:{Q:i}
-// ARGV    score1, member1, score2, member2, ...
-// Returns one flag per task: 1 removed, 0 gone, 2 rescheduled.
-var takeScript = redis.NewScript(`#!lua flags=allow-oom
+// KEYS[2] source bodies P:{Q:i}:tasks, KEYS[3] properties P:{Q:i}:props
+// ARGV    score1, member1, bodySum1, propsSum1, ...
+// Returns one flag per task: 1 removed, 0 gone, 2 rescheduled (or
+// scheduled again with other fields).
+var takeScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash'})
+if bad then return redis.error_reply(bad) end
 local out = {}
-for i = 1, #ARGV, 2 do
-  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+for i = 1, #ARGV, 4 do
+  local m = ARGV[i + 1]
+  local s = redis.call('ZSCORE', KEYS[1], m)
   if not s then
     out[#out + 1] = 0
-  elseif tonumber(s) == tonumber(ARGV[i]) then
-    redis.call('ZREM', KEYS[1], ARGV[i + 1])
+  elseif tonumber(s) == tonumber(ARGV[i]) and sum(KEYS[2], m) == ARGV[i + 2] and sum(KEYS[3], m) == ARGV[i + 3] then
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('HDEL', KEYS[2], m)
+    redis.call('HDEL', KEYS[3], m)
     out[#out + 1] = 1
   else
     out[#out + 1] = 2
@@ -124,70 +187,78 @@ return out
 `)
 
 // undoScript unlists the batch's members from the moving hash and
-// removes from the destination those that step 1 added and step 2 left in
-// the source, each
-// only if it is still what step 1 added: the same score (a producer on
-// the new M may have rescheduled it since) and still listed (the Go
-// producer, writing it since, unlisted it).
+// removes from the destination, with their fields, those that step 1
+// added and step 2 left in the source, each only if it is still what
+// step 1 added: the same score and fields (a producer on the new M may
+// have scheduled it again since) and still listed (the Go producer,
+// writing it since, unlisted it).
 //
 // KEYS[1] destination pending shard P:{Q:j}
 // KEYS[2] destination moving hash P:{Q:j}:moving
-// ARGV    score1, member1, undo1, ... (undo: 1 remove, 0 only unlist)
+// KEYS[3] destination bodies P:{Q:j}:tasks, KEYS[4] properties P:{Q:j}:props
+// ARGV    score1, member1, undo1, bodySum1, propsSum1, ... (undo: 1
+// remove, 0 only unlist)
 // Returns the number removed.
-var undoScript = redis.NewScript(`#!lua flags=allow-oom
+var undoScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash'})
+if bad then return redis.error_reply(bad) end
 local n = 0
-for i = 1, #ARGV, 3 do
-  local listed = redis.call('HGET', KEYS[2], ARGV[i + 1])
+for i = 1, #ARGV, 5 do
+  local m = ARGV[i + 1]
+  local listed = redis.call('HGET', KEYS[2], m)
   if ARGV[i + 2] == '1' and listed and tonumber(listed) == tonumber(ARGV[i]) then
-    local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
-    if s and tonumber(s) == tonumber(ARGV[i]) then
-      redis.call('ZREM', KEYS[1], ARGV[i + 1])
+    local s = redis.call('ZSCORE', KEYS[1], m)
+    if s and tonumber(s) == tonumber(ARGV[i]) and sum(KEYS[3], m) == ARGV[i + 3] and sum(KEYS[4], m) == ARGV[i + 4] then
+      redis.call('ZREM', KEYS[1], m)
+      redis.call('HDEL', KEYS[3], m)
+      redis.call('HDEL', KEYS[4], m)
       n = n + 1
     end
   end
-  if listed then redis.call('HDEL', KEYS[2], ARGV[i + 1]) end
+  if listed then redis.call('HDEL', KEYS[2], m) end
 end
 return n
 `)
 
-// Dead letters (entries "<due_ms>:<member>" with a reason each) move in
-// the same three steps, for the same reason, with a listing of their own
+// Dead letters (entries "<due_ms>:<member>" with a reason each, and the
+// body and properties their claim kept under the entry) move in the same
+// three steps, for the same reason, with a listing of their own
 // (P:{Q:j}:dead:moving, entry -> score added): step 2 removes a letter
-// from the source only if it is still there as read, with the reason
-// read, and step 3 undoes the adds step 2 did not confirm. An operator's
-// requeue or purge (`dispatcher dead requeue|purge`) on the source between
-// the read and step 2 then stays done: the letter is not left dead in the
-// destination too (a requeued letter delivered and still dead, a purged
-// one back). A letter requeued and dead-lettered again meanwhile (another
-// reason) moves with its new reason on the next pass.
+// from the source only if it is still there as read, with the reason and
+// fields read, and step 3 undoes the adds step 2 did not confirm. An
+// operator's requeue or purge (`dispatcher dead requeue|purge`) on the
+// source between the read and step 2 then stays done: the letter is not
+// left dead in the destination too (a requeued letter delivered and still
+// dead, a purged one back). A letter requeued and dead-lettered again
+// meanwhile (another reason) moves with its new reason on the next pass.
 
-// addDeadScript adds dead letters and their reasons to the destination
-// shard, each unless already there, and lists those it adds; an entry
-// already there is unlisted (step 2 may rely on it, as in addScript).
+// addDeadScript adds dead letters, their reasons and fields to the
+// destination shard, each unless already there, and lists those it adds;
+// an entry already there is unlisted and keeps its own (step 2 may rely
+// on it, as in addScript).
 //
 // KEYS[1] destination dead set P:{Q:j}:dead
 // KEYS[2] destination reasons P:{Q:j}:dead:reason
 // KEYS[3] destination listing P:{Q:j}:dead:moving
+// KEYS[4] P:{Q:j}:claimed:body, KEYS[5] P:{Q:j}:claimed:props
 // ARGV[1] the listing's TTL (ms)
-// ARGV    then score1, entry1, reason1, ... (reason "": none)
+// ARGV    then score1, entry1, reason1, has1, body1, props1, ... (reason
+// "": none)
 // Returns one flag per letter: 1 added, 0 already there.
-var addDeadScript = redis.NewScript(`#!lua flags=allow-oom
-for k = 1, 3 do
-  local t, want = redis.call('TYPE', KEYS[k])['ok'], 'hash'
-  if k == 1 then want = 'zset' end
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('WRONGTYPE dead-letter key ' .. KEYS[k] .. ' holds a ' .. t .. ', not a ' .. want .. '; nothing moved')
-  end
-end
+var addDeadScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash'})
+if bad then return redis.error_reply(bad) end
 local out = {}
-for i = 2, #ARGV, 3 do
-  if redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) then
-    redis.call('HDEL', KEYS[3], ARGV[i + 1])
+for i = 2, #ARGV, 6 do
+  local e = ARGV[i + 1]
+  if redis.call('ZSCORE', KEYS[1], e) then
+    redis.call('HDEL', KEYS[3], e)
     out[#out + 1] = 0
   else
-    redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
-    if ARGV[i + 2] ~= '' then redis.call('HSET', KEYS[2], ARGV[i + 1], ARGV[i + 2]) end
-    redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i])
+    redis.call('ZADD', KEYS[1], ARGV[i], e)
+    if ARGV[i + 2] ~= '' then redis.call('HSET', KEYS[2], e, ARGV[i + 2]) end
+    put(KEYS[4], KEYS[5], e, ARGV[i + 3], ARGV[i + 4], ARGV[i + 5])
+    redis.call('HSET', KEYS[3], e, ARGV[i])
     out[#out + 1] = 1
   end
 end
@@ -195,23 +266,30 @@ if #out > 0 then redis.call('PEXPIRE', KEYS[3], ARGV[1]) end
 return out
 `)
 
-// takeDeadScript removes dead letters and their reasons from the source
-// shard, each only if it is still there with the score and reason read
-// (a requeue or purge removed it, or it was dead-lettered again with
-// another reason: left alone).
+// takeDeadScript removes dead letters with their reasons and fields from
+// the source shard, each only if it is still there with the score, reason
+// and fields read (a requeue or purge removed it, or it was dead-lettered
+// again with another reason: left alone).
 //
-// KEYS[1] source dead set, KEYS[2] source reasons
-// ARGV    score1, entry1, reason1, ...
+// KEYS[1] source dead set, KEYS[2] source reasons,
+// KEYS[3] source claimed:body, KEYS[4] source claimed:props
+// ARGV    score1, entry1, reason1, bodySum1, propsSum1, ...
 // Returns one flag per letter: 1 removed, 0 gone, 2 changed.
-var takeDeadScript = redis.NewScript(`#!lua flags=allow-oom
+var takeDeadScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash'})
+if bad then return redis.error_reply(bad) end
 local out = {}
-for i = 1, #ARGV, 3 do
-  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+for i = 1, #ARGV, 5 do
+  local e = ARGV[i + 1]
+  local s = redis.call('ZSCORE', KEYS[1], e)
   if not s then
     out[#out + 1] = 0
-  elseif tonumber(s) == tonumber(ARGV[i]) and (redis.call('HGET', KEYS[2], ARGV[i + 1]) or '') == ARGV[i + 2] then
-    redis.call('ZREM', KEYS[1], ARGV[i + 1])
-    redis.call('HDEL', KEYS[2], ARGV[i + 1])
+  elseif tonumber(s) == tonumber(ARGV[i]) and (redis.call('HGET', KEYS[2], e) or '') == ARGV[i + 2]
+      and sum(KEYS[3], e) == ARGV[i + 3] and sum(KEYS[4], e) == ARGV[i + 4] then
+    redis.call('ZREM', KEYS[1], e)
+    redis.call('HDEL', KEYS[2], e)
+    redis.call('HDEL', KEYS[3], e)
+    redis.call('HDEL', KEYS[4], e)
     out[#out + 1] = 1
   else
     out[#out + 1] = 2
@@ -221,22 +299,30 @@ return out
 `)
 
 // undoDeadScript unlists the batch's entries and removes from the
-// destination those step 1 added and step 2 left in the source, each only
-// if still listed and still as added (score and reason).
+// destination, with their reasons and fields, those step 1 added and step
+// 2 left in the source, each only if still listed and still as added
+// (score, reason and fields).
 //
-// KEYS[1] destination dead set, KEYS[2] its reasons, KEYS[3] its listing
-// ARGV    score1, entry1, reason1, undo1, ... (undo: 1 remove, 0 only unlist)
+// KEYS[1] destination dead set, KEYS[2] its reasons, KEYS[3] its listing,
+// KEYS[4] its claimed:body, KEYS[5] its claimed:props
+// ARGV    score1, entry1, reason1, undo1, bodySum1, propsSum1, ... (undo:
+// 1 remove, 0 only unlist)
 // Returns the number removed.
-var undoDeadScript = redis.NewScript(`#!lua flags=allow-oom
+var undoDeadScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash'})
+if bad then return redis.error_reply(bad) end
 local n = 0
-for i = 1, #ARGV, 4 do
+for i = 1, #ARGV, 6 do
   local e = ARGV[i + 1]
   local listed = redis.call('HGET', KEYS[3], e)
   if ARGV[i + 3] == '1' and listed and tonumber(listed) == tonumber(ARGV[i]) then
     local s = redis.call('ZSCORE', KEYS[1], e)
-    if s and tonumber(s) == tonumber(ARGV[i]) and (redis.call('HGET', KEYS[2], e) or '') == ARGV[i + 2] then
+    if s and tonumber(s) == tonumber(ARGV[i]) and (redis.call('HGET', KEYS[2], e) or '') == ARGV[i + 2]
+        and sum(KEYS[4], e) == ARGV[i + 4] and sum(KEYS[5], e) == ARGV[i + 5] then
       redis.call('ZREM', KEYS[1], e)
       redis.call('HDEL', KEYS[2], e)
+      redis.call('HDEL', KEYS[4], e)
+      redis.call('HDEL', KEYS[5], e)
       n = n + 1
     end
   end
@@ -247,34 +333,33 @@ return n
 
 // In-flight entries left in a retired shard with their lease run out are
 // handed to their member's shard by the current count in the same three
-// steps (reshard/retired.go). Each hand-over run gives the entries it adds
-// a lease of its own, a marker in (0, 1): run out, so any instance
-// claims them at once, and unlike any other lease (claims' deadlines are
-// whole ms, retries' end in half a ms, released entries have 0). The undo
-// removes only an entry still at its own marker (not claimed since), and
-// step 1 turns another run's marker it finds into 0 (released): its step
-// 2 may rely on that entry, so nobody may undo it.
+// steps (reshard/retired.go), with their body and properties (the
+// claimed:* fields under the entry). Each hand-over run gives the entries
+// it adds a lease of its own, a marker in (0, 1): run out, so any
+// instance claims them at once, and unlike any other lease (claims'
+// deadlines are whole ms, retries' end in half a ms, released entries
+// have 0). The undo removes only an entry still at its own marker (not
+// claimed since), and step 1 turns another run's marker it finds into 0
+// (released): its step 2 may rely on that entry, so nobody may undo it.
+// An entry's fields change only with its lease (a claim) or its removal
+// (an ack, a dead-lettering), so the lease read stands for them too.
 
 // handInScript adds in-flight entries to the destination shard with the
-// marker lease, with their failed attempts, each unless the entry is in
-// flight there already.
+// marker lease, with their failed attempts and fields, each unless the
+// entry is in flight there already (it then keeps its own fields).
 //
 // KEYS[1] destination in-flight set, KEYS[2] its attempts hash,
-// KEYS[3] its retrying index
+// KEYS[3] its retrying index, KEYS[4] its claimed:body,
+// KEYS[5] its claimed:props
 // ARGV[1] the marker lease
-// ARGV    then entry1, attempts1 ("": none), due1, ...
+// ARGV    then entry1, attempts1 ("": none), due1, has1, body1, props1, ...
 // Returns one flag per entry: 1 added, 0 in flight there already.
-var handInScript = redis.NewScript(`#!lua flags=allow-oom
-local want = {'zset', 'hash', 'zset'}
-for k = 1, 3 do
-  local t = redis.call('TYPE', KEYS[k])['ok']
-  if t ~= 'none' and t ~= want[k] then
-    return redis.error_reply('WRONGTYPE key ' .. KEYS[k] .. ' holds a ' .. t .. ', not a ' .. want[k] .. '; nothing moved')
-  end
-end
+var handInScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash'})
+if bad then return redis.error_reply(bad) end
 local marker = tonumber(ARGV[1])
 local out = {}
-for i = 2, #ARGV, 3 do
+for i = 2, #ARGV, 6 do
   local e = ARGV[i]
   local s = redis.call('ZSCORE', KEYS[1], e)
   if s then
@@ -287,29 +372,37 @@ for i = 2, #ARGV, 3 do
       redis.call('HSET', KEYS[2], e, ARGV[i + 1])
       redis.call('ZADD', KEYS[3], ARGV[i + 2], e)
     end
+    put(KEYS[4], KEYS[5], e, ARGV[i + 3], ARGV[i + 4], ARGV[i + 5])
     out[#out + 1] = 1
   end
 end
 return out
 `)
 
-// takeInflightScript removes in-flight entries from the retired shard,
-// each only if its lease is still the one read (run out): one confirmed,
-// dead-lettered, retried or claimed again meanwhile is left alone.
+// takeInflightScript removes in-flight entries, with their attempts and
+// fields, from the retired shard, each only if its lease is still the one
+// read (run out): one confirmed, dead-lettered, retried or claimed again
+// meanwhile is left alone.
 //
-// KEYS[1] in-flight set, KEYS[2] attempts hash, KEYS[3] retrying index
+// KEYS[1] in-flight set, KEYS[2] attempts hash, KEYS[3] retrying index,
+// KEYS[4] claimed:body, KEYS[5] claimed:props
 // ARGV    lease1, entry1, lease2, entry2, ...
 // Returns one flag per entry: 1 removed, 0 gone, 2 changed.
-var takeInflightScript = redis.NewScript(`#!lua flags=allow-oom
+var takeInflightScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash'})
+if bad then return redis.error_reply(bad) end
 local out = {}
 for i = 1, #ARGV, 2 do
-  local s = redis.call('ZSCORE', KEYS[1], ARGV[i + 1])
+  local e = ARGV[i + 1]
+  local s = redis.call('ZSCORE', KEYS[1], e)
   if not s then
     out[#out + 1] = 0
   elseif tonumber(s) == tonumber(ARGV[i]) then
-    redis.call('ZREM', KEYS[1], ARGV[i + 1])
-    redis.call('HDEL', KEYS[2], ARGV[i + 1])
-    redis.call('ZREM', KEYS[3], ARGV[i + 1])
+    redis.call('ZREM', KEYS[1], e)
+    redis.call('HDEL', KEYS[2], e)
+    redis.call('ZREM', KEYS[3], e)
+    redis.call('HDEL', KEYS[4], e)
+    redis.call('HDEL', KEYS[5], e)
     out[#out + 1] = 1
   else
     out[#out + 1] = 2
@@ -319,21 +412,27 @@ return out
 `)
 
 // undoInflightScript removes the entries a hand-over added whose removal
-// from the retired shard did not happen, each only if still at the
-// hand-over's marker lease (not claimed since).
+// from the retired shard did not happen, with their attempts and fields,
+// each only if still at the hand-over's marker lease (not claimed since).
 //
 // KEYS[1] destination in-flight set, KEYS[2] its attempts hash,
-// KEYS[3] its retrying index
+// KEYS[3] its retrying index, KEYS[4] its claimed:body,
+// KEYS[5] its claimed:props
 // ARGV[1] the marker lease, ARGV[2..] the entries
 // Returns the number removed.
-var undoInflightScript = redis.NewScript(`#!lua flags=allow-oom
+var undoInflightScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash'})
+if bad then return redis.error_reply(bad) end
 local n = 0
 for i = 2, #ARGV do
-  local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  local e = ARGV[i]
+  local s = redis.call('ZSCORE', KEYS[1], e)
   if s and tonumber(s) == tonumber(ARGV[1]) then
-    redis.call('ZREM', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[2], ARGV[i])
-    redis.call('ZREM', KEYS[3], ARGV[i])
+    redis.call('ZREM', KEYS[1], e)
+    redis.call('HDEL', KEYS[2], e)
+    redis.call('ZREM', KEYS[3], e)
+    redis.call('HDEL', KEYS[4], e)
+    redis.call('HDEL', KEYS[5], e)
     n = n + 1
   end
 end
