@@ -230,7 +230,6 @@ func TestIDDeadline(t *testing.T) {
 	h.scheduleID(q, "in-time", "in-time body", fmt.Sprintf(`{"deadline_ms":%d}`, now+600_000), now+100)
 	time.Sleep(500 * time.Millisecond) // the outage: the deadline passes
 	p := h.start()
-	defer p.signal(syscall.SIGTERM)
 	got := h.drain(q.Name, 2*time.Second, 15*time.Second)
 	if len(got) != 1 || got[0].body != "in-time body" {
 		t.Fatalf("delivered %+v, want only the one in time", got)
@@ -243,6 +242,25 @@ func TestIDDeadline(t *testing.T) {
 	e := fmt.Sprintf("%d:too-late", now+100)
 	if b := h.rdb.HGet(context.Background(), k.ClaimedBody(i), e).Val(); b != "late body" {
 		t.Fatalf("dead letter's body %q", b)
+	}
+	// Requeued (with the dispatcher stopped, to look at it pending), it is
+	// pending again with its body and properties under its id.
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if out, errOut, code := runCLI(t, h.env(), "dead", "requeue", "--queue", q.Name, "too-late"); code != 0 {
+		t.Fatalf("dead requeue: %d %s %s", code, out, errOut)
+	}
+	ctx := context.Background()
+	if sc, err := h.rdb.ZScore(ctx, k.Pending(i), "too-late").Result(); err != nil || int64(sc) != now+100 {
+		t.Fatalf("requeued: pending at %v (%v), want %d", sc, err, now+100)
+	}
+	if b, pr := h.rdb.HGet(ctx, k.Tasks(i), "too-late").Val(), h.rdb.HGet(ctx, k.Props(i), "too-late").Val(); b != "late body" || !strings.Contains(pr, "deadline_ms") {
+		t.Fatalf("requeued with body %q properties %q", b, pr)
+	}
+	if _, _, cb, cp := h.idLeftovers(q); cb != 0 || cp != 0 {
+		t.Fatalf("claimed fields left after the requeue: %d %d", cb, cp)
 	}
 }
 
