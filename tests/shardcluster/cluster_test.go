@@ -263,3 +263,62 @@ func TestWakeAfterZAddOnCluster(t *testing.T) {
 		}
 	})
 }
+
+// TestIDProducerOnCluster: scheduling, rescheduling and cancelling by id
+// on a Redis Cluster client: each shard's MULTI stays on its slot, the
+// bodies and properties land beside their ids, and a cancel takes them.
+func TestIDProducerOnCluster(t *testing.T) {
+	c := testenv.StartRedisCluster(t, testenv.ClusterOptions{ReplicasPer: -1})
+	rdb := c.Client()
+	ctx := context.Background()
+	const m = 16
+	p, err := shard.NewProducer(rdb, "dq", "ids", m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prio := 5
+	var tasks []shard.IDTask
+	due := time.Now().Add(time.Hour)
+	for i := 0; i < 300; i++ {
+		tasks = append(tasks, shard.IDTask{ID: []byte(fmt.Sprintf("order-%d", i)), Body: []byte(fmt.Sprintf("body %d", i)),
+			Props: &shard.Properties{Priority: &prio}, Due: due})
+	}
+	if err := p.ScheduleIDs(ctx, tasks); err != nil {
+		t.Fatalf("ScheduleIDs: %v", err)
+	}
+	k := p.Keys()
+	primaries := map[string]int{}
+	for _, task := range tasks {
+		i := shard.Index(task.ID, m)
+		if sc := rdb.ZScore(ctx, k.Pending(i), string(task.ID)).Val(); int64(sc) != due.UnixMilli() {
+			t.Fatalf("%s: score %v", task.ID, sc)
+		}
+		if b := rdb.HGet(ctx, k.Tasks(i), string(task.ID)).Val(); b != string(task.Body) {
+			t.Fatalf("%s: body %q", task.ID, b)
+		}
+		if pr := rdb.HGet(ctx, k.Props(i), string(task.ID)).Val(); pr != `{"priority":5}` {
+			t.Fatalf("%s: properties %q", task.ID, pr)
+		}
+		primaries[c.PrimaryOf(k.Pending(i)).Addr]++
+	}
+	if len(primaries) != 3 {
+		t.Errorf("ids landed on %d primaries, want 3: %v", len(primaries), primaries)
+	}
+	later := due.Add(time.Hour)
+	if moved, err := p.RescheduleID(ctx, []byte("order-7"), later); !moved || err != nil {
+		t.Errorf("RescheduleID: %v %v", moved, err)
+	}
+	if sc := rdb.ZScore(ctx, k.Pending(shard.Index([]byte("order-7"), m)), "order-7").Val(); int64(sc) != later.UnixMilli() {
+		t.Errorf("order-7 not rescheduled: %v", sc)
+	}
+	if ok, err := p.CancelID(ctx, []byte("order-8")); !ok || err != nil {
+		t.Errorf("CancelID: %v %v", ok, err)
+	}
+	i := shard.Index([]byte("order-8"), m)
+	if n := rdb.Exists(ctx, k.Tasks(i)).Val(); n != 1 {
+		t.Fatalf("shard %d's bodies gone entirely", i)
+	}
+	if rdb.HExists(ctx, k.Tasks(i), "order-8").Val() || rdb.HExists(ctx, k.Props(i), "order-8").Val() {
+		t.Errorf("order-8 cancelled and its body or properties left")
+	}
+}
