@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -186,4 +187,32 @@ func (r *Receiver) Wait(t testing.TB, n int, timeout time.Duration) []Span {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Discard is a span exporter that drops what it is given, for measuring
+// what comes before the export.
+type Discard struct{}
+
+// ExportSpans drops spans.
+func (Discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+
+// Shutdown does nothing.
+func (Discard) Shutdown(context.Context) error { return nil }
+
+// NewSink starts an OTLP/HTTP endpoint that reads each request and
+// answers success without decoding it, for measuring the exporter alone;
+// it returns the URL to give the exporter (…/v1/traces accepted) and the
+// bytes received so far.
+func NewSink(t testing.TB) (url string, received func() int64) {
+	var mu sync.Mutex
+	var n int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		c, _ := io.Copy(io.Discard, req.Body)
+		mu.Lock()
+		n += c
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, func() int64 { mu.Lock(); defer mu.Unlock(); return n }
 }
