@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -102,6 +103,18 @@ func FromEnv(ctx context.Context, opt Options) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
+	res, err := newResource(ctx, opt.ServiceVersion)
+	if err != nil {
+		return nil, err
+	}
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	// The SDK's own logger (stderr by default) would print the raw value
+	// of a variable it cannot parse, OTEL_EXPORTER_OTLP_HEADERS included;
+	// set before the exporter reads them.
+	otel.SetLogger(logr.New(sdkLog{log: log}))
 	var exp sdktrace.SpanExporter
 	switch protocol {
 	case "grpc":
@@ -112,17 +125,9 @@ func FromEnv(ctx context.Context, opt Options) (*Tracer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter (%s to %s): %w", protocol, where, err)
 	}
-	log := opt.Logger
-	if log == nil {
-		log = slog.Default()
-	}
 	// The SDK reports export failures through the global handler; without
 	// this they would go to stderr unstructured, one per failed batch.
 	otel.SetErrorHandler(&errorLog{log: log, every: time.Minute})
-	res, err := newResource(ctx, opt.ServiceVersion)
-	if err != nil {
-		return nil, err
-	}
 	t := New(exp, sdktrace.WithResource(res))
 	t.where = protocol + " to " + where
 	return t, nil
@@ -351,4 +356,19 @@ func (e *errorLog) Handle(err error) {
 	e.mu.Unlock()
 	e.log.Warn("exporting spans failed; spans that do not fit the batch queue are dropped",
 		"err", redact.String(err.Error()), "similar_errors_not_logged", skipped)
+}
+
+// sdkLog passes the SDK's errors to the log, with their message and error
+// only: their key-value pairs can hold the raw value of a variable, such
+// as a malformed OTEL_EXPORTER_OTLP_HEADERS with its credentials. Its
+// info and debug lines (one prints the whole configuration) are dropped.
+type sdkLog struct{ log *slog.Logger }
+
+func (sdkLog) Init(logr.RuntimeInfo)            {}
+func (sdkLog) Enabled(int) bool                 { return false }
+func (sdkLog) Info(int, string, ...any)         {}
+func (s sdkLog) WithValues(...any) logr.LogSink { return s }
+func (s sdkLog) WithName(string) logr.LogSink   { return s }
+func (s sdkLog) Error(err error, msg string, _ ...any) {
+	s.log.Warn("OpenTelemetry: "+msg, "err", redact.String(fmt.Sprint(err)))
 }

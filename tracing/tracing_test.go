@@ -325,3 +325,27 @@ func TestExportErrorsLogged(t *testing.T) {
 		t.Fatalf("log %q: want the later error with the 2 left out", out)
 	}
 }
+
+// TestSDKLogsNoSecrets: what the SDK logs about variables it cannot parse
+// reaches the log without the variable's value (a malformed
+// OTEL_EXPORTER_OTLP_HEADERS holds credentials).
+func TestSDKLogsNoSecrets(t *testing.T) {
+	r := tracingtest.NewHTTP(t)
+	otelEnv(t, map[string]string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT": r.URL,
+		"OTEL_EXPORTER_OTLP_HEADERS":  "authorization=Bearer%zzs3cret,x-api-key-s3cret",
+	})
+	var buf bytes.Buffer
+	tr, err := FromEnv(context.Background(), Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil || tr == nil {
+		t.Fatalf("FromEnv = %v, %v", tr, err)
+	}
+	shutdown(t, tr)
+	out := buf.String()
+	if !strings.Contains(out, "OpenTelemetry: parse headers") || !strings.Contains(out, "OpenTelemetry: escape header value") {
+		t.Errorf("log %q: want the SDK's two complaints about the headers", out)
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Errorf("log shows a header's value: %q", out)
+	}
+}
