@@ -81,6 +81,11 @@ func runDaemon(stderr io.Writer) int {
 			return exitSettings
 		}
 	}
+	tracer, flushSpans, err := startTracing(ctx, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "dispatcher: %v\n", err)
+		return exitSettings
+	}
 	rdb := ropt.NewClient()
 	defer rdb.Close()
 
@@ -123,7 +128,7 @@ func runDaemon(stderr io.Writer) int {
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lookahead: cfg.Lookahead, PublishTick: cfg.PublishTick, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, Tracer: tracer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance,
 		}))
 		byQueue[q.Name] = scs[len(scs)-1]
@@ -252,6 +257,7 @@ func runDaemon(stderr io.Writer) int {
 	scanners.Wait()
 	stopPub()
 	pubDone.Wait()
+	flushSpans() // every span has ended: the last confirms are in
 	if httpSrv != nil {
 		httpSrv.stop()
 	}
