@@ -704,6 +704,7 @@ func (r *mRun) doStep() {
 		{"schedule id", 8, r.opScheduleID},
 		{"reschedule id (ZADD XX CH)", 4, r.opRescheduleID},
 		{"cancel id", 3, r.opCancelID},
+		{"ack stalled past the lease, the next holder dead-letters", 2, r.opLateAckOfDead},
 		{"schedule id again at the due of its dead letter", 1, r.opScheduleIDAtDead},
 		{"settle run again late", 3, r.opRerunSettle},
 		{"sleep", 4, r.opSleep},
@@ -1534,6 +1535,10 @@ func (r *mRun) outcome(member string) string {
 		return "oversize"
 	case strings.HasPrefix(member, "poison-") && r.rng.IntN(10) < 8:
 		return "refused"
+	case r.isID[member] && r.rng.IntN(10) == 0:
+		// Its deadline_ms passed: dead-lettered at once by this publisher,
+		// where an earlier holder may have published it in time.
+		return "deadline"
 	}
 	x := r.rng.IntN(100)
 	for _, o := range []struct {
@@ -1553,7 +1558,7 @@ func settleKind(outcome string) string {
 	switch outcome {
 	case "confirm":
 		return "ack"
-	case "nack", "returned", "timeout", "channel", "refused", "oversize":
+	case "nack", "returned", "timeout", "channel", "refused", "oversize", "deadline":
 		return "fail"
 	}
 	return "release"
@@ -1569,6 +1574,63 @@ func (r *mRun) knownBatches(want func(b *mBatch) bool) []*mBatch {
 		}
 	}
 	return out
+}
+
+// opLateAckOfDead: an instance whose publish of an id was confirmed
+// stalls past its lease before its ack; another instance takes the entry
+// over and dead-letters it (its deadline_ms passed by then); then the
+// stalled ack comes. The dead letter keeps its body and properties.
+func (r *mRun) opLateAckOfDead() bool {
+	now := r.serverNow()
+	type cand struct {
+		b   *mBatch
+		idx int
+	}
+	var cs []cand
+	for _, b := range r.knownBatches(func(*mBatch) bool { return true }) {
+		for idx, o := range b.occs {
+			if b.outcome[idx] == "confirm" && !b.settled[idx] && o.holder == b && o.body != nil &&
+				b.deadline-now <= 200 && r.shards[b.shard].wrong[kInflight] == nil {
+				cs = append(cs, cand{b, idx})
+			}
+		}
+	}
+	if len(cs) == 0 {
+		return false
+	}
+	c := pick(r, cs)
+	b, o := c.b, c.b.occs[c.idx]
+	var others []*mInst
+	for _, in := range r.alive() {
+		if in != b.inst {
+			others = append(others, in)
+		}
+	}
+	if len(others) == 0 {
+		return false
+	}
+	d := time.Duration(b.deadline-now+2) * time.Millisecond
+	r.note("%s stalls %v before acking %q, past its lease", b.inst.name, d, o.entry)
+	time.Sleep(d)
+	in := pick(r, others)
+	sent := time.Now()
+	b2, at := r.doClaim(in, b.shard, 50, in.st.token(), nil)
+	r.claimRead(in, b.shard, b2, at, sent)
+	if b2 != nil && o.holder == b2 {
+		idx := slices.Index(b2.occs, o)
+		if b2.outcome[idx] == "" {
+			b2.outcome[idx] = "deadline"
+			r.note("%s: %q dead-lettered, its deadline passed", in.name, o.entry)
+			if r.settle(b2, "fail", []int{idx}) {
+				b2.settled[idx] = true
+				r.event("id: dead-lettered by the holder after a stalled one")
+			}
+		}
+	}
+	if r.settle(b, "ack", []int{c.idx}) {
+		b.settled[c.idx] = true
+	}
+	return true
 }
 
 // opUnclaim is an instance stopping as dispatch does: what a batch holds
@@ -1912,6 +1974,12 @@ func (r *mRun) doAck(sh *mShard, b *mBatch, idxs []int, entries []string) bool {
 	for _, idx := range idxs {
 		o := sh.inflight[b.entries[idx]]
 		if o == nil {
+			if _, dead := sh.dead[b.entries[idx]]; dead {
+				r.event("ack of an entry dead-lettered meanwhile")
+				if _, ok := sh.deadBody[b.entries[idx]]; ok {
+					r.event("ack of an entry dead-lettered meanwhile, with a body (kept)")
+				}
+			}
 			continue
 		}
 		want++
@@ -1974,6 +2042,8 @@ func (r *mRun) doFail(sh *mShard, b *mBatch, idxs []int) bool {
 			fails = append(fails, outcome{b.entries[idx], "poison", "refused"})
 		case "oversize":
 			fails = append(fails, outcome{b.entries[idx], "dead", "oversize"})
+		case "deadline":
+			fails = append(fails, outcome{b.entries[idx], "dead", "deadline passed"})
 		default:
 			fails = append(fails, outcome{b.entries[idx], "retry", out})
 		}
