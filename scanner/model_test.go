@@ -63,16 +63,44 @@ package scanner
 //     any other entry it returns is a COLLISION; one whose token is no
 //     longer the record's claims anew; a fail or release run again changes
 //     nothing more (one attempt counted);
+//   - tasks with an id: producers schedule a few ids as the contract
+//     says (MULTI, HSET :tasks, HSET or HDEL :props, ZADD; a new body
+//     each time), reschedule them (ZADD XX CH: only a pending id moves,
+//     with its body) and cancel them (MULTI, ZREM, HDEL, HDEL), mixed
+//     with the plain members and colliding with claims: scheduled again
+//     with a new body while claimed, at the due of the in-flight entry
+//     (the claim drops that copy's body: the entry keeps its own) or of
+//     a dead letter, cancelled or rescheduled while in flight or held.
+//     Every claim (fresh, re-leasing, or run again with its token) hands
+//     out with each entry the body and properties the producer wrote for
+//     the scheduling its first claim took, never an earlier or later one.
+//     After every step :tasks and :props hold exactly the pending ids'
+//     bodies and properties, and claimed:body and claimed:props exactly
+//     the in-flight and dead entries' (an ack deletes them, a dead letter
+//     keeps them); read on their own, the keys have no :tasks or :props
+//     field whose member is not pending and no claimed field whose entry
+//     is neither in flight nor dead. A stopping instance also unclaims
+//     what it holds: an entry under its lease and never failed goes back
+//     into pending with its body back under the id, unless its member is
+//     pending again (then it is released and keeps its claimed body).
+//     An instance stalls past its lease before an ack while the next
+//     holder dead-letters the entry (deadline passed): the late ack must
+//     leave the dead letter's body;
 //   - nothing grows: attempts fields belong to in-flight entries,
 //     dead:reason fields and dead entries match, the queue has no keys
-//     but the six per shard (and the stash keys of moved-away data);
+//     but the six per shard, the retrying index and the four hashes of
+//     ids (and the stash keys of moved-away data);
 //   - at the end of each run: wrong-type keys restored, every instance
 //     dead, one new instance claims and settles everything until pending
 //     and in-flight are empty; then every scheduling was confirmed or
 //     dead-lettered, unless cancelled or replaced while pending.
 //
-// Known finding, counted and logged by default, fatal with -model.strict:
-// an ack run while the attempts hash is moved away (renamed, a wrong-type
+// Known findings, counted and logged by default, fatal with -model.strict.
+// SHARED: an id scheduled again with the due time of its dead letter is
+// the same entry, and claimed:body and claimed:props are keyed by entry:
+// its claim overwrites the dead letter's body and properties, and its ack
+// deletes them. The model stops checking the claimed fields of such an
+// entry. LEAK: an ack run while the attempts hash is moved away (renamed, a wrong-type
 // key in its place) cannot delete its entries' attempts fields, which come
 // back with the hash. The ack script skips HDEL on an attempts key that is
 // not a hash on purpose (a wrong-type key must not keep delivered tasks in
@@ -1448,13 +1476,22 @@ func (r *mRun) checkBodies(sh *mShard, what string, c claimed, occs []*mOcc) {
 			continue
 		}
 		if c.bodies[idx] != o.body || c.props[idx] != o.props {
-			r.fatalf("BODY: %s returned %q with body %q and properties %q, want %q and %q (those of %s)",
-				what, o.entry, c.bodies[idx], c.props[idx], o.body, o.props, o.group[0])
+			r.fatalf("BODY: %s returned %q with body %s and properties %s, want %s and %s (those of %s)",
+				what, o.entry, quoteAny(c.bodies[idx]), quoteAny(c.props[idx]), quoteAny(o.body), quoteAny(o.props), o.group[0])
 		}
 		if o.body != nil {
 			r.event("id: claim returned its body")
 		}
 	}
+}
+
+// quoteAny is a body or properties as a claim returns them: a string, or
+// nil for none.
+func quoteAny(v any) string {
+	if v == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%q", v)
 }
 
 // claimedWhileDead notes an entry claimed while an entry of the same id
