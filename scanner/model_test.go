@@ -63,16 +63,44 @@ package scanner
 //     any other entry it returns is a COLLISION; one whose token is no
 //     longer the record's claims anew; a fail or release run again changes
 //     nothing more (one attempt counted);
+//   - tasks with an id: producers schedule a few ids as the contract
+//     says (MULTI, HSET :tasks, HSET or HDEL :props, ZADD; a new body
+//     each time), reschedule them (ZADD XX CH: only a pending id moves,
+//     with its body) and cancel them (MULTI, ZREM, HDEL, HDEL), mixed
+//     with the plain members and colliding with claims: scheduled again
+//     with a new body while claimed, at the due of the in-flight entry
+//     (the claim drops that copy's body: the entry keeps its own) or of
+//     a dead letter, cancelled or rescheduled while in flight or held.
+//     Every claim (fresh, re-leasing, or run again with its token) hands
+//     out with each entry the body and properties the producer wrote for
+//     the scheduling its first claim took, never an earlier or later one.
+//     After every step :tasks and :props hold exactly the pending ids'
+//     bodies and properties, and claimed:body and claimed:props exactly
+//     the in-flight and dead entries' (an ack deletes them, a dead letter
+//     keeps them); read on their own, the keys have no :tasks or :props
+//     field whose member is not pending and no claimed field whose entry
+//     is neither in flight nor dead. A stopping instance also unclaims
+//     what it holds: an entry under its lease and never failed goes back
+//     into pending with its body back under the id, unless its member is
+//     pending again (then it is released and keeps its claimed body).
+//     An instance stalls past its lease before an ack while the next
+//     holder dead-letters the entry (deadline passed): the late ack must
+//     leave the dead letter's body;
 //   - nothing grows: attempts fields belong to in-flight entries,
 //     dead:reason fields and dead entries match, the queue has no keys
-//     but the six per shard (and the stash keys of moved-away data);
+//     but the six per shard, the retrying index and the four hashes of
+//     ids (and the stash keys of moved-away data);
 //   - at the end of each run: wrong-type keys restored, every instance
 //     dead, one new instance claims and settles everything until pending
 //     and in-flight are empty; then every scheduling was confirmed or
 //     dead-lettered, unless cancelled or replaced while pending.
 //
-// Known finding, counted and logged by default, fatal with -model.strict:
-// an ack run while the attempts hash is moved away (renamed, a wrong-type
+// Known findings, counted and logged by default, fatal with -model.strict.
+// SHARED: an id scheduled again with the due time of its dead letter is
+// the same entry, and claimed:body and claimed:props are keyed by entry:
+// its claim overwrites the dead letter's body and properties, and its ack
+// deletes them. The model stops checking the claimed fields of such an
+// entry. LEAK: an ack run while the attempts hash is moved away (renamed, a wrong-type
 // key in its place) cannot delete its entries' attempts fields, which come
 // back with the hash. The ack script skips HDEL on an attempts key that is
 // not a hash on purpose (a wrong-type key must not keep delivered tasks in
@@ -106,6 +134,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -175,6 +204,9 @@ type mSched struct {
 	state  schedState
 	occ    *mOcc
 	step   int
+	// body and props are what the producer wrote with an id's
+	// scheduling (string), or nil: a plain member, its own body.
+	body, props any
 }
 
 func (s *mSched) String() string {
@@ -198,6 +230,9 @@ type mOcc struct {
 	holder   *mBatch // the last claim that handed it out, nil once that batch failed or released it
 	group    []*mSched
 	confirms []*mBatch // batches whose publish of it was confirmed
+	// body and props are those of the scheduling the claim that moved it
+	// to in-flight took (group[0]): every claim hands them out.
+	body, props any
 }
 
 // expired reports whether a claim at server time now takes o over.
@@ -310,6 +345,13 @@ type mShard struct {
 	// deadlines are the lease deadlines of the shard's claims that handed
 	// something out: no two may be equal.
 	deadlines map[int64]*mBatch
+	// deadBody and deadProps are the claimed body and properties a dead
+	// entry keeps (absent: none).
+	deadBody, deadProps map[string]any
+	// shared are entries claimed again while dead with the same entry
+	// (same id, same due): their claimed fields are one for both (the
+	// known finding below), so they are not checked.
+	shared map[string]bool
 }
 
 type mLastClaim struct {
@@ -350,6 +392,10 @@ type mRun struct {
 	active  []*mSched
 	members []string
 	ids     int
+	// idNames are the run's task ids: few, so that producers' schedules,
+	// reschedules and cancels of them collide with claims.
+	idNames []string
+	isID    map[string]bool
 	step    int
 	log     []string
 	cur     strings.Builder
@@ -506,7 +552,17 @@ func runModel(t *testing.T, rdb *redis.Client, seed uint64, d time.Duration, sta
 	for i := range 2 + rng.IntN(2) {
 		r.shards = append(r.shards, &mShard{i: i, pending: map[string]*mSched{}, inflight: map[string]*mOcc{},
 			attempts: map[string]int{}, dead: map[string]int64{}, reason: map[string]string{},
-			leaked: map[string]bool{}, everConf: map[string]bool{}, deadlines: map[int64]*mBatch{}})
+			leaked: map[string]bool{}, everConf: map[string]bool{}, deadlines: map[int64]*mBatch{},
+			deadBody: map[string]any{}, deadProps: map[string]any{}, shared: map[string]bool{}})
+	}
+	// Ids named poison- or big- fail as plain members so named do, so that
+	// ids are dead-lettered too.
+	r.isID = map[string]bool{}
+	for n, name := range []string{"id-1", "id-2", "id-3", "id:4", "poison-id-5", "big-id-6"} {
+		if n < 4 || rng.IntN(2) == 0 {
+			r.idNames = append(r.idNames, name)
+			r.isID[name] = true
+		}
 	}
 	for range 3 {
 		r.spawn()
@@ -672,6 +728,12 @@ func (r *mRun) doStep() {
 		{"publish", 12, r.opPublish},
 		{"settle", 15, r.opSettle},
 		{"hand back what is held (stop)", 2, r.opHandBack},
+		{"stop: unclaim what is held", 2, r.opUnclaim},
+		{"schedule id", 8, r.opScheduleID},
+		{"reschedule id (ZADD XX CH)", 4, r.opRescheduleID},
+		{"cancel id", 3, r.opCancelID},
+		{"ack stalled past the lease, the next holder dead-letters", 2, r.opLateAckOfDead},
+		{"schedule id again at the due of its dead letter", 1, r.opScheduleIDAtDead},
 		{"settle run again late", 3, r.opRerunSettle},
 		{"sleep", 4, r.opSleep},
 		{"instance dies", 1, r.opKill},
@@ -782,6 +844,9 @@ func (r *mRun) opSameDue() bool {
 		return false
 	}
 	o := pick(r, occs)
+	if r.isID[o.member] {
+		return r.scheduleID(o.member, o.due, "again, a new body at the due of its in-flight entry")
+	}
 	r.zadd(o.member, o.due, "again, the due of its in-flight entry")
 	return true
 }
@@ -823,11 +888,14 @@ func (r *mRun) opCancel() bool {
 	}
 	var pend, claimed []cand
 	for _, sh := range r.shards {
+		// Ids are cancelled as the contract says (opCancelID).
 		for _, m := range sortedKeys(sh.pending) {
-			pend = append(pend, cand{sh.i, m})
+			if !r.isID[m] {
+				pend = append(pend, cand{sh.i, m})
+			}
 		}
 		for _, e := range sortedKeys(sh.inflight) {
-			if m := sh.inflight[e].member; sh.pending[m] == nil {
+			if m := sh.inflight[e].member; sh.pending[m] == nil && !r.isID[m] {
 				claimed = append(claimed, cand{sh.i, m})
 			}
 		}
@@ -861,6 +929,176 @@ func (r *mRun) opCancel() bool {
 	}
 	if n != want {
 		r.fatalf("ZREM %q removed %d, want %d", c.m, n, want)
+	}
+	return true
+}
+
+// ---- tasks with an id: the producer's side as the contract says ----
+
+func (r *mRun) idShard(id string) (int, *mShard) {
+	i := shard.Index([]byte(id), len(r.shards))
+	return i, r.shards[i]
+}
+
+func (r *mRun) opScheduleID() bool {
+	return r.scheduleID(pick(r, r.idNames), r.randomDue(), "new body")
+}
+
+// opScheduleIDAtDead schedules an id again with the due time of its dead
+// letter: the same entry, and so the same claimed fields (the known
+// finding below).
+func (r *mRun) opScheduleIDAtDead() bool {
+	type cand struct {
+		id  string
+		due int64
+	}
+	var cs []cand
+	for _, sh := range r.shards {
+		for _, e := range sortedKeys(sh.dead) {
+			if task, err := ParseEntry(e); err == nil && r.isID[string(task.Member)] {
+				cs = append(cs, cand{string(task.Member), task.DueMs})
+			}
+		}
+	}
+	if len(cs) == 0 {
+		return false
+	}
+	c := pick(r, cs)
+	return r.scheduleID(c.id, c.due, "again, at the due of its dead letter")
+}
+
+// scheduleID is a producer's schedule of an id: MULTI, HSET :tasks, HSET
+// (or HDEL) :props, ZADD, EXEC. Scheduling a pending id replaces its
+// body, properties and due time: a new scheduling.
+func (r *mRun) scheduleID(id string, due int64, why string) bool {
+	i, sh := r.idShard(id)
+	if sh.wrong[kPending] != nil {
+		// MULTI does not undo the HSETs when the ZADD fails: a producer's
+		// problem, not the dispatcher's; not done here.
+		return false
+	}
+	s := &mSched{id: r.nextID(), shard: i, member: id, due: due, state: sPending, step: r.step}
+	body := "body of s" + strconv.Itoa(s.id)
+	if r.rng.IntN(10) == 0 {
+		body = "" // an empty body is a body
+	}
+	s.body = body
+	props := ""
+	if r.rng.IntN(2) == 0 {
+		props = `{"type":"s` + strconv.Itoa(s.id) + `"}`
+		s.props = props
+	}
+	r.note("producer schedules id %q due %d on shard %d body %q props %q (%s)", id, due, i, body, props, why)
+	_, err := r.rdb.TxPipelined(r.ctx, func(p redis.Pipeliner) error {
+		p.HSet(r.ctx, r.keys.Tasks(i), id, body)
+		if props != "" {
+			p.HSet(r.ctx, r.keys.Props(i), id, props)
+		} else {
+			p.HDel(r.ctx, r.keys.Props(i), id)
+		}
+		p.ZAdd(r.ctx, r.keys.Pending(i), redis.Z{Score: float64(due), Member: id})
+		return nil
+	})
+	if err != nil {
+		r.fatalf("schedule of id %q: %v", id, err)
+	}
+	if old := sh.pending[id]; old != nil {
+		old.state = sSuperseded
+		r.event("id: pending scheduling replaced by a schedule (new body)")
+	} else if len(r.occsOf(sh, id)) > 0 {
+		r.event("id: scheduled again while claimed")
+	}
+	if _, ok := sh.inflight[EntryOf([]byte(id), due)]; ok {
+		r.event("id: scheduled again at the due of its in-flight entry")
+	}
+	if _, ok := sh.dead[EntryOf([]byte(id), due)]; ok {
+		r.event("id: scheduled again at the due of its dead letter")
+	}
+	sh.pending[id] = s
+	r.scheds = append(r.scheds, s)
+	r.active = append(r.active, s)
+	return true
+}
+
+func (r *mRun) occsOf(sh *mShard, member string) []*mOcc {
+	var out []*mOcc
+	for _, e := range sortedKeys(sh.inflight) {
+		if o := sh.inflight[e]; o.member == member {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// opRescheduleID is a producer's reschedule: ZADD XX CH, which moves only
+// a pending id (body and properties unchanged), and finds a claimed or
+// held one gone.
+func (r *mRun) opRescheduleID() bool {
+	id := pick(r, r.idNames)
+	i, sh := r.idShard(id)
+	due := r.randomDue()
+	r.note("producer reschedules id %q to %d on shard %d (ZADD XX CH)", id, due, i)
+	n, err := r.rdb.ZAddArgs(r.ctx, r.keys.Pending(i), redis.ZAddArgs{XX: true, Ch: true,
+		Members: []redis.Z{{Score: float64(due), Member: id}}}).Result()
+	if sh.wrong[kPending] != nil {
+		r.wantWrongType(err, "producer ZADD XX CH")
+		return true
+	}
+	if err != nil {
+		r.fatalf("ZADD XX CH: %v", err)
+	}
+	var want int64
+	switch old := sh.pending[id]; {
+	case old == nil:
+		if len(r.occsOf(sh, id)) > 0 {
+			r.event("id: reschedule of a claimed id: no effect")
+		}
+	case old.due == due:
+	default:
+		want = 1
+		old.state = sSuperseded
+		s := &mSched{id: r.nextID(), shard: i, member: id, due: due, state: sPending, step: r.step, body: old.body, props: old.props}
+		sh.pending[id] = s
+		r.scheds = append(r.scheds, s)
+		r.active = append(r.active, s)
+		r.event("id: rescheduled while pending")
+	}
+	if n != want {
+		r.fatalf("ZADD XX CH of id %q changed %d, want %d", id, n, want)
+	}
+	return true
+}
+
+// opCancelID is a producer's cancel: MULTI, ZREM, HDEL :tasks, HDEL
+// :props, EXEC; cancelled if the ZREM removed it.
+func (r *mRun) opCancelID() bool {
+	id := pick(r, r.idNames)
+	i, sh := r.idShard(id)
+	if sh.wrong[kPending] != nil {
+		return false // MULTI would HDEL the body of an id it cannot ZREM: see scheduleID
+	}
+	r.note("producer cancels id %q on shard %d", id, i)
+	var zrem *redis.IntCmd
+	_, err := r.rdb.TxPipelined(r.ctx, func(p redis.Pipeliner) error {
+		zrem = p.ZRem(r.ctx, r.keys.Pending(i), id)
+		p.HDel(r.ctx, r.keys.Tasks(i), id)
+		p.HDel(r.ctx, r.keys.Props(i), id)
+		return nil
+	})
+	if err != nil {
+		r.fatalf("cancel of id %q: %v", id, err)
+	}
+	var want int64
+	if s := sh.pending[id]; s != nil {
+		want = 1
+		s.state = sCancelled
+		delete(sh.pending, id)
+		r.event("id: cancelled while pending")
+	} else if len(r.occsOf(sh, id)) > 0 {
+		r.event("id: cancel while in flight: no effect")
+	}
+	if zrem.Val() != want {
+		r.fatalf("cancel of id %q removed %d, want %d", id, zrem.Val(), want)
 	}
 	return true
 }
@@ -1052,6 +1290,7 @@ func (r *mRun) claimAgain(sh *mShard, c claimed, lc *mLostClaim) *mBatch {
 	for _, e := range c.entries {
 		first.add(sh.inflight[e])
 	}
+	r.checkBodies(sh, "claim run again", c, first.occs)
 	if len(first.entries) == 0 {
 		return nil
 	}
@@ -1196,8 +1435,9 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 		o := sh.inflight[e]
 		switch {
 		case o == nil:
-			o = &mOcc{id: r.nextID(), entry: e, member: s.member, due: s.due}
+			o = &mOcc{id: r.nextID(), entry: e, member: s.member, due: s.due, body: s.body, props: s.props}
 			sh.inflight[e] = o
+			r.claimedWhileDead(sh, o)
 			o.lease, o.half, o.holder = b.deadline, false, b
 			o.leaseBy = fmt.Sprintf("the claim of %s", b)
 			b.add(o)
@@ -1212,6 +1452,7 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 		o.group = append(o.group, s)
 		s.state, s.occ = sInflight, o
 	}
+	r.checkBodies(sh, "claim", c, b.occs)
 	if len(b.entries) == 0 {
 		return nil
 	}
@@ -1221,6 +1462,59 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 	sh.deadlines[b.deadline] = b
 	sh.last = &mLastClaim{token: token, deadline: b.deadline}
 	return b
+}
+
+// checkBodies checks the body and properties a claim returned with each
+// entry (occs, in its order): those the producer wrote for the scheduling
+// that the entry's first claim took, never a later or earlier one's.
+func (r *mRun) checkBodies(sh *mShard, what string, c claimed, occs []*mOcc) {
+	if len(c.bodies) != len(c.entries) || len(c.props) != len(c.entries) {
+		r.fatalf("%s returned %d entries, %d bodies, %d properties", what, len(c.entries), len(c.bodies), len(c.props))
+	}
+	for idx, o := range occs {
+		if sh.shared[o.entry] {
+			continue
+		}
+		if c.bodies[idx] != o.body || c.props[idx] != o.props {
+			r.fatalf("BODY: %s returned %q with body %s and properties %s, want %s and %s (those of %s)",
+				what, o.entry, quoteAny(c.bodies[idx]), quoteAny(c.props[idx]), quoteAny(o.body), quoteAny(o.props), o.group[0])
+		}
+		if o.body != nil {
+			r.event("id: claim returned its body")
+		}
+	}
+}
+
+// quoteAny is a body or properties as a claim returns them: a string, or
+// nil for none.
+func quoteAny(v any) string {
+	if v == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%q", v)
+}
+
+// claimedWhileDead notes an entry claimed while an entry of the same id
+// and due is dead-lettered with a body or properties (or claimed with
+// some): both are under one field of claimed:body and claimed:props, so
+// the new claim overwrites the dead letter's and its ack deletes them.
+// A known finding, counted and logged (fatal with -model.strict); the
+// entry's claimed fields are not checked from then on.
+func (r *mRun) claimedWhileDead(sh *mShard, o *mOcc) {
+	if _, dead := sh.dead[o.entry]; !dead || sh.shared[o.entry] {
+		return
+	}
+	_, db := sh.deadBody[o.entry]
+	_, dp := sh.deadProps[o.entry]
+	if !db && !dp && o.body == nil && o.props == nil {
+		return
+	}
+	if *modelStrict {
+		r.fatalf("SHARED (known finding, fatal with -model.strict): %q claimed while dead-lettered: the dead letter's claimed body and properties are the new claim's", o.entry)
+	}
+	sh.shared[o.entry] = true
+	r.known("SHARED: an entry claimed while an entry of the same id and due is dead shares its claimed body and properties",
+		"%q claimed while dead-lettered (dead body %v, new body %v)", o.entry, db, o.body != nil)
 }
 
 // checkNext checks the claim's report of when the shard next needs a claim.
@@ -1278,6 +1572,10 @@ func (r *mRun) outcome(member string) string {
 		return "oversize"
 	case strings.HasPrefix(member, "poison-") && r.rng.IntN(10) < 8:
 		return "refused"
+	case r.isID[member] && r.rng.IntN(10) == 0:
+		// Its deadline_ms passed: dead-lettered at once by this publisher,
+		// where an earlier holder may have published it in time.
+		return "deadline"
 	}
 	x := r.rng.IntN(100)
 	for _, o := range []struct {
@@ -1297,7 +1595,7 @@ func settleKind(outcome string) string {
 	switch outcome {
 	case "confirm":
 		return "ack"
-	case "nack", "returned", "timeout", "channel", "refused", "oversize":
+	case "nack", "returned", "timeout", "channel", "refused", "oversize", "deadline":
 		return "fail"
 	}
 	return "release"
@@ -1313,6 +1611,140 @@ func (r *mRun) knownBatches(want func(b *mBatch) bool) []*mBatch {
 		}
 	}
 	return out
+}
+
+// opLateAckOfDead: an instance whose publish of an id was confirmed
+// stalls past its lease before its ack; another instance takes the entry
+// over and dead-letters it (its deadline_ms passed by then); then the
+// stalled ack comes. The dead letter keeps its body and properties.
+func (r *mRun) opLateAckOfDead() bool {
+	now := r.serverNow()
+	type cand struct {
+		b   *mBatch
+		idx int
+	}
+	var cs []cand
+	for _, b := range r.knownBatches(func(*mBatch) bool { return true }) {
+		for idx, o := range b.occs {
+			if b.outcome[idx] == "confirm" && !b.settled[idx] && o.holder == b && o.body != nil &&
+				b.deadline-now <= 200 && r.shards[b.shard].wrong[kInflight] == nil {
+				cs = append(cs, cand{b, idx})
+			}
+		}
+	}
+	if len(cs) == 0 {
+		return false
+	}
+	c := pick(r, cs)
+	b, o := c.b, c.b.occs[c.idx]
+	var others []*mInst
+	for _, in := range r.alive() {
+		if in != b.inst {
+			others = append(others, in)
+		}
+	}
+	if len(others) == 0 {
+		return false
+	}
+	d := time.Duration(b.deadline-now+2) * time.Millisecond
+	r.note("%s stalls %v before acking %q, past its lease", b.inst.name, d, o.entry)
+	time.Sleep(d)
+	in := pick(r, others)
+	sent := time.Now()
+	b2, at := r.doClaim(in, b.shard, 50, in.st.token(), nil)
+	r.claimRead(in, b.shard, b2, at, sent)
+	if b2 != nil && o.holder == b2 {
+		idx := slices.Index(b2.occs, o)
+		if b2.outcome[idx] == "" {
+			b2.outcome[idx] = "deadline"
+			r.note("%s: %q dead-lettered, its deadline passed", in.name, o.entry)
+			if r.settle(b2, "fail", []int{idx}) {
+				b2.settled[idx] = true
+				r.event("id: dead-lettered by the holder after a stalled one")
+			}
+		}
+	}
+	if r.settle(b, "ack", []int{c.idx}) {
+		b.settled[c.idx] = true
+	}
+	return true
+}
+
+// opUnclaim is an instance stopping as dispatch does: what a batch holds
+// and never published goes back into pending (unclaimScript), its body
+// and properties back under the id; what cannot go back (its member is
+// pending again, or it failed before) is released, its claimed body kept.
+func (r *mRun) opUnclaim() bool {
+	bs := r.knownBatches(func(b *mBatch) bool { return slices.Contains(b.outcome, "") })
+	if len(bs) == 0 {
+		return false
+	}
+	b := pick(r, bs)
+	sh := r.shards[b.shard]
+	var idxs []int
+	var entries []string
+	for idx := range b.occs {
+		if b.outcome[idx] == "" {
+			idxs = append(idxs, idx)
+			entries = append(entries, b.entries[idx])
+		}
+	}
+	r.note("%s stops: unclaims what %s holds %q", b.inst.name, b, entries)
+	back, released, err := b.inst.st.unclaim(r.ctx, b.shard, b.deadline, entries)
+	if sh.anyWrong(kPending, kInflight, kAttempts) {
+		r.wantWrongType(err, "unclaim")
+		return true
+	}
+	if err != nil {
+		r.fatalf("unclaim: %v", err)
+	}
+	wantB, wantR := 0, 0
+	for _, idx := range idxs {
+		b.outcome[idx], b.settled[idx] = "unclaimed", true
+		e := b.entries[idx]
+		o := sh.inflight[e]
+		if !r.holds(sh, b, o, "unclaim") {
+			continue
+		}
+		b.lost[o] = "unclaimed"
+		if _, failed := sh.attempts[e]; failed || sh.pending[o.member] != nil {
+			wantR++
+			o.lease, o.half, o.holder = 0, false, nil
+			o.leaseBy = fmt.Sprintf("the unclaim of %s (step %d), released", b, r.step)
+			if failed {
+				r.event("unclaim: failed before, released")
+			} else {
+				r.event("unclaim: member pending again, released")
+				if o.body != nil {
+					r.event("unclaim: id pending again, released with its claimed body")
+				}
+			}
+			continue
+		}
+		wantB++
+		delete(sh.inflight, e)
+		o.holder = nil
+		// Back into pending as the scheduling the first claim took; those
+		// merged into it are the same message_id, which it carries on.
+		s := o.group[0]
+		s.state, s.occ = sPending, nil
+		sh.pending[o.member] = s
+		for _, x := range o.group[1:] {
+			x.state = sSuperseded
+			r.event("unclaim: a merged scheduling goes on as the one put back")
+		}
+		r.event("unclaim: back into pending")
+		if o.body != nil {
+			r.event("unclaim: id back into pending with its body")
+		}
+	}
+	if back != wantB || released != wantR {
+		r.fatalf("unclaim put back %d and released %d, want %d and %d%s", back, released, wantB, wantR, r.fenceDiag(sh, b, entries))
+	}
+	if !slices.Contains(b.settled, false) {
+		b.inst.batches = slices.DeleteFunc(b.inst.batches, func(x *mBatch) bool { return x == b })
+	}
+	return true
 }
 
 // opHandBack is an instance stopping: what it holds, claimed ahead and
@@ -1552,6 +1984,18 @@ func (r *mRun) endOcc(sh *mShard, o *mOcc, to schedState) {
 	for _, s := range o.group {
 		s.state = to
 	}
+	if to == sDead {
+		for _, f := range []struct {
+			m map[string]any
+			v any
+		}{{sh.deadBody, o.body}, {sh.deadProps, o.props}} {
+			if f.v != nil {
+				f.m[o.entry] = f.v
+			} else {
+				delete(f.m, o.entry)
+			}
+		}
+	}
 }
 
 func (r *mRun) doAck(sh *mShard, b *mBatch, idxs []int, entries []string) bool {
@@ -1567,6 +2011,12 @@ func (r *mRun) doAck(sh *mShard, b *mBatch, idxs []int, entries []string) bool {
 	for _, idx := range idxs {
 		o := sh.inflight[b.entries[idx]]
 		if o == nil {
+			if _, dead := sh.dead[b.entries[idx]]; dead {
+				r.event("ack of an entry dead-lettered meanwhile")
+				if _, ok := sh.deadBody[b.entries[idx]]; ok {
+					r.event("ack of an entry dead-lettered meanwhile, with a body (kept)")
+				}
+			}
 			continue
 		}
 		want++
@@ -1629,6 +2079,8 @@ func (r *mRun) doFail(sh *mShard, b *mBatch, idxs []int) bool {
 			fails = append(fails, outcome{b.entries[idx], "poison", "refused"})
 		case "oversize":
 			fails = append(fails, outcome{b.entries[idx], "dead", "oversize"})
+		case "deadline":
+			fails = append(fails, outcome{b.entries[idx], "dead", "deadline passed"})
 		default:
 			fails = append(fails, outcome{b.entries[idx], "retry", out})
 		}
@@ -1829,10 +2281,15 @@ func (r *mRun) check() {
 		// The retrying index is not modelled: it is checked against the
 		// attempts hash as read, which the model checks.
 		retrying *redis.ZSliceCmd
+		// :tasks, :props, claimed:body, claimed:props
+		ids [4]*redis.MapStringStringCmd
 	}
 	all := make([]cmds, len(r.shards))
 	for i, sh := range r.shards {
 		all[i].retrying = pipe.ZRangeWithScores(r.ctx, r.keys.Retrying(i), 0, -1)
+		for n, key := range r.idKeys(i) {
+			all[i].ids[n] = pipe.HGetAll(r.ctx, key)
+		}
 		for k := range nKinds {
 			key := r.key(i, k)
 			if w := sh.wrong[k]; w != nil {
@@ -1905,6 +2362,7 @@ func (r *mRun) check() {
 			}
 		}
 		diffs = append(diffs, r.compareShard(sh, &got, t0, t1)...)
+		diffs = append(diffs, r.compareIDs(sh, &got, c.ids)...)
 		diffs = append(diffs, retryingAgrees(i, c.retrying, got.h[kAttempts])...)
 	}
 	if len(diffs) > 0 {
@@ -1914,6 +2372,76 @@ func (r *mRun) check() {
 	if r.step%250 == 0 {
 		r.checkKeyNames()
 	}
+}
+
+func (r *mRun) idKeys(i int) [4]string {
+	return [4]string{r.keys.Tasks(i), r.keys.Props(i), r.keys.ClaimedBody(i), r.keys.ClaimedProps(i)}
+}
+
+// compareIDs checks the hashes of tasks with an id against the model: a
+// pending member's body and properties are under it in :tasks and :props
+// exactly when its scheduling wrote them; an in-flight or dead entry's
+// are under it in claimed:body and claimed:props exactly when the
+// scheduling its first claim took had them. And, from the keys as read
+// alone: no :tasks or :props field of a member not pending, no claimed
+// field of an entry neither in flight nor dead.
+func (r *mRun) compareIDs(sh *mShard, got *snapShard, cmds [4]*redis.MapStringStringCmd) []string {
+	var h [4]map[string]string
+	for n, c := range cmds {
+		m, err := c.Result()
+		if err != nil {
+			r.fatalf("reading shard %d %s: %v", sh.i, r.idKeys(sh.i)[n], err)
+		}
+		h[n] = m
+	}
+	want := [4]map[string]string{{}, {}, {}, {}}
+	put := func(m map[string]string, k string, v any) {
+		if v != nil {
+			m[k] = v.(string)
+		}
+	}
+	for m, s := range sh.pending {
+		put(want[0], m, s.body)
+		put(want[1], m, s.props)
+	}
+	for e, o := range sh.inflight {
+		put(want[2], e, o.body)
+		put(want[3], e, o.props)
+	}
+	for e := range sh.dead {
+		put(want[2], e, sh.deadBody[e])
+		put(want[3], e, sh.deadProps[e])
+	}
+	var out []string
+	names := [4]string{"tasks", "props", "claimed:body", "claimed:props"}
+	for n := range 4 {
+		gotN := h[n]
+		if n >= 2 { // the known finding: not checked
+			gotN = maps.Clone(h[n])
+			for e := range sh.shared {
+				delete(gotN, e)
+				delete(want[n], e)
+			}
+		}
+		out = append(out, diffMaps(fmt.Sprintf("shard %d %s", sh.i, names[n]), want[n], gotN)...)
+	}
+	for n := range 2 {
+		for m := range h[n] {
+			if _, ok := got.z[kPending][m]; !ok {
+				out = append(out, fmt.Sprintf("LEAK: shard %d %s field %q: its member is not pending", sh.i, names[n], m))
+			}
+		}
+	}
+	for n := 2; n < 4; n++ {
+		for e := range h[n] {
+			_, in := got.z[kInflight][e]
+			_, dead := got.z[kDead][e]
+			if !in && !dead {
+				out = append(out, fmt.Sprintf("LEAK: shard %d %s field %q: its entry is neither in flight nor dead", sh.i, names[n], e))
+			}
+		}
+	}
+	return out
 }
 
 func diffMaps[V comparable](what string, want, got map[string]V) []string {
@@ -2076,6 +2604,9 @@ func (r *mRun) checkKeyNames() {
 	allowed := map[string]bool{}
 	for _, sh := range r.shards {
 		allowed[r.keys.Retrying(sh.i)] = true
+		for _, key := range r.idKeys(sh.i) {
+			allowed[key] = true
+		}
 		for k := range nKinds {
 			allowed[r.key(sh.i, k)] = true
 			if w := sh.wrong[k]; w != nil && w.moved {

@@ -144,7 +144,10 @@ local lastToken, lastDeadline = string.match(redis.call('GET', KEYS[4]) or '', '
 if lastToken == ARGV[3] then
   out[5] = lastDeadline
   local list = redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)
-  local bodies, props = fields(KEYS[8], list, 1, #list), fields(KEYS[9], list, 1, #list)
+  local bodies, props = {}, {}
+  if #list > 0 and redis.call('EXISTS', KEYS[8], KEYS[9]) > 0 then
+    bodies, props = fields(KEYS[8], list, 1, #list), fields(KEYS[9], list, 1, #list)
+  end
   for i = 1, #list do
     out[#out + 1] = list[i]
     out[#out + 1] = bodies[i] or false
@@ -171,11 +174,12 @@ local room = limit - #expired / 2
 local upto = now + tonumber(ARGV[4] or '0')
 local budget = tonumber(ARGV[5] or '0')
 local new, members, bodies, taken, bytes = {}, {}, {}, 0, 0
--- One EXISTS for a queue without ids or properties.
-local withIDs, withProps = false, false
-if redis.call('EXISTS', KEYS[6], KEYS[7]) > 0 then
+-- One EXISTS for a queue without ids or properties, pending or claimed.
+local withIDs, withProps, withClaimed = false, false, false
+if redis.call('EXISTS', KEYS[6], KEYS[7], KEYS[8], KEYS[9]) > 0 then
   withIDs = redis.call('EXISTS', KEYS[6]) == 1
   withProps = redis.call('EXISTS', KEYS[7]) == 1
+  withClaimed = true
 end
 -- With a byte budget, the first read takes one task to weigh the bodies;
 -- each next read takes what the budget left holds at the bodies' mean
@@ -236,7 +240,10 @@ end
 -- The re-leased entries' bodies, read before the first write.
 local reLeased = {}
 for i = 1, #expired, 2 do reLeased[#reLeased + 1] = expired[i] end
-local reBodies, reProps = fields(KEYS[8], reLeased, 1, #reLeased), fields(KEYS[9], reLeased, 1, #reLeased)
+local reBodies, reProps = {}, {}
+if withClaimed then
+  reBodies, reProps = fields(KEYS[8], reLeased, 1, #reLeased), fields(KEYS[9], reLeased, 1, #reLeased)
+end
 if #moved > 0 then
   bad = wrongType({KEYS[8], 'hash', KEYS[9], 'hash'})
   if bad then return redis.error_reply(bad) end
@@ -474,8 +481,9 @@ return {back, released}
 // retrying index; the others cost no command for it, so the common case,
 // no failure, costs what it did before the index.
 //
-// The entries' claimed bodies and properties leave with them; a queue
-// without ids pays one EXISTS per batch for that.
+// The entries' claimed bodies and properties leave with them (only those
+// of entries still in flight: a dead letter keeps its own); a queue
+// without ids pays one EXISTS per batch for that, one with ids a ZMSCORE.
 //
 // KEYS[1] in-flight set
 // KEYS[2] attempts hash
@@ -489,11 +497,20 @@ local n = 0
 local withIDs = redis.call('EXISTS', KEYS[4], KEYS[5]) > 0
 for i = 1, #ARGV, 1000 do
   local j = math.min(i + 999, #ARGV)
+  -- Only the fields of entries still in flight go: one that is not may
+  -- have been dead-lettered since, and a dead letter keeps its own.
   -- A wrong-type in-flight key fails here, before anything changed.
-  n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
+  local held = {}
   if withIDs then
-    redis.pcall('HDEL', KEYS[4], unpack(ARGV, i, j))
-    redis.pcall('HDEL', KEYS[5], unpack(ARGV, i, j))
+    local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, j))
+    for x = i, j do
+      if scores[x - i + 1] then held[#held + 1] = ARGV[x] end
+    end
+  end
+  n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
+  if #held > 0 then
+    redis.pcall('HDEL', KEYS[4], unpack(held))
+    redis.pcall('HDEL', KEYS[5], unpack(held))
   end
   -- A wrong-type attempts or retrying key must not keep delivered tasks
   -- in flight.

@@ -2,6 +2,8 @@ package scanner
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -480,4 +482,382 @@ func luaMemory(t *testing.T, rdb *redis.Client) int64 {
 	}
 	t.Fatal("INFO memory has no used_memory_lua")
 	return 0
+}
+
+// ---- tasks with an id ----
+
+// triple is one task a claim handed out: entry, body and properties as
+// the script returned them (nil: none).
+type triple struct {
+	entry       string
+	body, props any
+}
+
+func triplesOf(t *testing.T, v []any) []triple {
+	t.Helper()
+	if (len(v)-5)%3 != 0 {
+		t.Fatalf("claim returned %d values after 5, want triples: %q", len(v)-5, v)
+	}
+	var out []triple
+	for n := 5; n < len(v); n += 3 {
+		out = append(out, triple{v[n].(string), v[n+1], v[n+2]})
+	}
+	return out
+}
+
+func wantTriples(t *testing.T, what string, got, want []triple) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d tasks %q, want %q", what, len(got), got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("%s: task %d is %q, want %q", what, i, got[i], want[i])
+		}
+	}
+}
+
+// wantHash checks a hash's fields exactly (want nil or empty: the key is absent).
+func wantHash(t *testing.T, rdb *redis.Client, key string, want map[string]string) {
+	t.Helper()
+	got, err := rdb.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("HGETALL %s: %v", key, err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%s holds %q, want %q", key, got, want)
+	}
+	for f, v := range want {
+		if got[f] != v {
+			t.Fatalf("%s holds %q, want %q", key, got, want)
+		}
+	}
+}
+
+// scheduleID is a producer's schedule of an id as the contract has it:
+// MULTI, HSET :tasks, HSET :props (HDEL if props is empty), ZADD, EXEC.
+func scheduleID(t *testing.T, rdb *redis.Client, k shard.Keys, i int, id, body, props string, due int64) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, k.Tasks(i), id, body)
+		if props != "" {
+			p.HSet(ctx, k.Props(i), id, props)
+		} else {
+			p.HDel(ctx, k.Props(i), id)
+		}
+		p.ZAdd(ctx, k.Pending(i), redis.Z{Score: float64(due), Member: id})
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("schedule %q: %v", id, err)
+	}
+}
+
+// TestClaimMovesBodiesAndPropsOfIDs: the claim returns each task's body
+// and properties as the 2nd and 3rd element of its triple (nil for a
+// plain member, which is its own body), moves them under the entry in
+// claimed:body/claimed:props and out of :tasks/:props; a claim run again
+// with its token and a claim re-leasing the entries return them as they
+// were claimed; an ack deletes them.
+func TestClaimMovesBodiesAndPropsOfIDs(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	scheduleID(t, rdb, k, 0, "id-a", "body of a", `{"type":"a"}`, now-30)
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 20), Member: "plain"})
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 10), Member: "props-only"})
+	rdb.HSet(ctx, k.Props(0), "props-only", `{"priority":3}`)
+	scheduleID(t, rdb, k, 0, "id-b", "", "", now-5) // an empty body is a body
+	scheduleID(t, rdb, k, 0, "later", "body of later", `{"type":"later"}`, now+60000)
+	e := func(m string, due int64) string { return EntryOf([]byte(m), due) }
+	want := []triple{
+		{e("id-a", now-30), "body of a", `{"type":"a"}`},
+		{e("plain", now-20), nil, nil},
+		{e("props-only", now-10), nil, `{"priority":3}`},
+		{e("id-b", now-5), "", nil},
+	}
+	run := func(token string) []any {
+		t.Helper()
+		v, err := claimScript.Run(ctx, rdb, keys, 10, 30000, token).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	wantTriples(t, "claim", triplesOf(t, run("tok-1")), want)
+	wantHash(t, rdb, k.Tasks(0), map[string]string{"later": "body of later"})
+	wantHash(t, rdb, k.Props(0), map[string]string{"later": `{"type":"later"}`})
+	wantHash(t, rdb, k.ClaimedBody(0), map[string]string{want[0].entry: "body of a", want[3].entry: ""})
+	wantHash(t, rdb, k.ClaimedProps(0), map[string]string{want[0].entry: `{"type":"a"}`, want[2].entry: `{"priority":3}`})
+	// The same claim run again (a lost reply) gets its batch with the same bodies.
+	wantTriples(t, "claim run again", triplesOf(t, run("tok-1")), want)
+	// Leases run out: the next claim re-leases the entries with the bodies
+	// they were claimed with (in lease order, then entry order).
+	for _, w := range want {
+		rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: 1, Member: w.entry})
+	}
+	got := triplesOf(t, run("tok-2"))
+	slices.SortFunc(got, func(a, b triple) int { return strings.Compare(a.entry, b.entry) })
+	sorted := slices.Clone(want)
+	slices.SortFunc(sorted, func(a, b triple) int { return strings.Compare(a.entry, b.entry) })
+	wantTriples(t, "re-lease", got, sorted)
+	st := &store{rdb: rdb, keys: k}
+	if n, err := st.ack(ctx, 0, []string{want[0].entry, want[1].entry, want[2].entry, want[3].entry}); err != nil || n != 4 {
+		t.Fatalf("ack: %d, %v", n, err)
+	}
+	if n := rdb.Exists(ctx, k.ClaimedBody(0), k.ClaimedProps(0), k.Inflight(0)).Val(); n != 0 {
+		t.Fatalf("after the ack %d of claimed:body, claimed:props, in flight are left", n)
+	}
+}
+
+// TestClaimByteBudgetWeighsBodiesOfIDs: the byte budget counts the body of
+// an id, not the id: big bodies under short ids stop the claim at the
+// budget; short bodies under big ids do not.
+func TestClaimByteBudgetWeighsBodiesOfIDs(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	big := strings.Repeat("x", 300<<10)
+	for i := range 10 {
+		scheduleID(t, rdb, k, 0, "id"+strconv.Itoa(i), strconv.Itoa(i)+big, "", now-1000+int64(i))
+	}
+	run := func() []triple {
+		t.Helper()
+		v, err := claimScript.Run(ctx, rdb, keys, 10, 30000, claimTokens.Add(1), 0, 1<<20).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return triplesOf(t, v)
+	}
+	got := run()
+	if len(got) != 4 {
+		t.Fatalf("claimed %d ids with bodies of 300 KiB and a budget of 1 MiB, want 4", len(got))
+	}
+	for i, tr := range got {
+		if tr.body != strconv.Itoa(i)+big {
+			t.Fatalf("task %d (%q): body of %d bytes, not its own", i, tr.entry, len(tr.body.(string)))
+		}
+	}
+	if n := rdb.HLen(ctx, k.Tasks(0)).Val(); n != 6 {
+		t.Fatalf("%d bodies left in :tasks, want the 6 not claimed", n)
+	}
+	rdb.Del(ctx, k.Pending(0), k.Inflight(0), k.Tasks(0), k.ClaimedBody(0))
+	for i := range 10 {
+		scheduleID(t, rdb, k, 0, strconv.Itoa(i)+big, "b", "", now-1000+int64(i))
+	}
+	if got := run(); len(got) != 10 {
+		t.Fatalf("claimed %d ids of 300 KiB with 1-byte bodies and a budget of 1 MiB, want all 10: the id was weighed, not the body", len(got))
+	}
+}
+
+// TestClaimSameEntryInFlightKeepsItsBody: a due pending id whose entry
+// (same id, same due time) is already in flight is the same scheduling:
+// the claim drops the pending copy's body and properties and the entry
+// keeps the ones it was claimed with, live (not handed out) or re-leased
+// by the same claim (handed out once, with its own body).
+func TestClaimSameEntryInFlightKeepsItsBody(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	e := EntryOf([]byte("id"), now-100)
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(now + 30000), Member: e})
+	rdb.HSet(ctx, k.ClaimedBody(0), e, "first")
+	rdb.HSet(ctx, k.ClaimedProps(0), e, `{"type":"first"}`)
+	scheduleID(t, rdb, k, 0, "id", "second", `{"type":"second"}`, now-100)
+	scheduleID(t, rdb, k, 0, "other", "o", "", now-50)
+	v := claim(t, rdb, keys, 10, 30000)
+	wantTriples(t, "claim", triplesOf(t, v), []triple{{EntryOf([]byte("other"), now-50), "o", nil}})
+	if n := rdb.Exists(ctx, k.Pending(0), k.Tasks(0), k.Props(0)).Val(); n != 0 {
+		t.Fatalf("the merged pending copy left %d of pending, :tasks, :props behind", n)
+	}
+	wantHash(t, rdb, k.ClaimedBody(0), map[string]string{e: "first", EntryOf([]byte("other"), now-50): "o"})
+	wantHash(t, rdb, k.ClaimedProps(0), map[string]string{e: `{"type":"first"}`})
+	if s := rdb.ZScore(ctx, k.Inflight(0), e).Val(); s != float64(now+30000) {
+		t.Fatalf("the live entry's lease changed to %v", s)
+	}
+	// Expired, and scheduled again the same: re-leased and handed out once.
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: 1, Member: e})
+	scheduleID(t, rdb, k, 0, "id", "third", "", now-100)
+	v = claim(t, rdb, keys, 10, 30000)
+	wantTriples(t, "claim of an expired entry scheduled again", triplesOf(t, v), []triple{{e, "first", `{"type":"first"}`}})
+	if n := rdb.Exists(ctx, k.Pending(0), k.Tasks(0), k.Props(0)).Val(); n != 0 {
+		t.Fatalf("the merged pending copy left %d of pending, :tasks, :props behind", n)
+	}
+	wantHash(t, rdb, k.ClaimedBody(0), map[string]string{e: "first", EntryOf([]byte("other"), now-50): "o"})
+}
+
+// snapshot is every key of the test's prefix, DUMPed.
+func snapshot(t *testing.T, rdb *redis.Client, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	for iter.Next(ctx) {
+		d, err := rdb.Dump(ctx, iter.Val()).Result()
+		if err != nil {
+			t.Fatalf("DUMP %s: %v", iter.Val(), err)
+		}
+		out[iter.Val()] = d
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestClaimWrongTypeIDKeysChangeNothing: a wrong-type :tasks, :props,
+// claimed:body or claimed:props key fails a claim that must read or
+// write it before anything changes, whether the claim takes a due id,
+// re-leases an entry of one, or both.
+func TestClaimWrongTypeIDKeysChangeNothing(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		key            string
+		pending, lease bool // a due id pending; an expired entry of one in flight
+	}{
+		{k.Tasks(0), true, false}, {k.Tasks(0), true, true},
+		{k.Props(0), true, false}, {k.Props(0), true, true},
+		{k.ClaimedBody(0), true, false}, {k.ClaimedBody(0), false, true}, {k.ClaimedBody(0), true, true},
+		{k.ClaimedProps(0), true, false}, {k.ClaimedProps(0), false, true}, {k.ClaimedProps(0), true, true},
+	} {
+		testenv.CleanRedis(t, rdb, k.Prefix)
+		now := serverMs(t, rdb)
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 10), Member: "plain"})
+		if c.pending {
+			// Where the broken key is one a producer writes, the id has
+			// both a body and properties in the other.
+			if c.key != k.Tasks(0) {
+				rdb.HSet(ctx, k.Tasks(0), "id", "body")
+			}
+			if c.key != k.Props(0) {
+				rdb.HSet(ctx, k.Props(0), "id", `{"type":"t"}`)
+			}
+			rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 20), Member: "id"})
+		}
+		if c.lease {
+			e := EntryOf([]byte("held"), now-30)
+			rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: 1, Member: e})
+			for _, key := range []string{k.ClaimedBody(0), k.ClaimedProps(0)} {
+				if key != c.key {
+					rdb.HSet(ctx, key, e, "x")
+				}
+			}
+		}
+		rdb.Set(ctx, c.key, "someone's string", 0)
+		before := snapshot(t, rdb, k.Prefix)
+		_, err := claimScript.Run(ctx, rdb, keys, 10, 30000, claimTokens.Add(1)).Slice()
+		if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Fatalf("claim with a wrong-type %s (due id %v, expired entry %v): %v, want WRONGTYPE", c.key, c.pending, c.lease, err)
+		}
+		if after := snapshot(t, rdb, k.Prefix); !maps.Equal(before, after) {
+			t.Fatalf("claim with a wrong-type %s (due id %v, expired entry %v) changed keys: before %q, after %q", c.key, c.pending, c.lease, slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+		}
+	}
+}
+
+// TestAckKeepsTheBodyOfADeadEntry: an ack of an entry that is no longer
+// in flight (its batch lost the lease, the next holder dead-lettered it)
+// leaves the dead entry's claimed body and properties, which the dead
+// letter keeps.
+func TestAckKeepsTheBodyOfADeadEntry(t *testing.T) {
+	rdb, k, _ := setup(t)
+	ctx := context.Background()
+	st := &store{rdb: rdb, keys: k, lease: 30 * time.Second, retryMin: time.Millisecond, retryMax: time.Millisecond, maxAttempts: 1, instance: "t"}
+	now := serverMs(t, rdb)
+	scheduleID(t, rdb, k, 0, "id", "body", `{"type":"t"}`, now-10)
+	scheduleID(t, rdb, k, 0, "other", "other body", "", now-5)
+	c, err := st.claim(ctx, 0, 10)
+	if err != nil || len(c.entries) != 2 {
+		t.Fatalf("claim: %q, %v", c.entries, err)
+	}
+	e, other := c.entries[0], c.entries[1]
+	if _, dead, err := st.fail(ctx, 0, c.deadline, []outcome{{e, "dead", "deadline passed"}}); err != nil || dead != 1 {
+		t.Fatalf("dead-letter: %d, %v", dead, err)
+	}
+	// A late ack of both by an earlier holder whose publish was confirmed.
+	if n, err := st.ack(ctx, 0, []string{e, other}); err != nil || n != 1 {
+		t.Fatalf("ack: %d, %v; want 1 (the dead entry is not in flight)", n, err)
+	}
+	wantHash(t, rdb, k.ClaimedBody(0), map[string]string{e: "body"})
+	wantHash(t, rdb, k.ClaimedProps(0), map[string]string{e: `{"type":"t"}`})
+}
+
+// TestClaimWithoutIDsCostsOneCall: on a queue without ids or properties,
+// the claim costs the calls it did before ids, plus one EXISTS, whether it
+// takes due tasks, re-leases expired entries, or is run again with its
+// token. Counted on a private Redis by INFO commandstats.
+func TestClaimWithoutIDsCostsOneCall(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	rdb := srv.Client()
+	ctx := context.Background()
+	k := shard.Keys{Prefix: "p", Queue: "q"}
+	keys := claimKeysOf(k, 0)
+	if err := claimScript.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// calls runs f and returns the calls of each command in between (the
+	// script's own, the EVALSHA, INFO and CONFIG left out).
+	calls := func(f func()) map[string]int {
+		t.Helper()
+		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		f()
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int{}
+		for _, line := range strings.Split(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+			name, isCmd := strings.CutPrefix(name, "cmdstat_")
+			if !ok || !isCmd || name == "evalsha" || name == "info" || strings.HasPrefix(name, "config") {
+				continue
+			}
+			v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+			out[name], _ = strconv.Atoi(v)
+		}
+		return out
+	}
+	run := func(token string) {
+		t.Helper()
+		if _, err := claimScript.EvalSha(ctx, rdb, keys, 10, 30000, token).Result(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := serverMs(t, rdb)
+	for i := range 3 {
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 10 + int64(i)), Member: "m" + strconv.Itoa(i)})
+	}
+	// The calls before ids, as counted for the script before them (the
+	// same three claims); each adds the one EXISTS that finds no id.
+	for _, c := range []struct {
+		name  string
+		setup func()
+		token string
+		old   map[string]int
+	}{
+		{"due tasks", func() {}, "t1",
+			map[string]int{"time": 1, "get": 2, "type": 1, "zrange": 3, "zadd": 1, "zremrangebyrank": 1, "set": 1}},
+		{"the same claim run again", func() {}, "t1",
+			map[string]int{"time": 1, "get": 2, "type": 1, "zrangebyscore": 1, "zrange": 2}},
+		{"expired entries and due tasks", func() {
+			for _, m := range []string{"m0", "m1", "m2"} {
+				rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: 1, Member: EntryOf([]byte(m), now-10)})
+			}
+			rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(now - 1), Member: "m3"})
+		}, "t2",
+			map[string]int{"time": 1, "get": 2, "type": 1, "zrange": 4, "zrangebyscore": 1, "hexists": 3,
+				"zadd": 2, "zremrangebyrank": 1, "set": 1}},
+	} {
+		c.setup()
+		got := calls(func() { run(c.token) })
+		want := maps.Clone(c.old)
+		want["exists"]++
+		if !maps.Equal(got, want) {
+			t.Errorf("%s: the claim's calls %v, want %v (those before ids, and one EXISTS)", c.name, got, want)
+		}
+	}
 }
