@@ -96,11 +96,7 @@ package scanner
 //     dead-lettered, unless cancelled or replaced while pending.
 //
 // Known findings, counted and logged by default, fatal with -model.strict.
-// SHARED: an id scheduled again with the due time of its dead letter is
-// the same entry, and claimed:body and claimed:props are keyed by entry:
-// its claim overwrites the dead letter's body and properties, and its ack
-// deletes them. The model stops checking the claimed fields of such an
-// entry. LEAK: an ack run while the attempts hash is moved away (renamed, a wrong-type
+// LEAK: an ack run while the attempts hash is moved away (renamed, a wrong-type
 // key in its place) cannot delete its entries' attempts fields, which come
 // back with the hash. The ack script skips HDEL on an attempts key that is
 // not a hash on purpose (a wrong-type key must not keep delivered tasks in
@@ -134,7 +130,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -348,10 +343,6 @@ type mShard struct {
 	// deadBody and deadProps are the claimed body and properties a dead
 	// entry keeps (absent: none).
 	deadBody, deadProps map[string]any
-	// shared are entries claimed again while dead with the same entry
-	// (same id, same due): their claimed fields are one for both (the
-	// known finding below), so they are not checked.
-	shared map[string]bool
 }
 
 type mLastClaim struct {
@@ -553,7 +544,7 @@ func runModel(t *testing.T, rdb *redis.Client, seed uint64, d time.Duration, sta
 		r.shards = append(r.shards, &mShard{i: i, pending: map[string]*mSched{}, inflight: map[string]*mOcc{},
 			attempts: map[string]int{}, dead: map[string]int64{}, reason: map[string]string{},
 			leaked: map[string]bool{}, everConf: map[string]bool{}, deadlines: map[int64]*mBatch{},
-			deadBody: map[string]any{}, deadProps: map[string]any{}, shared: map[string]bool{}})
+			deadBody: map[string]any{}, deadProps: map[string]any{}})
 	}
 	// Ids named poison- or big- fail as plain members so named do, so that
 	// ids are dead-lettered too.
@@ -976,6 +967,9 @@ func (r *mRun) scheduleID(id string, due int64, why string) bool {
 		// MULTI does not undo the HSETs when the ZADD fails: a producer's
 		// problem, not the dispatcher's; not done here.
 		return false
+	}
+	if _, dead := sh.dead[EntryOf([]byte(id), due)]; dead && sh.anyWrong(kDead, kReason) {
+		return false // see pendingAtDead
 	}
 	s := &mSched{id: r.nextID(), shard: i, member: id, due: due, state: sPending, step: r.step}
 	body := "body of s" + strconv.Itoa(s.id)
@@ -1403,6 +1397,7 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 	if c.reaped != reaped {
 		r.fatalf("claim reaped count %d, want %d", c.reaped, reaped)
 	}
+	fields := withFields(sh)
 	b := &mBatch{id: r.nextID(), inst: in, shard: sh.i, token: token, now: c.now, deadline: c.deadline,
 		lost: map[*mOcc]string{}, claimStep: r.step, shift: r.shiftNow.Milliseconds()}
 	for _, o := range expired {
@@ -1437,7 +1432,7 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 		case o == nil:
 			o = &mOcc{id: r.nextID(), entry: e, member: s.member, due: s.due, body: s.body, props: s.props}
 			sh.inflight[e] = o
-			r.claimedWhileDead(sh, o)
+			r.claimedWhileDead(sh, o, fields)
 			o.lease, o.half, o.holder = b.deadline, false, b
 			o.leaseBy = fmt.Sprintf("the claim of %s", b)
 			b.add(o)
@@ -1472,9 +1467,6 @@ func (r *mRun) checkBodies(sh *mShard, what string, c claimed, occs []*mOcc) {
 		r.fatalf("%s returned %d entries, %d bodies, %d properties", what, len(c.entries), len(c.bodies), len(c.props))
 	}
 	for idx, o := range occs {
-		if sh.shared[o.entry] {
-			continue
-		}
 		if c.bodies[idx] != o.body || c.props[idx] != o.props {
 			r.fatalf("BODY: %s returned %q with body %s and properties %s, want %s and %s (those of %s)",
 				what, o.entry, quoteAny(c.bodies[idx]), quoteAny(c.props[idx]), quoteAny(o.body), quoteAny(o.props), o.group[0])
@@ -1494,27 +1486,47 @@ func quoteAny(v any) string {
 	return fmt.Sprintf("%q", v)
 }
 
-// claimedWhileDead notes an entry claimed while an entry of the same id
-// and due is dead-lettered with a body or properties (or claimed with
-// some): both are under one field of claimed:body and claimed:props, so
-// the new claim overwrites the dead letter's and its ack deletes them.
-// A known finding, counted and logged (fatal with -model.strict); the
-// entry's claimed fields are not checked from then on.
-func (r *mRun) claimedWhileDead(sh *mShard, o *mOcc) {
-	if _, dead := sh.dead[o.entry]; !dead || sh.shared[o.entry] {
+// claimedWhileDead: an entry claimed afresh while an entry of the same
+// id and due is dead-lettered (the producer scheduled the id again at that
+// due time: the same message_id) supersedes the dead letter, whose claimed
+// body and properties would otherwise be the new entry's too. The claim
+// script looks only where claimed fields exist at all (withFields: some
+// pending or claimed task of the shard had a body or properties when the
+// claim began); without any, the dead letter has none to share and stays.
+func (r *mRun) claimedWhileDead(sh *mShard, o *mOcc, withFields bool) {
+	if _, dead := sh.dead[o.entry]; !dead || !withFields {
 		return
 	}
-	_, db := sh.deadBody[o.entry]
-	_, dp := sh.deadProps[o.entry]
-	if !db && !dp && o.body == nil && o.props == nil {
+	if sh.anyWrong(kDead, kReason) {
+		r.event("claim of an entry dead-lettered under a wrong-type dead-letter key (left)")
 		return
 	}
-	if *modelStrict {
-		r.fatalf("SHARED (known finding, fatal with -model.strict): %q claimed while dead-lettered: the dead letter's claimed body and properties are the new claim's", o.entry)
+	delete(sh.dead, o.entry)
+	delete(sh.reason, o.entry)
+	delete(sh.deadBody, o.entry)
+	delete(sh.deadProps, o.entry)
+	for _, x := range r.scheds {
+		if x.state == sDead && x.shard == sh.i && EntryOf([]byte(x.member), x.due) == o.entry {
+			x.state = sSuperseded
+		}
 	}
-	sh.shared[o.entry] = true
-	r.known("SHARED: an entry claimed while an entry of the same id and due is dead shares its claimed body and properties",
-		"%q claimed while dead-lettered (dead body %v, new body %v)", o.entry, db, o.body != nil)
+	r.event("claim of an entry superseded its dead letter")
+}
+
+// withFields reports whether any task of the shard has a body or
+// properties stored: pending, in flight or dead.
+func withFields(sh *mShard) bool {
+	for _, s := range sh.pending {
+		if s.body != nil || s.props != nil {
+			return true
+		}
+	}
+	for _, o := range sh.inflight {
+		if o.body != nil || o.props != nil {
+			return true
+		}
+	}
+	return len(sh.deadBody) > 0 || len(sh.deadProps) > 0
 }
 
 // checkNext checks the claim's report of when the shard next needs a claim.
@@ -2194,12 +2206,27 @@ func (r *mRun) modelEmpty(sh *mShard, k int) bool {
 	return sh.last == nil
 }
 
+// pendingAtDead reports whether a pending scheduling has the entry of a
+// dead letter. Its claim supersedes the dead letter, which the claim
+// cannot do while the dead-letter set or reasons are of the wrong type:
+// then the two would share their claimed fields (a known limit, for an
+// operator's wrong-type key and a producer's same-due schedule at once),
+// which the model does not generate.
+func (r *mRun) pendingAtDead(sh *mShard) bool {
+	for _, s := range sh.pending {
+		if _, dead := sh.dead[EntryOf([]byte(s.member), s.due)]; dead {
+			return true
+		}
+	}
+	return false
+}
+
 // opBreak makes a key of a shard the wrong type: over an absent key, or
 // after renaming the real one away, to put it back exactly later.
 func (r *mRun) opBreak() bool {
 	i, k := r.rng.IntN(len(r.shards)), r.rng.IntN(nKinds)
 	sh := r.shards[i]
-	if sh.wrong[k] != nil {
+	if sh.wrong[k] != nil || (k == kDead || k == kReason) && r.pendingAtDead(sh) {
 		return false
 	}
 	key := r.key(i, k)
@@ -2415,15 +2442,7 @@ func (r *mRun) compareIDs(sh *mShard, got *snapShard, cmds [4]*redis.MapStringSt
 	var out []string
 	names := [4]string{"tasks", "props", "claimed:body", "claimed:props"}
 	for n := range 4 {
-		gotN := h[n]
-		if n >= 2 { // the known finding: not checked
-			gotN = maps.Clone(h[n])
-			for e := range sh.shared {
-				delete(gotN, e)
-				delete(want[n], e)
-			}
-		}
-		out = append(out, diffMaps(fmt.Sprintf("shard %d %s", sh.i, names[n]), want[n], gotN)...)
+		out = append(out, diffMaps(fmt.Sprintf("shard %d %s", sh.i, names[n]), want[n], h[n])...)
 	}
 	for n := range 2 {
 		for m := range h[n] {

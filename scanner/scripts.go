@@ -85,6 +85,8 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 // KEYS[7] properties P:{Q:i}:props (member -> JSON)
 // KEYS[8] claimed bodies P:{Q:i}:claimed:body (entry -> body)
 // KEYS[9] claimed properties P:{Q:i}:claimed:props (entry -> JSON)
+// KEYS[10] dead-letter set P:{Q:i}:dead
+// KEYS[11] dead-letter reasons P:{Q:i}:dead:reason
 //
 // A claimed member's body and properties move from KEYS[6]/KEYS[7] to
 // KEYS[8]/KEYS[9] under its entry, in the claim: a producer scheduling the
@@ -244,7 +246,25 @@ local reBodies, reProps = {}, {}
 if withClaimed then
   reBodies, reProps = fields(KEYS[8], reLeased, 1, #reLeased), fields(KEYS[9], reLeased, 1, #reLeased)
 end
-if #moved > 0 then
+-- A scheduling claimed again whose entry is a dead letter (the producer
+-- scheduled the id anew at the same due time: the same message_id)
+-- supersedes that dead letter, which would otherwise share its claimed
+-- fields with the new entry. Only where claimed fields exist at all; a
+-- dead-letter key of the wrong type does not hold up dispatching (the
+-- dead letter, if any, is left as it is).
+local deadHit, anyDead = {}, false
+if withClaimed and taken > 0 then
+  local hit = redis.pcall('ZMSCORE', KEYS[10], unpack(new, 1, taken))
+  if type(hit) == 'table' then
+    for i = 1, taken do
+      if hit[i] then anyDead = true end
+    end
+    local rt = redis.call('TYPE', KEYS[11])['ok']
+    if anyDead and rt ~= 'hash' and rt ~= 'none' then anyDead = false end
+    if anyDead then deadHit = hit end
+  end
+end
+if #moved > 0 or anyDead then
   bad = wrongType({KEYS[8], 'hash', KEYS[9], 'hash'})
   if bad then return redis.error_reply(bad) end
 end
@@ -268,6 +288,18 @@ if taken > 0 then
     -- it was claimed with. Only this claim's entries have its deadline.
     for i = 1, taken do
       isFresh[i] = tonumber(redis.call('ZSCORE', KEYS[2], new[i])) == deadline
+    end
+  end
+  if anyDead then
+    local gone = {}
+    for i = 1, taken do
+      if deadHit[i] and isFresh[i] then gone[#gone + 1] = new[i] end
+    end
+    if #gone > 0 then
+      redis.call('ZREM', KEYS[10], unpack(gone))
+      redis.call('HDEL', KEYS[11], unpack(gone))
+      redis.call('HDEL', KEYS[8], unpack(gone))
+      redis.call('HDEL', KEYS[9], unpack(gone))
     end
   end
   if #moved > 0 then

@@ -35,7 +35,7 @@ func setup(t *testing.T) (*redis.Client, shard.Keys, []string) {
 // claimKeysOf is the claim script's keys for shard i (as store.claimKeys).
 func claimKeysOf(k shard.Keys, i int) []string {
 	return []string{k.Pending(i), k.Inflight(i), k.Attempts(i), k.LastClaim(i), k.Paused(i),
-		k.Tasks(i), k.Props(i), k.ClaimedBody(i), k.ClaimedProps(i)}
+		k.Tasks(i), k.Props(i), k.ClaimedBody(i), k.ClaimedProps(i), k.Dead(i), k.DeadReason(i)}
 }
 
 // entriesOf is the entries a claim returned (each comes with its body

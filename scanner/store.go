@@ -104,7 +104,7 @@ func (r sweepRead) result(now any) ([]any, error) {
 
 func (st *store) claimKeys(i int) []string {
 	return []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i), st.keys.Paused(i),
-		st.keys.Tasks(i), st.keys.Props(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i)}
+		st.keys.Tasks(i), st.keys.Props(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i), st.keys.Dead(i), st.keys.DeadReason(i)}
 }
 
 // token is unique per claim, so the script can tell a run of the same
