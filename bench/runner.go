@@ -136,7 +136,8 @@ func (r *runner) cleanKeys(prefix string, queues []string, m int) {
 		keys := shard.Keys{Prefix: prefix, Queue: q}
 		pipe.Unlink(ctx, keys.Counter(), keys.ShardCount(), keys.Sweeper(), keys.Wake())
 		for i := 0; i < m && err == nil; i++ {
-			pipe.Unlink(ctx, keys.Pending(i), keys.Inflight(i), keys.Attempts(i), keys.Retrying(i), keys.Dead(i), keys.DeadReason(i), keys.LastClaim(i))
+			pipe.Unlink(ctx, keys.Pending(i), keys.Inflight(i), keys.Attempts(i), keys.Retrying(i), keys.Dead(i), keys.DeadReason(i), keys.LastClaim(i),
+				keys.Tasks(i), keys.Props(i), keys.ClaimedBody(i), keys.ClaimedProps(i))
 			if pipe.Len() >= 100 {
 				_, err = pipe.Exec(ctx)
 			}
