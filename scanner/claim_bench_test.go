@@ -159,7 +159,9 @@ func BenchmarkClaimShardSize(b *testing.B) {
 //	go test -run '^$' -bench ClaimIDs -benchtime 300x -count 3 ./scanner/
 //
 // Metrics per task: claim-ns and ack-ns (each call timed with its round
-// trip), claim-cmds and ack-cmds (Redis commands).
+// trip), claim-redis-ns and ack-redis-ns (the call's time inside Redis, as
+// INFO commandstats counts it: less disturbed by a busy machine), and
+// claim-cmds and ack-cmds (Redis commands).
 func BenchmarkClaimIDs(b *testing.B) {
 	ctx := context.Background()
 	rdb := testenv.StartRedis(b, testenv.RedisOptions{}).Client()
@@ -227,13 +229,13 @@ func benchClaimKind(b *testing.B, rdb *redis.Client, k shard.Keys, ids, props bo
 	ackKeys := []string{k.Inflight(0), k.Attempts(0), k.Retrying(0), k.ClaimedBody(0), k.ClaimedProps(0)}
 	due := time.Now().Add(-time.Minute).UnixMilli()
 	var claimNs, ackNs time.Duration
-	var claimCmds, ackCmds int64
+	var claimCmds, ackCmds, claimUs, ackUs int64
 	b.ResetTimer()
 	for n := range b.N {
 		b.StopTimer()
 		first := 1_000_000 + claimTokens.Add(1)*batch // fresh tasks every round
 		scheduleForBench(b, rdb, k, ids, props, int(first), int(first)+batch, func(int) int64 { return due })
-		c0 := commandCount(b, rdb)
+		c0, u0 := commandCount(b, rdb)
 		b.StartTimer()
 
 		t0 := time.Now()
@@ -243,7 +245,7 @@ func benchClaimKind(b *testing.B, rdb *redis.Client, k shard.Keys, ids, props bo
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		c1 := commandCount(b, rdb)
+		c1, u1 := commandCount(b, rdb)
 		entries := entriesOf(v)
 		if len(entries) != batch {
 			b.Fatalf("round %d: claimed %d, want %d", n, len(entries), batch)
@@ -261,12 +263,14 @@ func benchClaimKind(b *testing.B, rdb *redis.Client, k shard.Keys, ids, props bo
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		c2 := commandCount(b, rdb)
+		c2, u2 := commandCount(b, rdb)
 		if acked != batch {
 			b.Fatalf("round %d: acked %d, want %d", n, acked, batch)
 		}
 		claimCmds += c1 - c0
 		ackCmds += c2 - c1
+		claimUs += u1 - u0
+		ackUs += u2 - u1
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -277,19 +281,21 @@ func benchClaimKind(b *testing.B, rdb *redis.Client, k shard.Keys, ids, props bo
 	tasks := float64(b.N * batch)
 	b.ReportMetric(float64(claimNs.Nanoseconds())/tasks, "claim-ns/task")
 	b.ReportMetric(float64(ackNs.Nanoseconds())/tasks, "ack-ns/task")
+	b.ReportMetric(float64(claimUs)*1000/tasks, "claim-redis-ns/task")
+	b.ReportMetric(float64(ackUs)*1000/tasks, "ack-redis-ns/task")
 	b.ReportMetric(float64(claimCmds)/tasks, "claim-cmds/task")
 	b.ReportMetric(float64(ackCmds)/tasks, "ack-cmds/task")
 }
 
 // commandCount is every command Redis has run (INFO commandstats), those
-// inside scripts included, but INFO itself.
-func commandCount(b *testing.B, rdb *redis.Client) int64 {
+// inside scripts included, but INFO itself; and the µs Redis spent in
+// script calls (EVALSHA: the commands they run included).
+func commandCount(b *testing.B, rdb *redis.Client) (n, scriptUs int64) {
 	b.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
-	var n int64
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
@@ -300,7 +306,10 @@ func commandCount(b *testing.B, rdb *redis.Client) int64 {
 				c, _ := strconv.ParseInt(v, 10, 64)
 				n += c
 			}
+			if v, ok := strings.CutPrefix(f, "usec="); ok && name == "cmdstat_evalsha" {
+				scriptUs, _ = strconv.ParseInt(v, 10, 64)
+			}
 		}
 	}
-	return n
+	return n, scriptUs
 }
