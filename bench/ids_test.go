@@ -227,3 +227,38 @@ func TestWriteShardsFailsInsideExec(t *testing.T) {
 		t.Errorf("write into a wrong-type hash: %v", err)
 	}
 }
+
+// On a cluster each shard's MULTI/EXEC goes to the shard's primary (a
+// TxPipeline of its own): every task arrives with its id and properties,
+// and the producer's commands are taken out of each primary's counts.
+func TestBenchRedisClusterIDs(t *testing.T) {
+	cluster := testenv.StartRedisCluster(t, testenv.ClusterOptions{})
+	jsonPath := filepath.Join(t.TempDir(), "bench.json")
+	var out, errOut strings.Builder
+	code := Main([]string{"-redis", cluster.URL(), "-amqp", testenv.AMQPURL(t),
+		"-mode", "rate", "-ids", "-props", "-rate", "500", "-duration", "2s", "-shards", "16", "-batch", "200", "-size", "100",
+		"-queue-type", "transient", "-stall", "20s", "-json", jsonPath, "-dispatcher", binary}, &out, &errOut)
+	t.Logf("stdout:\n%s", out.String())
+	if code != exitOK {
+		t.Fatalf("exit code %d; stderr:\n%s", code, errOut.String())
+	}
+	rep := readReport(t, jsonPath)
+	if len(rep.Failures) != 0 || len(rep.Results) != 1 {
+		t.Fatalf("failures %q, %d results", rep.Failures, len(rep.Results))
+	}
+	r := rep.Results[0]
+	checkResult(t, r, 1000)
+	if !r.IDs || !r.Props || r.BadTaskID != 0 {
+		t.Errorf("%s: ids %v props %v, %d with a bad task id", r.Point, r.IDs, r.Props, r.BadTaskID)
+	}
+	var multi int64
+	for _, p := range r.Redis.Primaries {
+		multi += p.Subtracted["multi"]
+		if p.ByCommand["multi"] != 0 || p.ByCommand["exec"] != 0 {
+			t.Errorf("%s: the producer's transactions counted on %s: %v", r.Point, p.Addr, p.ByCommand)
+		}
+	}
+	if multi == 0 || multi != r.Redis.Subtracted["zadd"] {
+		t.Errorf("%s: %d MULTI subtracted, %d ZADD", r.Point, multi, r.Redis.Subtracted["zadd"])
+	}
+}

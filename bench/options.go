@@ -272,7 +272,7 @@ RabbitMQ. It starts the dispatchers as child processes (DISPATCHER_* from
 the environment, e.g. DISPATCHER_PIPELINE, are passed on; the bench sets
 DISPATCHER_STAMP_PUBLISHED=true itself when the dispatcher knows it) on a
 key prefix, queue and exchange of its own, schedules tasks with plain ZADDs
-as any producer may, and consumes them with a plain AMQP consumer from a
+as any producer may (-ids: by id, MULTI, HSET, ZADD, EXEC), and consumes them with a plain AMQP consumer from a
 queue bound to the exchange. The consumer acks like a worker: each delivery
 is acked on its own right after its receipt time is taken and it is
 recorded, with a QoS prefetch of -prefetch; -autoack consumes with auto-ack
@@ -311,7 +311,8 @@ Figures:
   Redis cmds/task  INFO commandstats calls over the run (server-wide!) per
                    task, commands run inside Lua scripts included (Redis
                    counts them: it is the server's work); the bench's own
-                   INFO/CLIENT LIST and, in rate mode, its ZADDs left out.
+                   INFO/CLIENT LIST and, in rate mode, its writes (ZADD;
+                   with -ids MULTI, HSET, EXEC too) left out.
                    scripts/task: the EVALSHA calls among them.
   Redis CPU        used_cpu_sys + used_cpu_user of INFO cpu over the same
                    window, summed over every primary: seconds per 10,000
