@@ -38,6 +38,9 @@ func (r *runner) newMeasurement(p Point, expected int) (*measurement, error) {
 	if p.Mode == modeRate {
 		m.rec.keepDue() // for the start of traffic
 	}
+	if p.IDs {
+		m.rec.expectIDs(p.Props)
+	}
 	// Each queue publishes with its name as routing key: the consumer's
 	// queue is bound with all of them.
 	sk, err := openSink(r.opt, name, m.queues, m.rec)
@@ -92,13 +95,13 @@ func (m *measurement) loadBacklog(ctx context.Context, n, w int) error {
 	defer stop()
 	begin := time.Now()
 	later := begin.Add(time.Hour).UnixMilli()
-	err := load(ctx, m.r.rdb, m.keys, m.p.Shards, m.p.Size, w, n,
+	err := load(ctx, m.r.rdb, m.keys, m.p, w, n,
 		func(i int) int64 { return later + int64(i%60000) }, &loaded)
 	if err != nil {
 		return err
 	}
 	now := time.Now().UnixMilli()
-	err = load(ctx, m.r.rdb, m.keys, m.p.Shards, m.p.Size, 0, w,
+	err = load(ctx, m.r.rdb, m.keys, m.p, 0, w,
 		func(i int) int64 { return now - dueSpread + int64(i)*dueSpread/int64(w) }, &loaded)
 	m.res.LoadSeconds = time.Since(begin).Seconds()
 	return err
@@ -138,11 +141,11 @@ func (m *measurement) wait(ctx context.Context, extra func() string) error {
 }
 
 // finish settles the counts, reads Redis's and the instances' figures and
-// stops the instances; before is Redis's counts at the start, ownZadds
-// the ZADDs the bench sent to each shard meanwhile (nil: none; indexed
+// stops the instances; before is Redis's counts at the start, own
+// the commands the bench sent to each shard meanwhile (nil: none; indexed
 // as produce returns them, queue by queue), cpu0 the
 // instances' CPU at the start (nil: their whole life).
-func (m *measurement) finish(ctx context.Context, before redisSnap, ownZadds []int64, cpu0 []float64, began time.Time) error {
+func (m *measurement) finish(ctx context.Context, before redisSnap, own []cmdStats, cpu0 []float64, began time.Time) error {
 	res, rec := m.res, m.rec
 	if n, err := settle(ctx, m.fleet, rec.unique.Load()); err != nil {
 		return err
@@ -151,7 +154,7 @@ func (m *measurement) finish(ctx context.Context, before redisSnap, ownZadds []i
 			m.p, n, rec.unique.Load())
 	}
 	var err error
-	if res.Redis, err = m.redisUse(ctx, before, ownZadds, began); err != nil {
+	if res.Redis, err = m.redisUse(ctx, before, own, began); err != nil {
 		return err
 	}
 	if err := fleetUse(m.fleet, cpu0, res); err != nil {
@@ -171,6 +174,7 @@ func (m *measurement) finish(ctx context.Context, before redisSnap, ownZadds []i
 	res.Missing = rec.missing()
 	res.Duplicates, res.Unexpected = rec.dups.Load(), rec.unexpected.Load()
 	res.Early, res.BadID, res.Malformed = rec.early.Load(), rec.badID.Load(), rec.malformed.Load()
+	res.BadTaskID = rec.badTaskID.Load()
 	res.Unstamped = rec.unstamped.Load()
 	res.Seconds = rec.span().Seconds()
 	res.PerSec = perSec(res.Delivered, rec.span())
@@ -202,10 +206,10 @@ func (m *measurement) finish(ctx context.Context, before redisSnap, ownZadds []i
 }
 
 // redisUse reads Redis's counts now and returns what the point cost Redis
-// since before (taken at began), in all and per primary; ownZadds is what
+// since before (taken at began), in all and per primary; ownCmds is what
 // the bench sent to each shard itself (nil: nothing), indexed q*M+i for
 // shard i of queue q (m.queues' order).
-func (m *measurement) redisUse(ctx context.Context, before redisSnap, ownZadds []int64, began time.Time) (RedisUse, error) {
+func (m *measurement) redisUse(ctx context.Context, before redisSnap, ownCmds []cmdStats, began time.Time) (RedisUse, error) {
 	after, err := readCmdStats(ctx, m.r.rdb)
 	if err != nil {
 		return RedisUse{}, err
@@ -217,12 +221,14 @@ func (m *measurement) redisUse(ctx context.Context, before redisSnap, ownZadds [
 		where = append(where, m.r.shardPrimaries(ctx, keys, m.p.Shards, after)...)
 	}
 	own := map[string]map[string]int64{}
-	for s, n := range ownZadds {
-		if n > 0 {
-			if own[where[s]] == nil {
-				own[where[s]] = map[string]int64{}
+	for s, c := range ownCmds {
+		for name, n := range c {
+			if n > 0 {
+				if own[where[s]] == nil {
+					own[where[s]] = map[string]int64{}
+				}
+				own[where[s]][name] += n
 			}
-			own[where[s]]["zadd"] += n
 		}
 	}
 	u := redisUse(before, after, own)

@@ -379,7 +379,7 @@ func TestBenchBurstAndMemory(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
 	}
-	for _, want := range []string{"| due N | instances |", "| ZADD p50 / p99 / max ms |", "| tasks | shards | member B | bytes/task |"} {
+	for _, want := range []string{"| due N | instances |", "| ZADD p50 / p99 / max ms |", "| tasks | shards | member B | form | bytes/task |"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("tables lack %q", want)
 		}

@@ -91,7 +91,7 @@ func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
 		return fmt.Sprintf("%s: loading %s/%s", p, thousands(int(loaded.Load())), thousands(p.Backlog))
 	})
 	began := time.Now()
-	err = load(ctx, r.rdb, m.keys, p.Shards, p.Size, 0, p.Backlog, func(int) int64 { return due }, &loaded)
+	err = load(ctx, r.rdb, m.keys, p, 0, p.Backlog, func(int) int64 { return due }, &loaded)
 	stop()
 	m.res.LoadSeconds = time.Since(began).Seconds()
 	if err != nil {
@@ -146,7 +146,7 @@ func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
 	if probeErr != nil {
 		return m.res, probeErr
 	}
-	if err := m.finish(ctx, before, probed.zadds, cpu0, began); err != nil {
+	if err := m.finish(ctx, before, zaddsOnly(probed.zadds), cpu0, began); err != nil {
 		return m.res, err
 	}
 	br.Producer, br.Before, br.Stats = probeOf(probed.during), probeOf(probed.before), probeOf(probed.stats)

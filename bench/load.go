@@ -30,9 +30,10 @@ const (
 func pairsPerZADD(size int) int { return min(zaddPairs, max(1, zaddBytes/size)) }
 
 // load schedules tasks from..to-1 of size bytes on the queue's m shards,
-// task i due at dueMs(i), each in its shard by the contract's hashing.
-// loaded counts the tasks written so far.
-func load(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, m, size, from, to int,
+// task i due at dueMs(i), each in its shard by the contract's hashing, in
+// the point's form (plain members, or ids: see taskForm). loaded counts
+// the tasks written so far.
+func load(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, p Point, from, to int,
 	dueMs func(i int) int64, loaded *atomic.Int64) error {
 	chunks := make(chan int)
 	ctx, cancel := context.WithCancel(ctx)
@@ -41,10 +42,11 @@ func load(ctx context.Context, rdb redis.UniversalClient, keys shard.Keys, m, si
 	var wg sync.WaitGroup
 	for w := range loadWorkers {
 		wg.Go(func() {
-			l := &loader{rdb: rdb, keys: keys, m: m, pairs: pairsPerZADD(size), buf: make([][]any, m), pipe: rdb.Pipeline(), loaded: loaded}
+			l := &loader{rdb: rdb, keys: keys, m: p.Shards, pairs: pairsPerZADD(p.Size), form: formOf(p),
+				by: map[int]*shardWrite{}, loaded: loaded}
 			for start := range chunks {
 				for i := start; i < min(start+loadChunk, to); i++ {
-					if err := l.add(ctx, i, size, dueMs(i)); err != nil {
+					if err := l.add(ctx, i, p.Size, dueMs(i)); err != nil {
 						errs[w] = err
 						cancel()
 						return
@@ -73,31 +75,24 @@ feed:
 	return ctx.Err()
 }
 
-// loader is one loading connection's state: per shard, the ZADD being
+// loader is one loading connection's state: per shard, the write being
 // filled.
 type loader struct {
 	rdb      redis.UniversalClient
 	keys     shard.Keys
 	m        int
-	pairs    int     // score/member pairs per ZADD
-	buf      [][]any // per shard: "zadd", key, score, member, ...
-	buffered int     // member bytes in buf
-	pipe     redis.Pipeliner
-	queued   int // tasks in queued pipeline commands
+	pairs    int // tasks per write
+	form     *taskForm
+	by       map[int]*shardWrite // by shard: the write being filled
+	buffered int                 // bytes in by
+	queued   []*shardWrite       // full writes, sent pipeCmds at a time
 	loaded   *atomic.Int64
-	member   []byte
 }
 
 func (l *loader) add(ctx context.Context, i, size int, due int64) error {
-	l.member = member(l.member, i, size)
-	s := shard.Index(l.member, l.m)
-	if l.buf[s] == nil {
-		l.buf[s] = make([]any, 0, 2+2*l.pairs)
-		l.buf[s] = append(l.buf[s], "zadd", l.keys.Pending(s))
-	}
-	l.buf[s] = append(l.buf[s], due, string(l.member))
-	l.buffered += size
-	if len(l.buf[s]) >= 2+2*l.pairs {
+	s, added := l.form.add(l.by, l.keys, 0, l.m, i, size, due)
+	l.buffered += added
+	if l.by[s].tasks >= l.pairs {
 		if err := l.queue(ctx, s); err != nil {
 			return err
 		}
@@ -108,53 +103,55 @@ func (l *loader) add(ctx context.Context, i, size int, due int64) error {
 	return nil
 }
 
-// queue moves shard s's ZADD into the pipeline, running it when full.
+// queue moves shard s's write to the queued ones, sending them when there
+// are enough.
 func (l *loader) queue(ctx context.Context, s int) error {
-	n := (len(l.buf[s]) - 2) / 2
-	l.pipe.Do(ctx, l.buf[s]...)
-	for i := 3; i < len(l.buf[s]); i += 2 {
-		l.buffered -= len(l.buf[s][i].(string))
-	}
-	l.buf[s] = nil
-	l.queued += n
-	if l.pipe.Len() >= pipeCmds {
+	w := l.by[s]
+	delete(l.by, s)
+	l.buffered -= w.bytes
+	l.queued = append(l.queued, w)
+	if len(l.queued) >= pipeCmds {
 		return l.exec(ctx)
 	}
 	return nil
 }
 
 func (l *loader) exec(ctx context.Context) error {
-	if l.pipe.Len() == 0 {
+	if len(l.queued) == 0 {
 		return nil
 	}
-	if _, err := l.pipe.Exec(ctx); err != nil {
+	if err := writeShards(ctx, l.rdb, l.queued); err != nil {
 		return fmt.Errorf("load tasks: %w", err)
 	}
-	l.loaded.Add(int64(l.queued))
-	l.queued = 0
+	n := 0
+	for _, w := range l.queued {
+		n += w.tasks
+	}
+	l.loaded.Add(int64(n))
+	l.queued = l.queued[:0]
 	return nil
 }
 
 func (l *loader) flushAll(ctx context.Context) error {
-	for s := range l.buf {
-		if l.buf[s] != nil {
-			if err := l.queue(ctx, s); err != nil {
-				return err
-			}
+	for s := range l.by {
+		if err := l.queue(ctx, s); err != nil {
+			return err
 		}
 	}
 	return l.exec(ctx)
 }
 
-// produce schedules rate tasks a second for d, from task 0 on, each with
-// a plain ZADD (no notification unless wake) about ahead before its due
+// produce schedules rate tasks a second for d, from task 0 on, in the
+// point's form: plain members with a plain ZADD, or ids (see taskForm);
+// no notification unless wake; each about ahead before its due
 // time: task j is due at start + ahead + j/rate, on queue j mod len(queues) (the
 // rate spread evenly over the queues), in its shard of that queue. It
-// returns how many ZADD commands it sent to each shard, indexed q*m+i for
+// returns the commands it sent to each shard, indexed q*m+i for
 // shard i of queue q, to be taken out of Redis's counts (on a cluster,
 // out of those of the shard's primary).
-func produce(ctx context.Context, rdb redis.UniversalClient, queues []shard.Keys, m, size, rate int,
-	d time.Duration, start time.Time, scheduled *atomic.Int64, aheadD time.Duration, wake bool) (zadds []int64, err error) {
+func produce(ctx context.Context, rdb redis.UniversalClient, queues []shard.Keys, p Point,
+	d time.Duration, start time.Time, scheduled *atomic.Int64, aheadD time.Duration, wake bool) (own []cmdStats, err error) {
+	m, rate := p.Shards, p.Rate
 	ahead := aheadD.Milliseconds()
 	total := int(int64(rate) * d.Milliseconds() / 1000)
 	startMs := start.UnixMilli()
@@ -162,35 +159,37 @@ func produce(ctx context.Context, rdb redis.UniversalClient, queues []shard.Keys
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	nq := len(queues)
-	zadds = make([]int64, nq*m)
-	var mem []byte
-	byShard := map[int][]any{} // by q*m+i
+	own = make([]cmdStats, nq*m)
+	for s := range own {
+		own[s] = cmdStats{}
+	}
+	form := formOf(p)
+	byShard := map[int]*shardWrite{} // by q*m+i
+	var writes []*shardWrite
 	for j := 0; j < total; {
 		horizon := time.Now().UnixMilli() + ahead
 		for ; j < total && due(j) <= horizon; j++ {
-			mem = member(mem, j, size)
-			s := (j%nq)*m + shard.Index(mem, m)
-			byShard[s] = append(byShard[s], due(j), string(mem))
+			q := j % nq
+			form.add(byShard, queues[q], q*m, m, j, p.Size, due(j))
 		}
 		if len(byShard) > 0 {
-			// A cluster client splits the pipeline by node.
-			pipe := rdb.Pipeline()
+			// After the writes' answers, as the Go producer does on a cluster.
 			wakes := rdb.Pipeline()
-			for s, pairs := range byShard {
-				pipe.Do(ctx, append([]any{"zadd", queues[s/m].Pending(s % m)}, pairs...)...)
-				if wake { // pairs are in due order: the first is the earliest
-					wakes.Publish(ctx, queues[s/m].Wake(), shard.WakeDue(s%m, pairs[0].(int64)))
+			writes = writes[:0]
+			for s, w := range byShard {
+				writes = append(writes, w)
+				if wake { // in due order: the first is the earliest
+					wakes.Publish(ctx, queues[s/m].Wake(), shard.WakeDue(s%m, w.zadd[2].(int64)))
 				}
-				zadds[s]++
+				w.commands(own[s])
 				delete(byShard, s)
 			}
-			if _, err := pipe.Exec(ctx); err != nil {
-				return zadds, fmt.Errorf("schedule tasks: %w", err)
+			if err := writeShards(ctx, rdb, writes); err != nil {
+				return own, fmt.Errorf("schedule tasks: %w", err)
 			}
-			// After the ZADDs' answers, as the Go producer does on a cluster.
 			if wake {
 				if _, err := wakes.Exec(ctx); err != nil {
-					return zadds, fmt.Errorf("wake the dispatchers: %w", err)
+					return own, fmt.Errorf("wake the dispatchers: %w", err)
 				}
 			}
 			scheduled.Store(int64(j))
@@ -198,8 +197,8 @@ func produce(ctx context.Context, rdb redis.UniversalClient, queues []shard.Keys
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return zadds, ctx.Err()
+			return own, ctx.Err()
 		}
 	}
-	return zadds, nil
+	return own, nil
 }

@@ -59,7 +59,7 @@ func (r *runner) runMemory(ctx context.Context, p Point) (*MemoryResult, error) 
 	})
 	began := time.Now()
 	later := began.Add(time.Hour).UnixMilli()
-	err = load(ctx, r.rdb, keys, p.Shards, p.Size, 0, p.Backlog, func(i int) int64 { return later + int64(i%60000) }, &loaded)
+	err = load(ctx, r.rdb, keys, p, 0, p.Backlog, func(i int) int64 { return later + int64(i%60000) }, &loaded)
 	stop()
 	res.LoadSeconds = time.Since(began).Seconds()
 	if err != nil {

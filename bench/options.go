@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +63,13 @@ type Options struct {
 	// ProbeCPUs pins a burst's probe process (taskset -c), e.g. to the
 	// CPU Redis has to itself.
 	ProbeCPUs string `json:"probe_cpus,omitempty"`
+
+	// IDs is how tasks are scheduled, swept like the other lists: false
+	// as plain members (ZADD), true by id (MULTI, HSET of the body, ZADD
+	// of the id, EXEC); Props gives every task with an id a small
+	// properties JSON as well.
+	IDs   []bool `json:"ids"`
+	Props bool   `json:"props"`
 
 	Stall    Duration `json:"stall"`
 	JSONPath string   `json:"-"`
@@ -140,6 +148,9 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.QueueType, "queue-type", queueClassic, "consumer queue: classic (durable), quorum, or transient (exclusive, non-durable)")
 	fs.IntVar(&o.Prefetch, "prefetch", 1000, "consumer: QoS prefetch count, the most deliveries unacked at a time (0: no limit); each is acked right after it is recorded")
 	fs.BoolVar(&o.AutoAck, "autoack", false, "consumer: consume with auto-ack instead of acking each delivery (no prefetch then)")
+	ids := &idsFlag{list: []bool{false}}
+	fs.Var(ids, "ids", "backlog, rate, burst and memory modes: schedule each task by id as the contract says (MULTI, HSET P:{Q:i}:tasks t<index> <body>, ZADD P:{Q:i} <due> t<index>, EXEC), the body the usual member of -size bytes; a list sweeps, e.g. -ids off,on (off: plain members)")
+	fs.BoolVar(&o.Props, "props", false, "with -ids: each task also gets properties (HSET P:{Q:i}:props), a traceparent header of its own, 85 bytes of JSON")
 	fs.BoolVar(&o.Cross, "cross", false, "run every combination of the lists; by default each list is swept on its own, the others held at their first value")
 	fs.IntVar(&o.CeilingCount, "ceiling-count", 100000, "messages published raw to measure the ceiling")
 	var ceilingWindows string
@@ -157,7 +168,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		fmt.Fprint(fs.Output(), usageHead)
 		printFlags(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(joinIDsList(args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, errHelp
 		}
@@ -166,6 +177,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	o.IDs = ids.list
 	o.Duration, o.Idle, o.Stall = Duration(duration), Duration(idle), Duration(stall)
 	o.BurstLead = Duration(burstLead)
 	o.Ahead = Duration(ahead)
@@ -234,6 +246,9 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	case o.Prefetch < 0 || o.Prefetch > maxPrefetch:
 		return nil, fmt.Errorf("-prefetch %d: must be 0 to %d", o.Prefetch, maxPrefetch)
 	}
+	if o.Props && !slices.Contains(o.IDs, true) {
+		return nil, errors.New("-props: only tasks with an id carry properties here; add -ids")
+	}
 	if o.AutoAck {
 		prefetchSet := false
 		fs.Visit(func(f *flag.Flag) { prefetchSet = prefetchSet || f.Name == "prefetch" })
@@ -257,7 +272,7 @@ RabbitMQ. It starts the dispatchers as child processes (DISPATCHER_* from
 the environment, e.g. DISPATCHER_PIPELINE, are passed on; the bench sets
 DISPATCHER_STAMP_PUBLISHED=true itself when the dispatcher knows it) on a
 key prefix, queue and exchange of its own, schedules tasks with plain ZADDs
-as any producer may, and consumes them with a plain AMQP consumer from a
+as any producer may (-ids: by id, MULTI, HSET, ZADD, EXEC), and consumes them with a plain AMQP consumer from a
 queue bound to the exchange. The consumer acks like a worker: each delivery
 is acked on its own right after its receipt time is taken and it is
 recorded, with a QoS prefetch of -prefetch; -autoack consumes with auto-ack
@@ -296,7 +311,8 @@ Figures:
   Redis cmds/task  INFO commandstats calls over the run (server-wide!) per
                    task, commands run inside Lua scripts included (Redis
                    counts them: it is the server's work); the bench's own
-                   INFO/CLIENT LIST and, in rate mode, its ZADDs left out.
+                   INFO/CLIENT LIST and, in rate mode, its writes (ZADD;
+                   with -ids MULTI, HSET, EXEC too) left out.
                    scripts/task: the EVALSHA calls among them.
   Redis CPU        used_cpu_sys + used_cpu_user of INFO cpu over the same
                    window, summed over every primary: seconds per 10,000
@@ -444,4 +460,75 @@ func printFlags(fs *flag.FlagSet) {
 			fmt.Fprintf(fs.Output(), "      %s\n", b.String())
 		}
 	})
+}
+
+// idsFlag is -ids: a boolean flag (-ids alone means on) that also takes a
+// list to sweep, -ids=off,on (see joinIDsList for -ids off,on).
+type idsFlag struct{ list []bool }
+
+func (f *idsFlag) IsBoolFlag() bool { return true }
+
+func (f *idsFlag) String() string {
+	if f == nil || len(f.list) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, v := range f.list {
+		parts = append(parts, map[bool]string{false: "off", true: "on"}[v])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *idsFlag) Set(s string) error {
+	list, err := parseIDsList(s)
+	if err != nil {
+		return err
+	}
+	f.list = list
+	return nil
+}
+
+// parseIDsList reads "on", "off,on", "true", ...; repeats are dropped.
+func parseIDsList(s string) ([]bool, error) {
+	var out []bool
+	for _, f := range splitList(s) {
+		var v bool
+		switch strings.ToLower(f) {
+		case "on", "true", "1", "yes":
+			v = true
+		case "off", "false", "0", "no":
+		default:
+			return nil, fmt.Errorf("%q: want on or off (a list: off,on)", f)
+		}
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+// joinIDsList lets -ids take its list as the next argument (-ids off,on),
+// as the other lists do; a boolean flag would otherwise leave it as a
+// stray argument. The bench takes no other arguments, so a next one that
+// reads as an on/off list can only be meant for -ids.
+func joinIDsList(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		if (a == "-ids" || a == "--ids") && i+1 < len(args) {
+			if _, err := parseIDsList(args[i+1]); err == nil {
+				out = append(out, a+"="+args[i+1])
+				i++
+				continue
+			}
+		}
+		out = append(out, a)
+	}
+	return out
 }

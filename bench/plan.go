@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Point is one measurement: a mode and the settings it runs with.
@@ -17,6 +18,41 @@ type Point struct {
 	Batch     int    `json:"batch,omitempty"`
 	Size      int    `json:"size"`
 	MaxRate   int    `json:"max_rate,omitempty"` // the queue's MAX_RATE (burst)
+	// IDs: tasks are scheduled by id (-ids), with properties when Props
+	// (-props); else as plain members.
+	IDs   bool `json:"ids,omitempty"`
+	Props bool `json:"props,omitempty"`
+}
+
+// formText is how the point's tasks are scheduled: " ids", " ids+props",
+// or nothing for plain members.
+func (p Point) formText() string {
+	switch {
+	case p.IDs && p.Props:
+		return " ids+props"
+	case p.IDs:
+		return " ids"
+	}
+	return ""
+}
+
+// formRank orders plain, ids, ids+props.
+func (p Point) formRank() int {
+	switch {
+	case p.IDs && p.Props:
+		return 2
+	case p.IDs:
+		return 1
+	}
+	return 0
+}
+
+// formCell is formText for a table: plain, ids or ids+props.
+func (p Point) formCell() string {
+	if p.IDs {
+		return strings.TrimSpace(p.formText())
+	}
+	return "plain"
 }
 
 func (p Point) maxRateText() string {
@@ -29,16 +65,16 @@ func (p Point) maxRateText() string {
 func (p Point) String() string {
 	switch p.Mode {
 	case modeBacklog:
-		return fmt.Sprintf("backlog N=%s due=%s instances=%d shards=%d batch=%d size=%d",
-			thousands(p.Backlog), thousands(p.Window), p.Instances, p.Shards, p.Batch, p.Size)
+		return fmt.Sprintf("backlog N=%s due=%s instances=%d shards=%d batch=%d size=%d%s",
+			thousands(p.Backlog), thousands(p.Window), p.Instances, p.Shards, p.Batch, p.Size, p.formText())
 	case modeRate:
-		return fmt.Sprintf("rate %s/s%s instances=%d shards=%d batch=%d size=%d",
-			thousands(p.Rate), p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size)
+		return fmt.Sprintf("rate %s/s%s instances=%d shards=%d batch=%d size=%d%s",
+			thousands(p.Rate), p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size, p.formText())
 	case modeMemory:
-		return fmt.Sprintf("memory N=%s shards=%d size=%d", thousands(p.Backlog), p.Shards, p.Size)
+		return fmt.Sprintf("memory N=%s shards=%d size=%d%s", thousands(p.Backlog), p.Shards, p.Size, p.formText())
 	case modeBurst:
-		return fmt.Sprintf("burst N=%s due at once instances=%d shards=%d batch=%d size=%d%s",
-			thousands(p.Backlog), p.Instances, p.Shards, p.Batch, p.Size, p.maxRateText())
+		return fmt.Sprintf("burst N=%s due at once instances=%d shards=%d batch=%d size=%d%s%s",
+			thousands(p.Backlog), p.Instances, p.Shards, p.Batch, p.Size, p.maxRateText(), p.formText())
 	default:
 		if p.Instances == 0 {
 			return fmt.Sprintf("idle background (no instance) pending=%s", thousands(p.Backlog))
@@ -65,9 +101,9 @@ func plan(o *Options) []Point {
 		var dims [][]int
 		switch mode {
 		case modeBacklog, modeBurst, modeMemory:
-			dims = [][]int{o.Backlogs, o.Instances, o.Shards, o.Batches, o.Sizes}
+			dims = [][]int{o.Backlogs, o.Instances, o.Shards, o.Batches, o.Sizes, idsOf(o.IDs)}
 		case modeRate:
-			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes, queuesOr1(o.Queues)}
+			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes, queuesOr1(o.Queues), idsOf(o.IDs)}
 		case modeIdle:
 			dims = [][]int{o.Instances, o.Shards, queuesOr1(o.Queues)}
 		}
@@ -96,7 +132,25 @@ func plan(o *Options) []Point {
 				p.Instances, p.Shards, p.Queues = c[0], c[1], c[2]
 				p.Backlog, p.Batch, p.Size = o.IdleTasks, o.Batches[0], o.Sizes[0]
 			}
+			if mode != modeIdle {
+				p.IDs = c[len(c)-1] == 1
+				p.Props = p.IDs && o.Props
+			}
 			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// idsOf is the -ids list as a dimension of the plan: 0 plain, 1 ids.
+func idsOf(ids []bool) []int {
+	if len(ids) == 0 {
+		return []int{0}
+	}
+	out := make([]int, len(ids))
+	for i, v := range ids {
+		if v {
+			out[i] = 1
 		}
 	}
 	return out

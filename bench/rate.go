@@ -44,14 +44,14 @@ func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 	began := time.Now()
 	var scheduled atomic.Int64
 	type produced struct {
-		zadds []int64
-		err   error
+		own []cmdStats
+		err error
 	}
 	done := make(chan produced, 1)
 	waitCtx, stopWaiting := context.WithCancel(ctx)
 	defer stopWaiting()
 	go func() {
-		z, err := produce(ctx, r.rdb, m.queueKeys(), p.Shards, p.Size, p.Rate, d, began, &scheduled,
+		z, err := produce(ctx, r.rdb, m.queueKeys(), p, d, began, &scheduled,
 			time.Duration(r.opt.Ahead), r.opt.Wake)
 		if err != nil {
 			stopWaiting() // what was not scheduled will not come
@@ -68,7 +68,7 @@ func (r *runner) runRate(ctx context.Context, p Point) (*Result, error) {
 	if waitErr != nil {
 		return m.res, waitErr
 	}
-	if err := m.finish(ctx, before, out.zadds, cpu0, began); err != nil {
+	if err := m.finish(ctx, before, out.own, cpu0, began); err != nil {
 		return m.res, err
 	}
 	return m.res, nil

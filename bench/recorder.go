@@ -42,7 +42,17 @@ type recorder struct {
 	// when asked for (keepDue), for the start-of-traffic window.
 	dueMs []int64
 
+	// ids: the tasks were scheduled by id (t<index>), props: with
+	// properties (see taskForm); set before anything is recorded.
+	ids, props bool
+	idBuf      []byte // consumer goroutine's scratch
+	traceBuf   []byte
+
 	unique, dups, unexpected, malformed, badID, early atomic.Int64
+	// badTaskID counts deliveries whose x-task-id is not their task's id
+	// (or is there for a plain member), or whose properties did not
+	// arrive as scheduled.
+	badTaskID atomic.Int64
 	// unstamped counts first deliveries without x-published-us.
 	unstamped       atomic.Int64
 	firstNs, lastNs atomic.Int64
@@ -65,6 +75,10 @@ func newRecorder(expected, shards int, earlyUs int64) *recorder {
 // before anything is recorded.
 func (r *recorder) keepDue() { r.dueMs = make([]int64, 0, r.expected) }
 
+// expectIDs says that the tasks were scheduled by id, with properties
+// when props; call before anything is recorded.
+func (r *recorder) expectIDs(props bool) { r.ids, r.props = true, props }
+
 // record takes one delivery received at now.
 func (r *recorder) record(d *amqp.Delivery, now time.Time) {
 	i, ok := memberIndex(d.Body)
@@ -73,9 +87,21 @@ func (r *recorder) record(d *amqp.Delivery, now time.Time) {
 		r.malformed.Add(1)
 		return
 	}
-	// The contract: message_id is XXH64(member) in hex, '-', due ms.
+	// The contract: message_id is XXH64(member) in hex, '-', due ms; the
+	// member is the task's id when it has one.
+	member := d.Body
+	gotID, hasID := d.Headers["x-task-id"].(string)
+	if r.ids {
+		r.idBuf = taskID(r.idBuf, i)
+		member = r.idBuf
+		if !hasID || gotID != string(r.idBuf) || (r.props && !r.propsArrived(d, i)) {
+			r.badTaskID.Add(1)
+		}
+	} else if _, ok := d.Headers["x-task-id"]; ok {
+		r.badTaskID.Add(1)
+	}
 	hash, okHash := idHash(d.MessageId)
-	if !okHash || hash != shard.Hash(d.Body) {
+	if !okHash || hash != shard.Hash(member) {
 		r.badID.Add(1)
 	}
 	if i >= r.expected {
@@ -106,6 +132,14 @@ func (r *recorder) record(d *amqp.Delivery, now time.Time) {
 	r.firstNs.CompareAndSwap(0, ns)
 	r.lastNs.Store(ns)
 	r.unique.Add(1)
+}
+
+// propsArrived says whether the delivery carries task i's traceparent
+// (its trace id: a tracer may make itself the parent).
+func (r *recorder) propsArrived(d *amqp.Delivery, i int) bool {
+	tp, _ := d.Headers["traceparent"].(string)
+	r.traceBuf = traceID(r.traceBuf[:0], i)
+	return traceIDOf(tp) == string(r.traceBuf)
 }
 
 func clamp32(v int64, lo int32) int32 { return int32(max(min(v, math.MaxInt32), int64(lo))) }

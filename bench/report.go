@@ -43,13 +43,13 @@ func writeTables(w io.Writer, rep *Report) {
 	}
 	if rs := results(rep, modeBacklog); len(rs) > 0 {
 		fmt.Fprintf(w, "\nBacklog: N tasks pending, W of them due, when the dispatchers start; throughput over the W (first to last receipt)%s\n\n", consumer)
-		table(w, []string{"pending N", "due W", "instances", "shards", "batch", "size B", "tasks/s", "ceiling/s", "ratio",
+		table(w, []string{"pending N", "due W", "instances", "shards", "batch", "size B", "form", "tasks/s", "ceiling/s", "ratio",
 			"dispatch p50 / p99 / p99.9 / max ms", "consumer p50 / p99 / p99.9 / max ms", "worst shard p99 ms (consumer)",
 			"Redis cmds/task", "scripts/task", "CPU s/10k tasks", "Redis CPU s/10k tasks", "peak RSS MB", "dups", "missing"},
 			func(add func(...string)) {
 				for _, r := range rs {
 					add(thousands(r.Backlog), thousands(r.Window), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size),
-						thousands(int(r.PerSec)), thousands(int(r.Ceiling)), fmt.Sprintf("%.2f", r.Ratio),
+						r.formCell(), thousands(int(r.PerSec)), thousands(int(r.Ceiling)), fmt.Sprintf("%.2f", r.Ratio),
 						latCell(r.DispatchLateness), latCell(&r.Lateness),
 						fmtMs(r.ShardP99Worst), fmt.Sprintf("%.2f", r.CmdsPerTask), fmt.Sprintf("%.3f", r.ScriptsPerTask),
 						fmt.Sprintf("%.2f", r.CPUPer10k), fmtOpt(r.RedisCPUPer10k, "%.2f"), fmt.Sprintf("%.0f", r.PeakRSSMB),
@@ -66,17 +66,17 @@ func writeTables(w io.Writer, rep *Report) {
 			}
 		}
 		fmt.Fprintf(w, "\nSteady rate: each task ZADDed %s before its due time, %s; \"first 1 s\": the tasks due in the first second from the earliest due time (the start of traffic)%s\n\n", ahead, wake, consumer)
-		table(w, []string{"rate/s", "queues", "instances", "shards", "batch", "size B", "tasks due", "tasks", "dispatch p50 / p99 / p99.9 / max ms",
+		table(w, []string{"rate/s", "queues", "instances", "shards", "batch", "size B", "form", "tasks due", "tasks", "dispatch p50 / p99 / p99.9 / max ms",
 			"consumer p50 / p99 / p99.9 / max ms", "median shard p99 ms (consumer)", "worst shard p99 ms (consumer)", "Redis cmds/task",
 			"CPU s/10k tasks", "Redis CPU s/10k tasks", "peak RSS MB", "dups", "missing"}, func(add func(...string)) {
 			for _, r := range rs {
-				add(thousands(r.Rate), itoa(max(r.Queues, 1)), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), "whole run", thousands(r.Delivered),
+				add(thousands(r.Rate), itoa(max(r.Queues, 1)), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), r.formCell(), "whole run", thousands(r.Delivered),
 					latCell(r.DispatchLateness), latCell(&r.Lateness),
 					fmtMs(r.ShardP99Median), fmtMs(r.ShardP99Worst), fmt.Sprintf("%.2f", r.CmdsPerTask),
 					fmt.Sprintf("%.2f", r.CPUPer10k), fmtOpt(r.RedisCPUPer10k, "%.2f"), fmt.Sprintf("%.0f", r.PeakRSSMB),
 					thousands(int(r.Duplicates)), thousands(r.Missing))
 				if f := r.FirstSecond; f != nil {
-					add(thousands(r.Rate), itoa(max(r.Queues, 1)), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), "first 1 s", thousands(f.Tasks),
+					add(thousands(r.Rate), itoa(max(r.Queues, 1)), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), r.formCell(), "first 1 s", thousands(f.Tasks),
 						latCell(f.DispatchLateness), latCell(&f.Lateness), "", "", "", "", "", "", "", "")
 				}
 			}
@@ -85,7 +85,7 @@ func writeTables(w io.Writer, rep *Report) {
 	if rs := results(rep, modeBurst); len(rs) > 0 {
 		fmt.Fprintf(w, "\nBurst: N tasks due at one time, the instances running when it comes; drain from the due time to the last receipt; meanwhile a producer ZADDs one task every %s (one round trip each) and `stats` is read every %s on the same Redis; Redis calls that held it over %d ms (SLOWLOG, script calls counted once)%s\n\n",
 			zaddEvery, statsEvery, slowThresholdUs/1000, consumer)
-		table(w, []string{"due N", "instances", "shards", "batch", "size B", "max rate", "drained s", "tasks/s", "ceiling/s", "ratio", "busiest s",
+		table(w, []string{"due N", "instances", "shards", "batch", "size B", "form", "max rate", "drained s", "tasks/s", "ceiling/s", "ratio", "busiest s",
 			"ZADD p50 / p99 / max ms", "ZADD before p50 / p99 / max ms", "stats p50 / p99 / max ms", "calls > 1 ms", "longest ms", "missing", "dups"},
 			func(add func(...string)) {
 				for _, r := range rs {
@@ -100,7 +100,7 @@ func writeTables(w io.Writer, rep *Report) {
 					if b.SlowNote != "" {
 						slow, longest = "-", "-"
 					}
-					add(thousands(r.Backlog), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), rate,
+					add(thousands(r.Backlog), itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), r.formCell(), rate,
 						fmt.Sprintf("%.1f", b.DrainSeconds), thousands(int(b.DrainPerSec)), thousands(int(r.Ceiling)), fmt.Sprintf("%.2f", r.Ratio),
 						thousands(slices.Max(append([]int{0}, b.PerSecond...))), probeCell(b.Producer), probeCell(b.Before), probeCell(b.Stats),
 						slow, longest, thousands(r.Missing), thousands(int(r.Duplicates)))
@@ -109,10 +109,10 @@ func writeTables(w io.Writer, rep *Report) {
 	}
 	if len(rep.Memory) > 0 {
 		fmt.Fprintf(w, "\nMemory: Redis used_memory growth (every primary) per pending task, tasks due in an hour, no instance running\n\n")
-		table(w, []string{"tasks", "shards", "member B", "bytes/task", "beyond the member", "tasks in 16 GiB", "fragmentation", "loaded/s"},
+		table(w, []string{"tasks", "shards", "member B", "form", "bytes/task", "beyond the member", "tasks in 16 GiB", "fragmentation", "loaded/s"},
 			func(add func(...string)) {
 				for _, r := range rep.Memory {
-					add(thousands(r.Backlog), itoa(r.Shards), itoa(r.Size), fmt.Sprintf("%.0f", r.PerTask), fmt.Sprintf("%.0f", r.PerTaskOverhead),
+					add(thousands(r.Backlog), itoa(r.Shards), itoa(r.Size), r.formCell(), fmt.Sprintf("%.0f", r.PerTask), fmt.Sprintf("%.0f", r.PerTaskOverhead),
 						thousands(int(r.In16GB)), fmt.Sprintf("%.2f", r.Fragmentation), thousands(int(r.LoadedPerSec)))
 				}
 			})
@@ -248,7 +248,8 @@ func results(rep *Report, mode string) []*Result {
 	}
 	slices.SortStableFunc(out, func(a, b *Result) int {
 		return cmp.Or(cmp.Compare(a.Instances, b.Instances), cmp.Compare(a.Shards, b.Shards), cmp.Compare(a.Batch, b.Batch),
-			cmp.Compare(a.Size, b.Size), cmp.Compare(a.Backlog, b.Backlog), cmp.Compare(a.Rate, b.Rate), cmp.Compare(max(a.Queues, 1), max(b.Queues, 1)))
+			cmp.Compare(a.Size, b.Size), cmp.Compare(a.Backlog, b.Backlog), cmp.Compare(a.Rate, b.Rate), cmp.Compare(max(a.Queues, 1), max(b.Queues, 1)),
+			cmp.Compare(a.formRank(), b.formRank()))
 	})
 	return out
 }

@@ -39,7 +39,11 @@ type Result struct {
 	Unexpected int64 `json:"unexpected"` // tasks not due during the run, or not the bench's
 	Early      int64 `json:"early"`      // received before their due time by Redis's clock
 	BadID      int64 `json:"bad_message_id"`
-	Malformed  int64 `json:"malformed"`
+	// BadTaskID counts deliveries of a point with ids whose x-task-id was
+	// not their id or whose properties were not theirs, and of a plain
+	// point that carried an x-task-id.
+	BadTaskID int64 `json:"bad_task_id"`
+	Malformed int64 `json:"malformed"`
 
 	LoadSeconds float64 `json:"load_seconds"`
 	// StartupMs is from starting the instances to the first receipt
@@ -145,6 +149,7 @@ func (res *Result) failures() []string {
 	add(res.Unexpected, "unexpected (not due yet, or not the bench's)")
 	add(res.Early, "early (before their due time by Redis's clock)")
 	add(res.BadID, "with a message_id that does not match the contract")
+	add(res.BadTaskID, "with a wrong x-task-id or properties")
 	add(res.Malformed, "malformed")
 	for _, e := range res.Errors {
 		out = append(out, res.Point.String()+": "+e)
