@@ -272,12 +272,12 @@ RabbitMQ. It starts the dispatchers as child processes (DISPATCHER_* from
 the environment, e.g. DISPATCHER_PIPELINE, are passed on; the bench sets
 DISPATCHER_STAMP_PUBLISHED=true itself when the dispatcher knows it) on a
 key prefix, queue and exchange of its own, schedules tasks with plain ZADDs
-as any producer may (-ids: by id, MULTI, HSET, ZADD, EXEC), and consumes them with a plain AMQP consumer from a
-queue bound to the exchange. The consumer acks like a worker: each delivery
-is acked on its own right after its receipt time is taken and it is
-recorded, with a QoS prefetch of -prefetch; -autoack consumes with auto-ack
-instead. Every table says which. Every key, queue and exchange it made is
-removed at the end, on Ctrl-C too.
+as any producer may (-ids: by id, MULTI, HSET, ZADD, EXEC), and consumes
+them with a plain AMQP consumer from a queue bound to the exchange. The
+consumer acks like a worker: each delivery is acked on its own right after
+its receipt time is taken and it is recorded, with a QoS prefetch of
+-prefetch; -autoack consumes with auto-ack instead. Every table says which.
+Every key, queue and exchange it made is removed at the end, on Ctrl-C too.
 
 Modes:
   backlog  N tasks pending (-backlog), W of them due (-window; -drain: all),

@@ -15,10 +15,10 @@ import (
 )
 
 // idHelp says what --id does, for schedule, cancel and reschedule.
-const idHelp = `With --id, the task has an id (1 to 1024 bytes) of its own: the id is what
-is pending, the body and the message properties are kept beside it, and
-cancel, reschedule and show take the id. Scheduling a pending id again
-replaces its body, properties and due time.`
+const idHelp = `With --id, the task has an id (1 to 1024 bytes) of its own: the id
+is what is pending, the body and the message properties are kept beside
+it, and cancel, reschedule and show take the id. Scheduling a pending id
+again replaces its body, properties and due time.`
 
 // propFlags are schedule's message properties of a task with an id.
 type propFlags struct {

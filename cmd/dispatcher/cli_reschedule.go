@@ -18,7 +18,7 @@ func newRescheduleCmd(s streams) *cobra.Command {
 	var asJSON, raw, past bool
 	var bf bulkFlags
 	cmd := &cobra.Command{
-		Use:   "reschedule --queue Q (--in D|--at T) (--id ID|BODY) | (--by D|--at T) --match G",
+		Use:   "reschedule --queue Q (--in|--at|--by) V (--id ID|BODY|--match G)",
 		Short: "move a pending task to a new due time, or many at once",
 		Long: `Moves the task with this body on queue Q, while it is still pending, to a
 new due time: in a duration (--in) or at a time (--at: RFC 3339, Unix ms,

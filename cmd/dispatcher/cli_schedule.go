@@ -20,17 +20,17 @@ func newScheduleCmd(s streams) *cobra.Command {
 	var asJSON, raw, past bool
 	var pf propFlags
 	cmd := &cobra.Command{
-		Use:   "schedule --queue Q [--id ID [--header K=V]...] (--in 10m | --at TIME) (BODY | -)",
+		Use:   "schedule --queue Q [--id ID [PROPS]] (--in D | --at T) (BODY | -)",
 		Short: "schedule a task, as a producer does",
-		Long: `Schedules a task on queue Q, due in a duration (--in) or at an RFC 3339
-time (--at: ` + timeHelp + `), as a producer does:
-ZADD to its shard, and a wake-up.
+		Long: `Schedules a task on queue Q, due in a duration (--in) or at a time
+(--at), as a producer does: ZADD to its shard, and a wake-up.
 ` + bodyHelp + `
 A due time in the past is refused unless --past (the task would go out at
 once).
 
-` + idHelp + ` The message then carries the header x-task-id (the id) and
-the properties given: --header K=V (repeatable; V is a boolean if true or
+` + idHelp + `
+The message then carries the header x-task-id (the id) and the
+properties given: --header K=V (repeatable; V is a boolean if true or
 false, an integer if it is one, else a string), --routing-key,
 --priority, --content-type, --correlation-id, --expiration (the broker's
 TTL) and --deadline (a task not published by then is dead-lettered
@@ -118,7 +118,7 @@ func newCancelCmd(s streams) *cobra.Command {
 	var asJSON, raw bool
 	var bf bulkFlags
 	cmd := &cobra.Command{
-		Use:   "cancel --queue Q (--id ID | BODY | - | --match G | --from T | --to T | --all)",
+		Use:   "cancel --queue Q (--id ID | BODY | - | --match G | --all | ...)",
 		Short: "cancel a pending task by its id or body, or many at once",
 		Long: `Cancels the task with this body on queue Q while it is still pending
 (ZREM from its shard). A task claimed already cannot be cancelled.
