@@ -394,3 +394,38 @@ func TestIDRaces(t *testing.T) {
 	}
 	t.Logf("%d deliveries, %d schedulings pending at the end, %d made, %d cancelled", len(got), len(must), len(may), len(cancelled))
 }
+
+// TestIDLongShortStringPropertyIsItsOwnFault (review: expected to FAIL
+// until fixed). AMQP 0-9-1 carries correlation_id, reply_to, type,
+// content_type, content_encoding, the routing key and header names as
+// short strings of at most 255 bytes. shard.ParseProperties accepts
+// longer ones; amqp091-go then fails the frame write and shuts the whole
+// connection down ("lost"), so the task is released (lease 0), claimed
+// again at once and kills the connection again, forever, taking every
+// other publish in flight on that connection with it. Such a task must be
+// dead-lettered alone, with the field named, and the others delivered.
+func TestIDLongShortStringPropertyIsItsOwnFault(t *testing.T) {
+	t.Parallel()
+	q := queueSpec{Name: "shortstr", Shards: 1}
+	h := newHarness(t, q)
+	q = h.queues[0]
+	now := time.Now().UnixMilli()
+	long := strings.Repeat("c", 300)
+	h.scheduleID(q, "too-long", "body of too-long", `{"correlation_id":"`+long+`"}`, now)
+	for n := 0; n < 5; n++ {
+		h.scheduleID(q, fmt.Sprintf("good-%d", n), fmt.Sprintf("good body %d", n), `{"type":"good"}`, now)
+	}
+	p := h.start()
+	defer p.signal(syscall.SIGTERM)
+	bodies := map[string]bool{}
+	for _, o := range h.drain(q.Name, 3*time.Second, 10*time.Second) {
+		bodies[o.body] = true
+	}
+	if len(bodies) != 5 {
+		t.Errorf("delivered %d of the 5 good tasks alongside one with a 300-byte correlation_id: %v", len(bodies), keysOf(bodies))
+	}
+	why := h.deadReasons(q)["too-long"]
+	if !strings.Contains(why, "correlation_id") {
+		t.Errorf("task with a 300-byte correlation_id: dead-letter reason %q, want one naming correlation_id", why)
+	}
+}
