@@ -412,6 +412,9 @@ func TestIDLongShortStringPropertyIsItsOwnFault(t *testing.T) {
 	now := time.Now().UnixMilli()
 	long := strings.Repeat("c", 300)
 	h.scheduleID(q, "too-long", "body of too-long", `{"correlation_id":"`+long+`"}`, now)
+	// Properties whose AMQP header frame outgrows the negotiated frame_max
+	// (128 KiB): the broker closes the connection (frame_too_large).
+	h.scheduleID(q, "too-big", "body of too-big", `{"headers":{"big":"`+strings.Repeat("h", 200<<10)+`"}}`, now)
 	for n := 0; n < 5; n++ {
 		h.scheduleID(q, fmt.Sprintf("good-%d", n), fmt.Sprintf("good body %d", n), `{"type":"good"}`, now)
 	}
@@ -422,10 +425,19 @@ func TestIDLongShortStringPropertyIsItsOwnFault(t *testing.T) {
 		bodies[o.body] = true
 	}
 	if len(bodies) != 5 {
-		t.Errorf("delivered %d of the 5 good tasks alongside one with a 300-byte correlation_id: %v", len(bodies), keysOf(bodies))
+		t.Errorf("delivered %d of the 5 good tasks alongside bad ones: %v", len(bodies), keysOf(bodies))
+	}
+	// Dead-lettered at their first claim, once fixed; the drain above
+	// already waited seconds.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && (h.deadReasons(q)["too-long"] == "" || h.deadReasons(q)["too-big"] == "") {
+		time.Sleep(50 * time.Millisecond)
 	}
 	why := h.deadReasons(q)["too-long"]
 	if !strings.Contains(why, "correlation_id") {
 		t.Errorf("task with a 300-byte correlation_id: dead-letter reason %q, want one naming correlation_id", why)
+	}
+	if why := h.deadReasons(q)["too-big"]; why == "" {
+		t.Errorf("task with 200 KiB of headers: not dead-lettered")
 	}
 }
