@@ -229,6 +229,12 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		case kind == "refused" && errors.As(err, &le):
 			last = t.batch.record(outcome{t.task.Entry, "poison", "broker refused it: " + le.Error()})
 			failed = append(failed, err)
+		case kind == "returned" && t.task.props != nil && t.task.props.RoutingKey != "":
+			// Unroutable by its own routing key: a producer's key nothing
+			// is bound to is the task's fault, dead after MAX_ATTEMPTS
+			// (the queue's own key unbound is the operator's: retried).
+			last = t.batch.record(outcome{t.task.Entry, "poison", "unroutable by its own routing_key " + strconv.Quote(t.task.props.RoutingKey) + ": " + err.Error()})
+			failed = append(failed, err)
 		case kind == "nack" || kind == "returned" || kind == "timeout" || kind == "channel":
 			last = t.batch.record(outcome{t.task.Entry, "retry", err.Error()})
 			failed = append(failed, err)
@@ -339,7 +345,9 @@ func (s *Scanner) pastDeadline(tasks []heldTask) ([]heldTask, []*progress) {
 	var done []*progress
 	for n, t := range tasks {
 		if p := t.task.props; p != nil && p.DeadlineMs != nil {
-			if nowMs := s.clock.serverNowUs(t.batch.b.shard) / 1000; nowMs > *p.DeadlineMs {
+			// The lower bound of the Redis clock, the reading that lets a
+			// held task go out: a task due at its deadline is published.
+			if nowMs := s.clock.surelyUs(t.batch.b.shard) / 1000; nowMs > *p.DeadlineMs {
 				if keep == nil {
 					keep = append(make([]heldTask, 0, len(tasks)), tasks[:n]...)
 				}

@@ -175,7 +175,7 @@ end
 local room = limit - #expired / 2
 local upto = now + tonumber(ARGV[4] or '0')
 local budget = tonumber(ARGV[5] or '0')
-local new, members, bodies, taken, bytes = {}, {}, {}, 0, 0
+local new, members, bodies, props, taken, bytes = {}, {}, {}, {}, 0, 0
 -- One EXISTS for a queue without ids or properties, pending or claimed.
 local withIDs, withProps, withClaimed = false, false, false
 if redis.call('EXISTS', KEYS[6], KEYS[7], KEYS[8], KEYS[9]) > 0 then
@@ -193,12 +193,14 @@ if budget > 0 then want = math.min(room, 1) end
 local lastScore, lastDue
 while want > 0 do
   local items = redis.call('ZRANGE', KEYS[1], '-inf', upto, 'BYSCORE', 'LIMIT', taken, want, 'WITHSCORES')
-  -- Bodies of ids, read with their members: the budget weighs them.
-  local got = {}
-  if withIDs and #items > 0 then
+  -- Bodies and properties, read with their members: the budget weighs
+  -- them too.
+  local got, gotP = {}, {}
+  if (withIDs or withProps) and #items > 0 then
     local names = {}
     for i = 1, #items, 2 do names[#names + 1] = items[i] end
-    got = redis.call('HMGET', KEYS[6], unpack(names))
+    if withIDs then got = redis.call('HMGET', KEYS[6], unpack(names)) end
+    if withProps then gotP = redis.call('HMGET', KEYS[7], unpack(names)) end
   end
   for i = 1, #items, 2 do
     -- A herd shares one due time: format it once. A score below -2^53
@@ -213,7 +215,8 @@ while want > 0 do
     new[taken] = lastDue .. ':' .. items[i]
     members[taken] = items[i]
     bodies[taken] = got[(i + 1) / 2] or false
-    bytes = bytes + #(bodies[taken] or items[i])
+    props[taken] = gotP[(i + 1) / 2] or false
+    bytes = bytes + #(bodies[taken] or items[i]) + #(props[taken] or '')
     if budget > 0 and bytes >= budget then break end
   end
   if #items < 2 * want or (budget > 0 and bytes >= budget) then break end
@@ -230,8 +233,6 @@ local first = redis.call('ZRANGE', KEYS[1], taken, taken, 'WITHSCORES')
 if first[2] then out[2] = first[2] end
 local d = out[5]
 local isFresh = {}
-local props = {}
-if withProps and taken > 0 then props = redis.call('HMGET', KEYS[7], unpack(members, 1, taken)) end
 local moved = {} -- indexes whose body or properties move with the claim
 local anyBody, anyProps = false, false
 for i = 1, taken do

@@ -13,6 +13,15 @@ import (
 // MaxIDBytes is the longest task id the contract allows.
 const MaxIDBytes = 1024
 
+// MaxPropertiesBytes is the largest properties JSON the contract allows:
+// the AMQP header frame they become must fit in one frame (RabbitMQ's
+// frame_max is 128 KiB by default), or the broker drops the connection.
+const MaxPropertiesBytes = 32 << 10
+
+// maxShortString is AMQP's limit on a short string: the routing key, the
+// basic properties and every header name.
+const maxShortString = 255
+
 // ValidID reports why id cannot be a task id (1 to 1024 bytes), or nil.
 func ValidID(id []byte) error {
 	if len(id) == 0 || len(id) > MaxIDBytes {
@@ -57,6 +66,12 @@ func ReservedHeader(name string) bool {
 
 // Validate reports the first field that breaks the contract's rules.
 func (p *Properties) Validate() error {
+	for _, f := range []struct{ name, v string }{{"routing_key", p.RoutingKey}, {"content_type", p.ContentType},
+		{"content_encoding", p.ContentEncoding}, {"correlation_id", p.CorrelationID}, {"reply_to", p.ReplyTo}, {"type", p.Type}} {
+		if len(f.v) > maxShortString {
+			return fmt.Errorf("properties: %s is %d bytes, over AMQP's %d", f.name, len(f.v), maxShortString)
+		}
+	}
 	if p.Priority != nil && (*p.Priority < 0 || *p.Priority > 255) {
 		return fmt.Errorf("properties: priority %d is not 0 to 255", *p.Priority)
 	}
@@ -71,6 +86,9 @@ func (p *Properties) Validate() error {
 	for _, k := range names {
 		if k == "" {
 			return errors.New("properties: headers: empty header name")
+		}
+		if len(k) > maxShortString {
+			return fmt.Errorf("properties: headers: a name of %d bytes, over AMQP's %d: %.40q...", len(k), maxShortString, k)
 		}
 		if ReservedHeader(k) {
 			return fmt.Errorf("properties: headers: %q is reserved for the dispatcher", k)
@@ -114,6 +132,9 @@ func jsonKind(v any) string {
 // naming the field.
 func ParseProperties(b []byte) (Properties, error) {
 	var p Properties
+	if len(b) > MaxPropertiesBytes {
+		return p, fmt.Errorf("properties are %d bytes, over %d", len(b), MaxPropertiesBytes)
+	}
 	t := bytes.TrimSpace(b)
 	if len(t) == 0 || t[0] != '{' {
 		return p, fmt.Errorf("properties are not a JSON object: %.40q", b)
@@ -165,7 +186,11 @@ func (p Properties) Marshal() ([]byte, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return json.Marshal(p)
+	b, err := json.Marshal(p)
+	if err == nil && len(b) > MaxPropertiesBytes {
+		err = fmt.Errorf("properties are %d bytes, over %d", len(b), MaxPropertiesBytes)
+	}
+	return b, err
 }
 
 // IsZero reports whether p sets nothing (no props entry is written then).

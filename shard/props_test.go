@@ -131,3 +131,24 @@ func ExampleProperties_Carrier() {
 	// [traceparent] 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01
 	// {"headers":{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},"content_type":"application/json"}
 }
+
+// TestPropertiesAMQPLimits: what AMQP cannot carry is refused here, not
+// by the broker dropping the connection: short strings over 255 bytes and
+// properties over MaxPropertiesBytes.
+func TestPropertiesAMQPLimits(t *testing.T) {
+	for _, c := range []struct{ json, want string }{
+		{`{"reply_to":"` + strings.Repeat("r", 256) + `"}`, "reply_to is 256 bytes"},
+		{`{"type":"` + strings.Repeat("t", 255) + `"}`, ""},
+		{`{"headers":{"` + strings.Repeat("h", 256) + `":1}}`, "a name of 256 bytes"},
+		{`{"headers":{"big":"` + strings.Repeat("b", shard.MaxPropertiesBytes) + `"}}`, "over 32768"},
+	} {
+		_, err := shard.ParseProperties([]byte(c.json))
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%.60s...: %v, want %q", c.json, err, c.want)
+		}
+	}
+	big := shard.Properties{Headers: map[string]any{"big": strings.Repeat("b", shard.MaxPropertiesBytes)}}
+	if _, err := big.Marshal(); err == nil {
+		t.Error("Marshal of properties over the limit: no error")
+	}
+}

@@ -441,3 +441,28 @@ func TestIDLongShortStringPropertyIsItsOwnFault(t *testing.T) {
 		t.Errorf("task with 200 KiB of headers: not dead-lettered")
 	}
 }
+
+// TestIDOwnRoutingKeyUnroutable: a task whose own routing key nothing is
+// bound to is its producer's mistake: dead-lettered after MAX_ATTEMPTS,
+// naming the key, while a task on the queue's key goes out.
+func TestIDOwnRoutingKeyUnroutable(t *testing.T) {
+	t.Parallel()
+	q := queueSpec{Name: "unrouted", Shards: 1}
+	h := newHarness(t, q)
+	q = h.queues[0]
+	h.extra["DISPATCHER_MAX_ATTEMPTS"] = "2"
+	h.extra["DISPATCHER_RETRY_MIN"] = "100ms"
+	now := time.Now().UnixMilli()
+	h.scheduleID(q, "typo", "typo body", `{"routing_key":"no-such-key"}`, now)
+	h.scheduleID(q, "fine", "fine body", "", now)
+	p := h.start()
+	defer p.signal(syscall.SIGTERM)
+	got := h.drain(q.Name, 2*time.Second, 15*time.Second)
+	if len(got) != 1 || got[0].body != "fine body" {
+		t.Fatalf("delivered %+v", got)
+	}
+	eventually(t, 10*time.Second, "the unroutable one dead-lettered", func() bool { return h.deadReasons(q)["typo"] != "" })
+	if why := h.deadReasons(q)["typo"]; !strings.Contains(why, `"no-such-key"`) {
+		t.Fatalf("reason %q", why)
+	}
+}

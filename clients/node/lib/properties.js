@@ -8,6 +8,8 @@
 // turns that into an error at the call instead.
 
 const MAX_ID_BYTES = 1024;
+const MAX_PROPERTIES_BYTES = 32 << 10; // the stored JSON; AMQP's header frame must hold it
+const MAX_SHORT_STRING = 255; // AMQP: routing key, basic properties, header names
 const INT64_MIN = -(2n ** 63n);
 const INT64_MAX = 2n ** 63n - 1n;
 
@@ -69,6 +71,9 @@ function validateHeaders(headers) {
     const value = headers[name];
     if (name === '') throw new RangeError('properties: headers: empty header name');
     if (reservedHeader(name)) throw new RangeError(`properties: headers: "${name}" is reserved for the dispatcher`);
+    if (Buffer.byteLength(name, 'utf8') > MAX_SHORT_STRING) {
+      throw new RangeError(`properties: headers: a name of ${Buffer.byteLength(name, 'utf8')} bytes, over AMQP's ${MAX_SHORT_STRING}`);
+    }
     if (!(typeof value === 'string' || typeof value === 'boolean' || isInt64(value))) {
       throw new TypeError(`properties: headers: "${name}": ${show(value)} is a ${kind(value)} ` +
         '(strings, 64-bit integers and booleans only)');
@@ -101,6 +106,8 @@ function validateProperties(props) {
     if (value === undefined || value === null) continue;
     if (STRING_FIELDS.includes(name)) {
       if (typeof value !== 'string') throw new TypeError(`properties: field "${name}": ${show(value)} is not a string`);
+      const n = Buffer.byteLength(value, 'utf8');
+      if (n > MAX_SHORT_STRING) throw new RangeError(`properties: ${name} is ${n} bytes, over AMQP's ${MAX_SHORT_STRING}`);
     } else if (INT_FIELDS.includes(name)) {
       if (!isInt64(value)) throw new TypeError(`properties: field "${name}": ${show(value)} is not a 64-bit integer`);
       if (name === 'priority' && !(value >= 0 && value <= 255)) {
@@ -129,7 +136,11 @@ function toJSON(v) {
 function propertiesJson(props) {
   const checked = validateProperties(props);
   const setsSomething = Object.values(checked).some((v) => v !== '' && !(isPlainObject(v) && Object.keys(v).length === 0));
-  return setsSomething ? toJSON(checked) : null;
+  if (!setsSomething) return null;
+  const out = toJSON(checked);
+  const n = Buffer.byteLength(out, 'utf8');
+  if (n > MAX_PROPERTIES_BYTES) throw new RangeError(`properties are ${n} bytes, over ${MAX_PROPERTIES_BYTES}`);
+  return out;
 }
 
 module.exports = { MAX_ID_BYTES, propertiesJson, reservedHeader, taskIdBytes, validateProperties };

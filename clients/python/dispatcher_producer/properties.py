@@ -12,6 +12,8 @@ import json
 from typing import Any, Mapping
 
 MAX_ID_BYTES = 1024
+MAX_PROPERTIES_BYTES = 32 << 10  # the stored JSON; AMQP's header frame must hold it
+MAX_SHORT_STRING = 255  # AMQP: routing key, basic properties, header names
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 _STRING_FIELDS = ("routing_key", "content_type", "content_encoding", "correlation_id", "reply_to", "type")
@@ -64,6 +66,8 @@ def validate_properties(props: Mapping[str, Any] | None) -> dict:
         if name in _STRING_FIELDS:
             if not isinstance(value, str):
                 raise TypeError(f"properties: field {name!r}: {value!r} is not a string")
+            if len(value.encode("utf-8")) > MAX_SHORT_STRING:
+                raise ValueError(f"properties: {name} is {len(value.encode('utf-8'))} bytes, over AMQP's {MAX_SHORT_STRING}")
         elif name in _INT_FIELDS:
             if not _is_int(value) or not INT64_MIN <= value <= INT64_MAX:
                 raise TypeError(f"properties: field {name!r}: {value!r} is not a 64-bit integer")
@@ -89,6 +93,8 @@ def _validate_headers(headers: Any) -> dict:
             raise ValueError("properties: headers: empty header name")
         if reserved_header(name):
             raise ValueError(f"properties: headers: {name!r} is reserved for the dispatcher")
+        if len(name.encode("utf-8")) > MAX_SHORT_STRING:
+            raise ValueError(f"properties: headers: a name of {len(name.encode('utf-8'))} bytes, over AMQP's {MAX_SHORT_STRING}")
         ok = isinstance(value, (str, bool)) or (_is_int(value) and INT64_MIN <= value <= INT64_MAX)
         if not ok:
             raise TypeError(f"properties: headers: {name!r}: {value!r} is a {type(value).__name__} "
@@ -103,4 +109,7 @@ def properties_json(props: Mapping[str, Any] | None) -> bytes | None:
     checked = validate_properties(props)
     if not any(v not in ("", {}) for v in checked.values()):
         return None
-    return json.dumps(checked, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    out = json.dumps(checked, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if len(out) > MAX_PROPERTIES_BYTES:
+        raise ValueError(f"properties are {len(out)} bytes, over {MAX_PROPERTIES_BYTES}")
+    return out
