@@ -1,10 +1,6 @@
 package recurring
 
-import (
-	"github.com/redis/go-redis/v9"
-
-	"github.com/dispatcher/dispatcher/internal/lua"
-)
+import "github.com/redis/go-redis/v9"
 
 // The state of a schedule in the shard its body hashes to is one hash
 // field, "<rev>:<cursor_ms>:<flag>": the definition's revision, the due
@@ -18,7 +14,17 @@ import (
 
 // luaTypes proves the types of a script's keys before its first write:
 // Redis does not undo a script's earlier writes when a later call fails.
-const luaTypes = lua.WrongType
+const luaTypes = `
+local function wrongType(kt)
+  for i = 1, #kt, 2 do
+    local got = redis.call('TYPE', kt[i])['ok']
+    if got ~= 'none' and got ~= kt[i + 1] then
+      return 'WRONGTYPE key ' .. kt[i] .. ' holds a ' .. got .. ', not a ' .. kt[i + 1] .. '; nothing changed'
+    end
+  end
+  return nil
+end
+`
 
 // stepScript materialises an occurrence, or only moves the state, if the
 // state is still the one the caller read and the body is not pending.

@@ -1,8 +1,6 @@
 package reshard
 
 import (
-	"github.com/dispatcher/dispatcher/internal/lua"
-
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -99,7 +97,16 @@ const movingTTL = time.Hour
 
 // luaMove is the prelude of the move's scripts: the check of the keys'
 // types before the first write, and the helpers for a task's fields.
-const luaMove = "#!lua flags=allow-oom" + lua.WrongType + `
+const luaMove = `#!lua flags=allow-oom
+local function wrongType(kt)
+  for i = 1, #kt, 2 do
+    local got = redis.call('TYPE', kt[i])['ok']
+    if got ~= 'none' and got ~= kt[i + 1] then
+      return 'WRONGTYPE key ' .. kt[i] .. ' holds a ' .. got .. ', not a ' .. kt[i + 1] .. '; nothing moved'
+    end
+  end
+  return nil
+end
 -- sum is the SHA1 of field f of hash h, '' if it has none.
 local function sum(h, f)
   local v = redis.call('HGET', h, f)

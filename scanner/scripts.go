@@ -1,10 +1,6 @@
 package scanner
 
-import (
-	"github.com/redis/go-redis/v9"
-
-	"github.com/dispatcher/dispatcher/internal/lua"
-)
+import "github.com/redis/go-redis/v9"
 
 // In-flight entries are "<due_ms>:<member>": the due time travels with the
 // task so that a retry or a reaped task keeps its message_id, and so that
@@ -48,7 +44,17 @@ import (
 
 // luaPrelude is shared by the scripts: the check that a key is absent or
 // of the type a script is about to write.
-const luaPrelude = "#!lua flags=allow-oom" + lua.WrongType
+const luaPrelude = `#!lua flags=allow-oom
+local function wrongType(kt)
+  for i = 1, #kt, 2 do
+    local got = redis.call('TYPE', kt[i])['ok']
+    if got ~= 'none' and got ~= kt[i + 1] then
+      return 'WRONGTYPE key ' .. kt[i] .. ' holds a ' .. got .. ', not a ' .. kt[i + 1] .. '; nothing changed'
+    end
+  end
+  return nil
+end
+`
 
 // luaNow reads the server clock in ms, for the scripts that need it (ack
 // and release, run once per batch, do not), and in µs (nowUs), which the
