@@ -55,18 +55,11 @@ func (f *propFlags) props(cmd *cobra.Command, now time.Time) (*shard.Properties,
 		return nil, nil
 	}
 	p := &shard.Properties{RoutingKey: f.routingKey, ContentType: f.contentType, CorrelationID: f.corr}
-	for _, h := range f.headers {
-		k, v, ok := strings.Cut(h, "=")
-		if !ok || k == "" {
-			return nil, usageErrorf("--header %q: want NAME=VALUE", h)
+	if len(f.headers) > 0 {
+		p.Headers = map[string]any{}
+		if err := addHeaders(p.Headers, f.headers); err != nil {
+			return nil, err
 		}
-		if _, dup := p.Headers[k]; dup {
-			return nil, usageErrorf("--header %q: header %q given twice", h, k)
-		}
-		if p.Headers == nil {
-			p.Headers = map[string]any{}
-		}
-		p.Headers[k] = headerValue(v)
 	}
 	if cmd.Flags().Changed("priority") {
 		if f.priority < 0 || f.priority > 255 {
@@ -97,6 +90,22 @@ func (f *propFlags) props(cmd *cobra.Command, now time.Time) (*shard.Properties,
 
 // headerValue reads a --header value: true/false a boolean, an integer
 // an integer, anything else a string.
+// addHeaders adds --header flags, NAME=VALUE each, to h (see
+// headerValue); a name given twice, or already in h, is refused.
+func addHeaders(h map[string]any, flags []string) error {
+	for _, kv := range flags {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return usageErrorf("--header %q: want NAME=VALUE", kv)
+		}
+		if _, dup := h[k]; dup {
+			return usageErrorf("--header %q: header %q given twice", kv, k)
+		}
+		h[k] = headerValue(v)
+	}
+	return nil
+}
+
 func headerValue(v string) any {
 	switch v {
 	case "true":

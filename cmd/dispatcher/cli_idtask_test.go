@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -209,10 +210,10 @@ func compact(b []byte) string {
 }
 
 func TestGlobEscape(t *testing.T) {
-	if got, want := globEscape(`a*b?c[d]e\f`), `a\*b\?c\[d\]e\\f`; got != want {
+	if got, want := redisconn.GlobEscape(`a*b?c[d]e\f`), `a\*b\?c\[d\]e\\f`; got != want {
 		t.Errorf("globEscape = %q, want %q", got, want)
 	}
-	if got := globEscape("задача:1"); got != "задача:1" {
-		t.Errorf("globEscape(задача:1) = %q", got)
+	if got := redisconn.GlobEscape("задача:1"); got != "задача:1" {
+		t.Errorf("redisconn.GlobEscape(задача:1) = %q", got)
 	}
 }

@@ -158,7 +158,7 @@ Exit status: 0 saved, 1 Redis failed, 2 bad arguments or schedule.`,
 	fs.StringVar(&grace, "grace", "", "how late, a `DURATION`, an occurrence may be and still count as on time (default 10s)")
 	fs.BoolVar(&raw, "raw", false, "keep stdin's bytes as they are, trailing newline too")
 	fs.StringVar(&props, "props", "", "each occurrence's message properties, a `JSON` object (CONTRACT.md)")
-	fs.StringArrayVar(&headers, "header", nil, "a string header of each occurrence, `NAME=VALUE`; may be repeated")
+	fs.StringArrayVar(&headers, "header", nil, "a header of each occurrence, `NAME=VALUE` (repeatable): VALUE true/false is a boolean, an integer an integer, anything else a string")
 	fs.StringVar(&routingKey, "routing-key", "", "publish each occurrence with routing `KEY` instead of the queue's")
 	fs.StringVar(&contentType, "content-type", "", "each occurrence's AMQP content `TYPE`")
 	jsonFlag(fs, &asJSON)
@@ -200,15 +200,8 @@ func recurringProps(propsJSON string, headers []string, routingKey, contentType 
 		if h == nil {
 			h = map[string]any{}
 		}
-		for _, kv := range headers {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				return "", usageErrorf("--header %q: want NAME=VALUE", kv)
-			}
-			if _, dup := h[k]; dup {
-				return "", usageErrorf("--header %q: header %q is given twice", kv, k)
-			}
-			h[k] = v
+		if err := addHeaders(h, headers); err != nil {
+			return "", err
 		}
 		m["headers"] = h
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -131,18 +132,6 @@ func (f *foundTask) setProps(p string, ok bool) {
 	}
 }
 
-// globEscape escapes s for a Redis MATCH pattern.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
 // findTask looks for id in the shards it may be in under layout l:
 // pending (ZSCORE), then the in-flight and dead entries "<due_ms>:<id>",
 // found with ZSCAN MATCH "*:<id>" and checked to be exactly the id after
@@ -214,7 +203,7 @@ func scanEntries(ctx context.Context, rdb redis.UniversalClient, key, id string)
 	var out []redis.Z
 	var cursor uint64
 	for {
-		kv, next, err := rdb.ZScan(ctx, key, cursor, "*:"+globEscape(id), 1000).Result()
+		kv, next, err := rdb.ZScan(ctx, key, cursor, "*:"+redisconn.GlobEscape(id), 1000).Result()
 		if err != nil {
 			return nil, fmt.Errorf("scan %s: %w", key, err)
 		}
