@@ -20,6 +20,7 @@ import (
 // claimDone is what Redis said to a claimJob, per shard.
 type claimDone struct {
 	job           claimJob
+	owner         string  // the liveness id the claims were recorded under
 	vals          [][]any // nil where errs says why
 	errs          []error
 	before, after []time.Time // local clock around the round trip that answered
@@ -43,7 +44,7 @@ func NewCoalescer(rdb redis.UniversalClient) *coalesce.Coalescer {
 func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	d := claimDone{job: j, vals: make([][]any, len(j.shards)), errs: make([]error, len(j.shards)),
+	d := claimDone{job: j, owner: s.owner(), vals: make([][]any, len(j.shards)), errs: make([]error, len(j.shards)),
 		before: make([]time.Time, len(j.shards)), after: make([]time.Time, len(j.shards))}
 	todo := make([]int, len(j.shards)) // indexes into j.shards
 	for n := range todo {
@@ -58,7 +59,7 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 					reads = append(reads, s.st.sweepRead(ctx, pipe, j.shards[at], at))
 					continue
 				}
-				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at], j.aheadAt(at))
+				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at], j.aheadAt(at), d.owner)
 			}
 		}
 		before, after, err := s.roundTrip(ctx, j.node, j.limit == 0 || j.ahead, fill)
@@ -193,7 +194,7 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 			s.met.reaped(c.reaped)
 			s.lim.Warn("reaped", "took over tasks whose lease ran out", "shard", i, "tasks", c.reaped)
 		}
-		b := batch{shard: i, deadline: c.deadline, reserved: d.job.reservedAt(n), nowUs: c.nowUs}
+		b := batch{shard: i, deadline: c.deadline, reserved: d.job.reservedAt(n), nowUs: c.nowUs, owner: d.owner}
 		for k, e := range c.entries {
 			t, err := ParseEntry(e)
 			if err != nil {

@@ -36,6 +36,7 @@ const (
 	outAcked     = "acked"     // confirmed: forgotten
 	outReleased  = "released"  // never reached the broker: lease 0
 	outUnclaimed = "unclaimed" // held, never published, stopping: back into pending
+	outAbandoned = "abandoned" // claimed under a liveness id declared dead: left as it is
 )
 
 // record notes one task's outcome (o.mode: an out* outcome or a fail
@@ -50,6 +51,7 @@ func (p *progress) record(o outcome) bool {
 		p.released = append(p.released, o.entry)
 	case outUnclaimed:
 		p.unclaim = append(p.unclaim, o.entry)
+	case outAbandoned:
 	default:
 		p.fails = append(p.fails, o)
 	}
@@ -147,7 +149,9 @@ func (s *Scanner) handBack(tasks []heldTask) []*progress {
 // publishTasks publishes tasks that are due, in one publish, and records
 // each one's outcome in its batch. It returns the batches it completed.
 func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progress {
-	tasks, out := s.pastDeadline(tasks)
+	tasks, out := s.gate(work, tasks)
+	tasks, dead := s.pastDeadline(tasks)
+	out = append(out, dead...)
 	if len(tasks) == 0 {
 		return out
 	}

@@ -46,8 +46,9 @@ type batch struct {
 	shard    int
 	deadline int64 // the lease all its tasks are claimed under (server ms)
 	tasks    []Task
-	reserved int   // room in the holder reserved for it, freed once its tasks are held
-	nowUs    int64 // the Redis clock when it was claimed, µs (0: not known)
+	reserved int    // room in the holder reserved for it, freed once its tasks are held
+	nowUs    int64  // the Redis clock when it was claimed, µs (0: not known)
+	owner    string // the liveness id it was claimed under ("": none)
 }
 
 // ParseEntry splits an in-flight entry into due time and member.

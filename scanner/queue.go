@@ -168,3 +168,11 @@ func (q *Queue) Queue() string { return q.opt.Queue }
 
 // PublishFailures: see Scanner.PublishFailures.
 func (q *Queue) PublishFailures() []string { return q.cur.Load().PublishFailures() }
+
+// HandBack hands out again at once the tasks that claims of the dead
+// instance with liveness id owner still hold in any of the queue's shards
+// (retired ones included), and wakes the queue to claim them.
+func (q *Queue) HandBack(ctx context.Context, owner string) (int, error) {
+	l := q.Layout()
+	return q.cur.Load().HandBack(ctx, owner, max(l.Span(), l.Retired))
+}

@@ -91,6 +91,12 @@ type Options struct {
 	// layout changed.
 	OnLayout func()
 
+	// Liveness, if set, is the instance's liveness (internal/liveness):
+	// claims are recorded under its id, so that another instance hands
+	// them out at once if this one dies, and tasks are published only
+	// while it says so. Nil: claims come back only when their lease ends.
+	Liveness Liveness
+
 	// InstanceID names this process in the queue's sweeper role
 	// (NewInstanceID if empty).
 	InstanceID string
@@ -99,6 +105,16 @@ type Options struct {
 	// Redis's TIME matters, so a skewed local clock changes nothing; tests
 	// skew it to prove that.
 	Now func() time.Time
+}
+
+// Liveness is what the scanner needs of the instance's liveness.
+type Liveness interface {
+	// ID is the id claims are recorded under now.
+	ID() string
+	// Check says whether tasks claimed under id may be published now
+	// (ok), or never (fenced: id was declared dead, and its claims are
+	// handed out to others); neither: wait.
+	Check(id string) (ok, fenced bool)
 }
 
 // Scanner dispatches one queue. Run it once.

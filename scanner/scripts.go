@@ -93,6 +93,7 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 // KEYS[9] claimed properties P:{Q:i}:claimed:props (entry -> JSON)
 // KEYS[10] dead-letter set P:{Q:i}:dead
 // KEYS[11] dead-letter reasons P:{Q:i}:dead:reason
+// KEYS[12] claim owners P:{Q:i}:owners (only with ARGV[6])
 //
 // A claimed member's body and properties move from KEYS[6]/KEYS[7] to
 // KEYS[8]/KEYS[9] under its entry, in the claim: a producer scheduling the
@@ -117,6 +118,13 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 //
 //	tasks once their bodies add up to this, one task at least, so that a
 //	batch of big bodies does not hold Redis (see docs/performance.md)
+//
+// ARGV[6] the claiming instance's liveness id (absent or "": none): the
+//
+//	claim is recorded in KEYS[12] as "<id> <deadline>" with score =
+//	deadline, and records of leases already run out are pruned, so that
+//	the claims of an instance found dead can be handed out at once
+//	(handBackScript)
 //
 // Returns {now_us, next_pending_score|"", next_lease_deadline|"", reaped,
 // deadline, then per task: entry, body|nil, properties|nil} (nil: the
@@ -275,6 +283,11 @@ if #moved > 0 or anyDead then
   bad = wrongType({KEYS[8], 'hash', KEYS[9], 'hash'})
   if bad then return redis.error_reply(bad) end
 end
+local owner = ARGV[6] or ''
+if owner ~= '' and (taken > 0 or #expired > 0) then
+  -- The first write: on a wrong-type key it fails with nothing changed.
+  redis.call('ZREMRANGEBYSCORE', KEYS[12], '-inf', '(' .. now)
+end
 if taken > 0 then
   -- Before the expired are re-leased: an entry both pending and expired in
   -- flight must not be counted as this claim's twice.
@@ -349,6 +362,7 @@ end
 
 if #out > 5 then
   redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. d)
+  if owner ~= '' then redis.call('ZADD', KEYS[12], d, owner .. ' ' .. d) end
 end
 if #expired > 0 then
   lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
@@ -428,6 +442,44 @@ for _, e in ipairs(redis.call('ZRANGE', KEYS[5], 0, 15)) do
   redis.call('ZREM', KEYS[5], e)
 end
 return {retried, dead}
+`)
+
+// handBackScript hands out again at once (lease 0, as releaseScript
+// does) the in-flight entries of the claims an instance recorded as its own
+// in the claim (ARGV[6] there), once that instance is known dead: its
+// liveness record went stale while no connection of it was left (see
+// internal/liveness). Only claims whose lease has not run out are looked
+// at (the others any claim re-leases anyway), and an entry moves only
+// while its score is still that claim's deadline: an entry another
+// instance re-leased, failed or settled meanwhile is left alone. Running
+// it twice finds nothing the second time.
+//
+// KEYS[1] in-flight set P:{Q:i}:inflight
+// KEYS[2] claim owners P:{Q:i}:owners
+// ARGV[1] the dead instance's liveness id
+// Returns how many entries were handed out.
+var handBackScript = redis.NewScript(luaPrelude + luaNow + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'zset'})
+if bad then return redis.error_reply(bad) end
+local prefix = ARGV[1] .. ' '
+local n = 0
+for _, rec in ipairs(redis.call('ZRANGE', KEYS[2], now, '+inf', 'BYSCORE')) do
+  if string.sub(rec, 1, #prefix) == prefix then
+    local d = string.sub(rec, #prefix + 1)
+    local es = redis.call('ZRANGE', KEYS[1], d, d, 'BYSCORE')
+    for i = 1, #es, 500 do
+      local args = {'XX'}
+      for j = i, math.min(i + 499, #es) do
+        args[#args + 1] = 0
+        args[#args + 1] = es[j]
+      end
+      redis.call('ZADD', KEYS[1], unpack(args))
+    end
+    n = n + #es
+    redis.call('ZREM', KEYS[2], rec)
+  end
+end
+return n
 `)
 
 // releaseScript hands in-flight entries still under the caller's lease

@@ -60,8 +60,10 @@ const claimBytes = 1 << 20
 // claimCmd queues a claim of up to limit tasks of shard i with token on
 // pipe (limit 0 only reads when the shard next needs attention), taking
 // tasks due up to ahead from now.
-func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int, token string, ahead time.Duration) *redis.Cmd {
-	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token, ahead.Milliseconds(), claimBytes)
+// A claim records owner (the instance's liveness id; "": none) as the
+// holder of its batch.
+func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit int, token string, ahead time.Duration, owner string) *redis.Cmd {
+	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token, ahead.Milliseconds(), claimBytes, owner)
 }
 
 // sweepRead is a sweep's plain read of one shard: its earliest pending
@@ -104,7 +106,7 @@ func (r sweepRead) result(now any) ([]any, error) {
 
 func (st *store) claimKeys(i int) []string {
 	return []string{st.keys.Pending(i), st.keys.Inflight(i), st.keys.Attempts(i), st.keys.LastClaim(i), st.keys.Paused(i),
-		st.keys.Tasks(i), st.keys.Props(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i), st.keys.Dead(i), st.keys.DeadReason(i)}
+		st.keys.Tasks(i), st.keys.Props(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i), st.keys.Dead(i), st.keys.DeadReason(i), st.keys.Owners(i)}
 }
 
 // token is unique per claim, so the script can tell a run of the same
@@ -218,6 +220,12 @@ func (st *store) release(ctx context.Context, i int, deadline int64, entries []s
 		return 0, fmt.Errorf("release %d tasks on %s: %w", len(entries), st.keys.Inflight(i), err)
 	}
 	return n, nil
+}
+
+// handBack hands out again at once the entries of shard i that the claims
+// of the dead instance owner still hold (see handBackScript).
+func (st *store) handBackCmd(ctx context.Context, pipe redis.Pipeliner, i int, owner string) *redis.Cmd {
+	return handBackScript.EvalSha(ctx, pipe, []string{st.keys.Inflight(i), st.keys.Owners(i)}, owner)
 }
 
 func anys(ss []string) []any {

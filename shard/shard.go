@@ -83,6 +83,12 @@ func (k Keys) DeadReason(i int) string { return k.tag(i) + ":dead:reason" }
 // lost reply returns the same batch instead of claiming another.
 func (k Keys) LastClaim(i int) string { return k.tag(i) + ":claim" }
 
+// Owners records which instance holds each claim of the shard (sorted
+// set: member "<instance> <deadline>", score = the claim's lease deadline),
+// so that a crashed instance's claims are handed out again as soon as it
+// is known dead, not when their lease runs out (see internal/liveness).
+func (k Keys) Owners(i int) string { return k.tag(i) + ":owners" }
+
 // Paused, while it exists, holds the shard's claims (`dispatcher pause`):
 // one per shard, so that the claim script sees it atomically, on Redis
 // Cluster too. Its value is the ms at which the queue was paused.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/internal/instances"
+	"github.com/dispatcher/dispatcher/internal/liveness"
 	"github.com/dispatcher/dispatcher/internal/monitor"
 	"github.com/dispatcher/dispatcher/internal/queuestate"
 	"github.com/dispatcher/dispatcher/internal/redact"
@@ -119,6 +120,17 @@ func runDaemon(stderr io.Writer) int {
 	// show it as the holder of the queues' sweeper role.
 	instance := scanner.NewInstanceID()
 	var scs []*scanner.Queue
+	// Liveness: a killed instance's claims are handed out again within
+	// DISPATCHER_LIVENESS_TIMEOUT, by whichever instance finds it dead
+	// first, in every queue that one serves.
+	var live *liveness.Liveness
+	var scLive scanner.Liveness // nil when turned off
+	if cfg.LivenessTimeout > 0 {
+		live = liveness.New(rdb, liveness.Options{Prefix: cfg.KeyPrefix, ID: instance, Timeout: cfg.LivenessTimeout,
+			Logger: log.With("component", "liveness"),
+			OnDead: func(ctx context.Context, id string) { handBackDead(ctx, log, scs, id) }})
+		scLive = live
+	}
 	byQueue := map[string]*scanner.Queue{}
 	var targets []queuestate.Target
 	for _, q := range cfg.QueueSettings {
@@ -129,7 +141,7 @@ func runDaemon(stderr io.Writer) int {
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lookahead: cfg.Lookahead, PublishTick: cfg.PublishTick, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
 			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, Tracer: tracer,
-			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance,
+			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance, Liveness: scLive,
 		}))
 		byQueue[q.Name] = scs[len(scs)-1]
 	}
@@ -231,6 +243,14 @@ func runDaemon(stderr io.Writer) int {
 		}
 	}()
 
+	// Liveness outlives the scanners: their last publishes check it.
+	liveCtx, stopLive := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLive()
+	var liveDone sync.WaitGroup
+	if live != nil {
+		liveDone.Add(1)
+		go func() { defer liveDone.Done(); _ = live.Run(liveCtx) }()
+	}
 	var scanners sync.WaitGroup
 	for _, sc := range scs {
 		scanners.Add(1)
@@ -255,6 +275,8 @@ func runDaemon(stderr io.Writer) int {
 	<-ctx.Done()
 	log.Info("stopping: claiming nothing new, waiting for outstanding confirms", "timeout", cfg.ShutdownTimeout)
 	scanners.Wait()
+	stopLive()
+	liveDone.Wait()
 	stopPub()
 	pubDone.Wait()
 	flushSpans() // every span has ended: the last confirms are in
@@ -409,4 +431,22 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.last[format] = time.Now()
 	l.mu.Unlock()
 	l.log.Warn(redact.String(fmt.Sprintf(format, v...)))
+}
+
+// handBackDead hands out again, in every queue, what the dead instance
+// with liveness id id had claimed.
+func handBackDead(ctx context.Context, log *slog.Logger, qs []*scanner.Queue, id string) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	total := 0
+	for _, q := range qs {
+		n, err := q.HandBack(ctx, id)
+		total += n
+		if err != nil {
+			log.Error("could not hand out a dead instance's tasks at once; their lease will", "queue", q.Queue(), "instance", id, "err", err)
+		}
+	}
+	if total > 0 {
+		log.Warn("handed out a dead instance's claimed tasks", "instance", id, "tasks", total)
+	}
 }

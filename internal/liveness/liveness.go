@@ -1,0 +1,345 @@
+// Package liveness lets the instances of a fleet know within a second or
+// two that one of them died, so that what it had claimed is handed out
+// again at once instead of when its lease runs out, without ever handing
+// out what a live but stopped instance (SIGSTOP, a long pause, a network
+// partition) may still publish.
+//
+// Each instance heartbeats into one hash, P:live (field: its liveness id,
+// value: the Redis ms of its last heartbeat), and keeps a subscription to a
+// channel of its own, P:live:<id>, open on the node that serves that
+// channel. An instance is declared dead only when both say so: its
+// heartbeat is older than the timeout AND its subscription is gone. A
+// killed process's connections are closed by its kernel at once, so it
+// is found dead one timeout after its last heartbeat; a stopped or
+// partitioned one keeps its connection open from Redis's side and is left
+// to its leases. The declaration is a compare-and-set on the record (it
+// becomes "dead <ms>"), which fences the instance: its next heartbeat is
+// refused, so it publishes nothing more it had claimed under that id and
+// takes a new one. Until then it fences itself: it publishes only while
+// its last successful heartbeat was sent less than half the timeout ago,
+// and a declaration needs the record to be older than the whole timeout.
+package liveness
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults.
+const (
+	// Timeout: an instance whose heartbeat is this old and whose
+	// connection is gone is dead.
+	Timeout = 1500 * time.Millisecond
+	// Keep: how long records of dead instances stay (their claims' leases
+	// have run out long before).
+	Keep = 10 * time.Minute
+)
+
+// Options configure a Liveness.
+type Options struct {
+	Prefix string // key prefix P
+	ID     string // the instance's id; liveness ids are ID#<epoch>
+	// Timeout (0: Timeout); heartbeats go every quarter of it, and the
+	// instance publishes only while its last one is under half of it old.
+	Timeout time.Duration
+	Keep    time.Duration // 0: Keep
+	// OnDead hands out the claims of a dead liveness id (in every queue
+	// the instance serves). It is called once per id and process, for ids
+	// this instance declared dead, ids it finds declared dead by others,
+	// and its own former id once it learns it was declared dead. It runs
+	// on a goroutine of its own and must be safe to run twice.
+	OnDead func(ctx context.Context, id string)
+	Logger *slog.Logger
+}
+
+// Liveness is one instance's heartbeat, its fence, and its watch over the
+// others. Run it once.
+type Liveness struct {
+	rdb redis.UniversalClient
+	opt Options
+	log *slog.Logger
+
+	mu     sync.Mutex
+	id     string    // the current liveness id
+	epoch  int       // its number
+	okSent time.Time // when the last heartbeat that succeeded for id was sent
+	ps     *redis.PubSub
+	seen   map[string]bool // dead ids handed to OnDead
+	failed bool            // the last heartbeat failed (logged once)
+	onDead sync.WaitGroup
+}
+
+// Key is the hash of liveness records.
+func Key(prefix string) string { return prefix + ":live" }
+
+// Channel is the channel instance id keeps subscribed while it lives.
+func Channel(prefix, id string) string { return prefix + ":live:" + id }
+
+// New returns a Liveness.
+func New(rdb redis.UniversalClient, opt Options) *Liveness {
+	if opt.Timeout <= 0 {
+		opt.Timeout = Timeout
+	}
+	if opt.Keep <= 0 {
+		opt.Keep = Keep
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	l := &Liveness{rdb: rdb, opt: opt, log: opt.Logger, seen: map[string]bool{}}
+	l.id = l.idOf(0)
+	return l
+}
+
+func (l *Liveness) idOf(epoch int) string { return l.opt.ID + "#" + strconv.Itoa(epoch) }
+
+// ID is the liveness id claims are recorded under now.
+func (l *Liveness) ID() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.id
+}
+
+// Check says whether tasks claimed under id may be published now (ok), or
+// never (fenced: id is not the current one, it was declared dead). Neither:
+// the last heartbeat is too old, wait.
+func (l *Liveness) Check(id string) (ok, fenced bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if id != l.id {
+		return false, true
+	}
+	return !l.okSent.IsZero() && time.Since(l.okSent) < l.opt.Timeout/2, false
+}
+
+// heartbeatScript renews one instance's record unless it was declared
+// dead, prunes records older than the keep time, and returns the others.
+//
+// KEYS[1] the liveness records P:live (hash: id -> ms, or "dead <ms>")
+// ARGV[1] the instance's liveness id
+// ARGV[2] keep time, ms
+// Returns {now_ms, 1 (renewed) or 0 (declared dead), id, value, ...} with
+// the other instances' records.
+var heartbeatScript = redis.NewScript(`#!lua flags=allow-oom
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local keep = tonumber(ARGV[2])
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v and string.sub(v, 1, 5) == 'dead ' then return {now, 0} end
+redis.call('HSET', KEYS[1], ARGV[1], now)
+local out = {now, 1}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local seen = tonumber(string.match(all[i + 1], '(%d+)$'))
+  if not seen or now - seen > keep then
+    redis.call('HDEL', KEYS[1], all[i])
+  elseif all[i] ~= ARGV[1] then
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+redis.call('PEXPIRE', KEYS[1], keep)
+return out
+`)
+
+// declareScript declares an instance dead if its record is still the one
+// read and older than the timeout: the compare-and-set that fences it.
+//
+// KEYS[1] the liveness records
+// ARGV[1] the instance's liveness id
+// ARGV[2] its record as read
+// ARGV[3] the timeout, ms
+// Returns 1 if it declared it dead, else 0.
+var declareScript = redis.NewScript(`#!lua flags=allow-oom
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v ~= ARGV[2] or now - tonumber(v) <= tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], 'dead ' .. now)
+return 1
+`)
+
+// Run heartbeats until ctx ends, then removes the instance's record (a
+// stopping instance has handed its claims back itself).
+func (l *Liveness) Run(ctx context.Context) error {
+	defer l.onDead.Wait()
+	l.subscribe(ctx)
+	defer func() {
+		l.mu.Lock()
+		ps, id := l.ps, l.id
+		l.mu.Unlock()
+		stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		l.rdb.HDel(stop, Key(l.opt.Prefix), id)
+		if ps != nil {
+			_ = ps.Close()
+		}
+	}()
+	tick := time.NewTicker(l.opt.Timeout / 4)
+	defer tick.Stop()
+	for {
+		l.beat(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// subscribe opens the subscription of the current id (and closes the
+// former one's). go-redis keeps it open, reconnecting as needed, while its
+// channel is read.
+func (l *Liveness) subscribe(ctx context.Context) {
+	l.mu.Lock()
+	old, id := l.ps, l.id
+	l.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+	}
+	ps := l.rdb.Subscribe(ctx, Channel(l.opt.Prefix, id))
+	go func() {
+		for range ps.Channel() { // nothing is published there
+		}
+	}()
+	l.mu.Lock()
+	l.ps = ps
+	l.mu.Unlock()
+}
+
+// beat sends one heartbeat and acts on the records it returns.
+func (l *Liveness) beat(ctx context.Context) {
+	l.mu.Lock()
+	id := l.id
+	l.mu.Unlock()
+	key := Key(l.opt.Prefix)
+	sent := time.Now()
+	hb, cancel := context.WithTimeout(ctx, l.opt.Timeout/2)
+	vals, err := heartbeatScript.Run(hb, l.rdb, []string{key}, id, l.opt.Keep.Milliseconds()).Slice()
+	cancel()
+	if err == nil && len(vals) < 2 {
+		err = fmt.Errorf("heartbeat on %s: %d values", key, len(vals))
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			l.mu.Lock()
+			first := !l.failed
+			l.failed = true
+			l.mu.Unlock()
+			if first {
+				l.log.Warn("liveness heartbeat failed: publishing waits for the next one", "key", key, "err", err)
+			}
+		}
+		return
+	}
+	now, _ := vals[0].(int64)
+	if renewed, _ := vals[1].(int64); renewed == 0 {
+		l.fenced(ctx, id)
+		return
+	}
+	l.mu.Lock()
+	if l.id == id {
+		l.okSent = sent
+	}
+	if l.failed {
+		l.failed = false
+		l.log.Info("liveness heartbeat works again")
+	}
+	l.mu.Unlock()
+	for i := 2; i+1 < len(vals); i += 2 {
+		other, _ := vals[i].(string)
+		v, _ := vals[i+1].(string)
+		l.judge(ctx, now, other, v)
+	}
+}
+
+// judge looks at another instance's record: declared dead (hand its
+// claims out, once), or stale with no connection left (declare it dead).
+func (l *Liveness) judge(ctx context.Context, now int64, id, v string) {
+	if strings.HasPrefix(v, "dead ") {
+		l.dead(ctx, id)
+		return
+	}
+	seen, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || now-seen <= l.opt.Timeout.Milliseconds() {
+		return
+	}
+	n, err := l.subscribers(ctx, Channel(l.opt.Prefix, id))
+	if err != nil {
+		l.log.Warn("cannot tell whether a silent instance is connected", "instance", id, "err", err)
+		return
+	}
+	if n > 0 {
+		return // stopped or cut off, not dead: its leases decide
+	}
+	ok, err := declareScript.Run(ctx, l.rdb, []string{Key(l.opt.Prefix)}, id, v, l.opt.Timeout.Milliseconds()).Int()
+	if err != nil {
+		l.log.Warn("cannot declare a dead instance dead", "instance", id, "err", err)
+		return
+	}
+	if ok == 1 {
+		l.log.Warn("instance declared dead: no heartbeat and no connection; handing out its claimed tasks", "instance", id, "silent_ms", now-seen)
+		l.dead(ctx, id)
+	}
+}
+
+// subscribers counts the subscriptions to ch on the node that serves it.
+func (l *Liveness) subscribers(ctx context.Context, ch string) (int64, error) {
+	var c redis.Cmdable = l.rdb
+	if cc, ok := l.rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, ch)
+		if err != nil {
+			return 0, err
+		}
+		c = node
+	}
+	m, err := c.PubSubNumSub(ctx, ch).Result()
+	if err != nil {
+		return 0, err
+	}
+	return m[ch], nil
+}
+
+// fenced: this instance's id was declared dead (it could not heartbeat
+// for the timeout and lost its connection meanwhile). Its claims under
+// that id are another's now; it takes a new id.
+func (l *Liveness) fenced(ctx context.Context, old string) {
+	l.mu.Lock()
+	if l.id != old {
+		l.mu.Unlock()
+		return
+	}
+	l.epoch++
+	l.id = l.idOf(l.epoch)
+	l.okSent = time.Time{}
+	l.mu.Unlock()
+	l.log.Error("this instance was declared dead by another: its claimed tasks go to other instances; going on under a new liveness id", "old", old)
+	l.subscribe(ctx)
+	l.dead(ctx, old)
+}
+
+// dead hands a dead id to OnDead, once.
+func (l *Liveness) dead(ctx context.Context, id string) {
+	l.mu.Lock()
+	if l.seen[id] {
+		l.mu.Unlock()
+		return
+	}
+	l.seen[id] = true
+	l.mu.Unlock()
+	if l.opt.OnDead == nil {
+		return
+	}
+	l.onDead.Add(1)
+	go func() {
+		defer l.onDead.Done()
+		l.opt.OnDead(context.WithoutCancel(ctx), id)
+	}()
+}

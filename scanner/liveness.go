@@ -1,0 +1,119 @@
+package scanner
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// owner is the liveness id claims are recorded under now ("": none).
+func (s *Scanner) owner() string {
+	if s.opt.Liveness == nil {
+		return ""
+	}
+	return s.opt.Liveness.ID()
+}
+
+// livenessPoll is how often a publish held by a lapsed liveness looks
+// again.
+const livenessPoll = 10 * time.Millisecond
+
+// gate holds back tasks while the instance's liveness has lapsed (its last
+// heartbeat is too old: another instance may soon declare it dead), and
+// returns those it may publish and the batches it completed: tasks claimed
+// under a liveness id declared dead are given up, never published, since
+// their claims were handed out to other instances. A task given up is
+// left in Redis as it is: only the hand-back touches it.
+func (s *Scanner) gate(work context.Context, tasks []heldTask) (keep []heldTask, done []*progress) {
+	lv := s.opt.Liveness
+	if lv == nil {
+		return tasks, nil
+	}
+	abandon := func(t heldTask) {
+		if t.batch.record(outcome{entry: t.task.Entry, mode: outAbandoned}) {
+			done = append(done, t.batch)
+		}
+	}
+	given := 0
+	defer func() {
+		if given > 0 {
+			s.met.error("fenced", given)
+			s.lim.Warn("fenced", "this instance was declared dead: its claimed tasks were handed to other instances and are not published here", "tasks", given)
+		}
+	}()
+	for {
+		var wait []heldTask
+		for _, t := range tasks {
+			switch ok, fenced := lv.Check(t.batch.b.owner); {
+			case ok:
+				keep = append(keep, t)
+			case fenced:
+				abandon(t)
+				given++
+			default:
+				wait = append(wait, t)
+			}
+		}
+		if len(wait) == 0 {
+			return keep, done
+		}
+		tasks = wait
+		t := time.NewTimer(livenessPoll)
+		select {
+		case <-t.C:
+		case <-work.Done():
+			t.Stop()
+			// Stopping with a lapsed liveness: left in flight for the
+			// hand-back or their lease.
+			for _, t := range tasks {
+				abandon(t)
+			}
+			return keep, done
+		}
+	}
+}
+
+// HandBack hands out again at once, in every shard of the queue, the tasks
+// that claims of the dead instance with liveness id owner still hold, and
+// wakes the scanner to claim them. It returns how many it handed out.
+func (s *Scanner) HandBack(ctx context.Context, owner string, shards int) (int, error) {
+	if shards <= 0 {
+		return 0, nil
+	}
+	run := func() ([]*redis.Cmd, error) {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, shards)
+		for i := range shards {
+			cmds[i] = s.st.handBackCmd(ctx, pipe, i, owner)
+		}
+		_, err := pipe.Exec(ctx)
+		return cmds, err
+	}
+	cmds, err := run()
+	if slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return redis.HasErrorPrefix(c.Err(), "NOSCRIPT") }) {
+		if err := handBackScript.Load(ctx, s.rdb).Err(); err != nil {
+			return 0, fmt.Errorf("hand back %s's tasks of queue %s: load script: %w", owner, s.opt.Queue, err)
+		}
+		cmds, err = run()
+	}
+	err = nil // each command's own error says which shard failed
+	n := 0
+	for i, c := range cmds {
+		got, cerr := c.Int()
+		if cerr != nil {
+			if err == nil {
+				err = fmt.Errorf("hand back %s's tasks on %s: %w", owner, s.keys.Inflight(i), cerr)
+			}
+			continue
+		}
+		n += got
+	}
+	if n > 0 {
+		s.met.returned(n)
+		s.wake.kick()
+	}
+	return n, err
+}
