@@ -16,9 +16,11 @@ import (
 // tasks, gathered as they come (at once for the tasks due when it was
 // claimed, at their due time for the held ones), and settled in Redis in
 // one go once every task has one. One ack per claim, not per publish:
-// that is what makes a claim ahead cheap for Redis. A confirmed task stays
-// in flight until its batch settles, at most the look-ahead longer; if the
-// process dies meanwhile, its lease sends it again (at least once).
+// that is what makes a claim ahead cheap for Redis. A batch still
+// publishing acks what was confirmed once it waited partialAckAfter
+// (takeAcks), so a process that dies sends again (by its lease, or the
+// hand-back once it is found dead) only what it published in the last few
+// tens of ms, not the look-ahead's worth.
 type progress struct {
 	b    batch
 	done func() // once settled
@@ -26,6 +28,8 @@ type progress struct {
 	mu       sync.Mutex
 	left     int
 	acked    []string
+	ackSent  int       // acked[:ackSent] were acked early (takeAcks)
+	ackSince time.Time // when the oldest of acked[ackSent:] was confirmed
 	fails    []outcome
 	released []string
 	unclaim  []string // held, never published: back into pending
@@ -46,6 +50,9 @@ func (p *progress) record(o outcome) bool {
 	defer p.mu.Unlock()
 	switch o.mode {
 	case outAcked:
+		if len(p.acked) == p.ackSent {
+			p.ackSince = time.Now()
+		}
 		p.acked = append(p.acked, o.entry)
 	case outReleased:
 		p.released = append(p.released, o.entry)
@@ -57,6 +64,63 @@ func (p *progress) record(o outcome) bool {
 	}
 	p.left--
 	return p.left == 0
+}
+
+// partialAckAfter is how long a batch still publishing lets confirmed
+// tasks wait before it acks them early: the longer, the fewer acks per
+// task; the shorter, the fewer tasks a crash sends twice.
+const partialAckAfter = 20 * time.Millisecond
+
+// takeAcks returns the confirmed entries of a batch still publishing that
+// have waited partialAckAfter, for an early ack; nil if none (or the
+// batch is complete: settling acks the rest).
+func (p *progress) takeAcks(now time.Time) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.left == 0 || len(p.acked) == p.ackSent || now.Sub(p.ackSince) < partialAckAfter {
+		return nil
+	}
+	out := append([]string(nil), p.acked[p.ackSent:]...)
+	p.ackSent = len(p.acked)
+	return out
+}
+
+// unacked is what settling still acks.
+func (p *progress) unacked() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.acked[p.ackSent:]
+}
+
+// ackEarly acks, on a goroutine of their own, the confirmed tasks of the
+// batches still publishing that have waited long enough (takeAcks).
+func (s *Scanner) ackEarly(tasks []heldTask) {
+	now := time.Now()
+	var last *progress
+	for _, t := range tasks {
+		if t.batch == last {
+			continue
+		}
+		last = t.batch
+		es := t.batch.takeAcks(now)
+		if len(es) == 0 {
+			continue
+		}
+		i := t.batch.b.shard
+		s.acking.Add(1)
+		go func() {
+			defer s.acking.Done()
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(s.work), 15*time.Second)
+			defer cancel()
+			if err := s.settle(ctx, func(ctx context.Context) error { _, err := s.st.ack(ctx, i, es); return err }); err != nil {
+				s.met.error("ack", 1)
+				s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", i, "tasks", len(es), "err", err)
+				return
+			}
+			s.met.dispatched(len(es))
+			s.lastAcked.Store(time.Now().UnixNano())
+		}()
+	}
 }
 
 // dispatch publishes the tasks of one claimed batch that are due, hands
@@ -256,6 +320,9 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		}
 	}
 	s.causes.published(time.Now(), confirmed, failed)
+	if confirmed > 0 {
+		s.ackEarly(tasks)
+	}
 	return out
 }
 
@@ -274,15 +341,16 @@ func (s *Scanner) settleBatch(p *progress) {
 	// so settling late cannot disturb an instance that took them over.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.work), 15*time.Second)
 	defer cancel()
+	acked := p.unacked()
 	if err := s.settle(ctx, func(ctx context.Context) error {
-		_, err := s.st.ack(ctx, b.shard, p.acked)
+		_, err := s.st.ack(ctx, b.shard, acked)
 		return err
 	}); err != nil {
 		s.met.error("ack", 1)
-		s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", b.shard, "tasks", len(p.acked), "err", err)
+		s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", b.shard, "tasks", len(acked), "err", err)
 	} else {
-		s.met.dispatched(len(p.acked))
-		if len(p.acked) > 0 {
+		s.met.dispatched(len(acked))
+		if len(acked) > 0 {
 			s.lastAcked.Store(time.Now().UnixNano())
 		}
 	}

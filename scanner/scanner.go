@@ -149,8 +149,9 @@ type Scanner struct {
 	// reservedAhead: room in the holder reserved by claims ahead still out
 	// (see reserveAhead).
 	reservedAhead atomic.Int64
-	lastAcked     atomic.Int64 // unix ns of the last batch that left Redis confirmed
-	layoutM       atomic.Int64 // Options.Layout, changed by Queue
+	lastAcked     atomic.Int64   // unix ns of the last batch that left Redis confirmed
+	acking        sync.WaitGroup // early acks under way (ackEarly)
+	layoutM       atomic.Int64   // Options.Layout, changed by Queue
 }
 
 // New returns a scanner for one queue.
@@ -252,6 +253,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 			s.log.Warn("abandoning publishes stuck in the broker connection; their leases will return them")
 		}
 	}
+	s.acking.Wait() // early acks, each bounded by its own deadline
 	return nil
 }
 

@@ -403,8 +403,8 @@ func TestLookaheadSIGTERMOtherInstanceTakesOver(t *testing.T) {
 	h.emptyAtEnd(h.queues[0])
 }
 
-// TestLookaheadSIGKILLLeaseBringsBack: the instance holding the tasks is
-// killed (SIGKILL) before any is due; the tasks stay in flight under the
+// TestLookaheadSIGKILLLeaseBringsBack: with liveness off, the instance
+// holding the tasks is killed (SIGKILL) before any is due; the tasks stay in flight under the
 // claim's lease (LEASE + LOOKAHEAD), and once it ran out another instance
 // delivers every one of them, none published before the lease ran out,
 // none early. The killed instance published nothing (it died before any
@@ -413,6 +413,9 @@ func TestLookaheadSIGTERMOtherInstanceTakesOver(t *testing.T) {
 func TestLookaheadSIGKILLLeaseBringsBack(t *testing.T) {
 	h := newHarness(t, queueSpec{Name: "kill", Shards: 4})
 	h.lookahead(8*time.Second, 2*time.Second)
+	// The lease path: with liveness on, the next instance would find the
+	// killed one dead and hand its claims out at once (recovery_test.go).
+	h.extra["DISPATCHER_LIVENESS_TIMEOUT"] = "0"
 	rec := h.record("kill")
 	a := h.start()
 	waitStarted(t, a)
