@@ -56,7 +56,7 @@ type Settings struct {
 	IdlePollInterval time.Duration `envconfig:"DISPATCHER_IDLE_POLL_INTERVAL" default:"500ms" desc:"how far the sweeps of a quiet queue stretch out: each sweep that finds nothing new doubles the interval from DISPATCHER_POLL_INTERVAL up to this, and a sweep that finds a task due sooner than this, or a wake-up, brings it back; a task due at least this long after its ZADD is found before it is due, one ZADDed due at once without a wake-up waits up to this long on a quiet queue (any positive duration; taken as at least DISPATCHER_POLL_INTERVAL; above 1s, the Go producer's wake-up window, a warning)" see:"CONTRACT.md#waking-the-dispatchers-extension"`
 	Lookahead        time.Duration `envconfig:"DISPATCHER_LOOKAHEAD" default:"100ms" desc:"how far ahead of their due time tasks may be claimed (0 to 10s): the instance holds them and publishes each at its due time by the Redis clock, never before, so steady traffic is claimed in batches; a task this close to its due time can no longer be cancelled; 0 claims only due tasks" see:"docs/how-it-works.md#holding-and-publishing-on-the-dot"`
 	PublishTick      time.Duration `envconfig:"DISPATCHER_PUBLISH_TICK" default:"0s" desc:"held tasks go out at the first multiple of this (Redis clock) at or after their due time, those of one tick in one publish (0 to 1s): less dispatcher CPU under steady traffic for up to this much lateness (at 2,000 tasks a second, 5ms cut it by a third); 0 publishes each at its due time" see:"docs/performance.md#steady-traffic-claiming-ahead"`
-	LivenessTimeout  time.Duration `envconfig:"DISPATCHER_LIVENESS_TIMEOUT" default:"1500ms" desc:"an instance whose heartbeat is this old and whose Redis connection is gone (a killed process, a lost machine whose connection Redis closed) is declared dead, and what it had claimed is handed out again at once instead of when its lease runs out; an instance that is stopped or cut off but still connected is left to its leases, so it never causes a duplicate; heartbeats go every quarter of it, and an instance publishes only while its last one is under half of it old; 0 turns this off (leases only); 400ms to DISPATCHER_LEASE/2" see:"docs/how-it-works.md#liveness-a-dead-instances-claims-in-seconds"`
+	LivenessTimeout  time.Duration `envconfig:"DISPATCHER_LIVENESS_TIMEOUT" defaultText:"1.5s, at most LEASE/2" desc:"an instance whose heartbeat is this old and whose Redis connection is gone (a killed process, a lost machine whose connection Redis closed) is declared dead, and what it had claimed is handed out again at once instead of when its lease runs out; an instance that is stopped or cut off but still connected is left to its leases, so it never causes a duplicate; heartbeats go every quarter of it, and an instance publishes only while its last one is under half of it old; 0 turns this off (leases only); 400ms to DISPATCHER_LEASE/2" see:"docs/how-it-works.md#liveness-a-dead-instances-claims-in-seconds"`
 	ConfirmTimeout   time.Duration `envconfig:"DISPATCHER_CONFIRM_TIMEOUT" defaultText:"LEASE/3, at most 10s" desc:"how long to wait for the broker to confirm a publish, counted from when it was written or from the broker's latest answer on the channel, whichever is later (a slow link still carrying earlier messages is not a dead broker), before the publish counts as failed and is retried; also the longest a socket write to the broker may make no progress before the connection is dropped; positive and shorter than DISPATCHER_LEASE"`
 	ShutdownTimeout  time.Duration `envconfig:"DISPATCHER_SHUTDOWN_TIMEOUT" default:"10s" desc:"on SIGTERM or SIGINT, how long to wait for outstanding confirms before handing the rest back to the other instances (any positive duration)" see:"docs/how-it-works.md#shutdown"`
 	MaxMessageBytes  int           `envconfig:"DISPATCHER_MAX_MESSAGE_BYTES" default:"16777216" desc:"members larger than this go straight to the shard's dead-letter set (1 to 536870912, i.e. 512 MiB)"`
@@ -169,6 +169,10 @@ func urlReason(raw string, err error) string {
 	return redact.String(err.Error())
 }
 
+// DefaultLivenessTimeout is the liveness timeout when none is given (at
+// most half the lease).
+const DefaultLivenessTimeout = 1500 * time.Millisecond
+
 // DefaultConfirmTimeout is the confirm timeout when none is given: a third
 // of the lease, so a publish that timed out is settled well before its
 // lease runs out, and at most 10s.
@@ -207,6 +211,9 @@ func load(named []string, tool bool) (*Settings, error) {
 	}
 	if env[Prefix+"_CONFIRM_TIMEOUT"] == "" {
 		s.ConfirmTimeout = DefaultConfirmTimeout(s.Lease)
+	}
+	if env[Prefix+"_LIVENESS_TIMEOUT"] == "" {
+		s.LivenessTimeout = min(DefaultLivenessTimeout, s.Lease/2)
 	}
 	seen := map[string]string{}
 	for i, name := range s.Queues {

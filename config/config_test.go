@@ -82,6 +82,7 @@ func TestLoadDefaults(t *testing.T) {
 		IdlePollInterval: 500 * time.Millisecond,
 		Lookahead:        100 * time.Millisecond,
 		ConfirmTimeout:   10 * time.Second,
+		LivenessTimeout:  1500 * time.Millisecond,
 		ShutdownTimeout:  10 * time.Second,
 		MaxMessageBytes:  16 << 20,
 		MaxAttempts:      5,
@@ -214,6 +215,19 @@ func TestLoadValid(t *testing.T) {
 				if s.ConfirmTimeout <= 0 || s.ConfirmTimeout >= s.Lease {
 					t.Errorf("confirm timeout %s for lease %s", s.ConfirmTimeout, s.Lease)
 				}
+				if s.LivenessTimeout != 500*time.Millisecond {
+					t.Errorf("liveness timeout %s for lease %s, want half the lease", s.LivenessTimeout, s.Lease)
+				}
+			},
+		},
+		{
+			name:   "liveness off",
+			env:    with(map[string]string{"DISPATCHER_LIVENESS_TIMEOUT": "0"}),
+			queues: []config.Queue{{Name: "orders", Shards: 16, Exchange: "ex", RoutingKey: "orders"}},
+			check: func(t *testing.T, s *config.Settings) {
+				if s.LivenessTimeout != 0 {
+					t.Errorf("liveness timeout %s, want 0 (off)", s.LivenessTimeout)
+				}
 			},
 		},
 		{
@@ -339,6 +353,10 @@ func TestLoadErrors(t *testing.T) {
 			wantVar: "DISPATCHER_HTTP_ADDR", wantValue: ":http"},
 		{name: "negative lease", env: with(map[string]string{"DISPATCHER_LEASE": "-5s"}),
 			wantVar: "DISPATCHER_LEASE", wantValue: "-5s"},
+		{name: "liveness under 400ms", env: with(map[string]string{"DISPATCHER_LIVENESS_TIMEOUT": "100ms"}),
+			wantVar: "DISPATCHER_LIVENESS_TIMEOUT", wantValue: "100ms"},
+		{name: "liveness over half the lease", env: with(map[string]string{"DISPATCHER_LIVENESS_TIMEOUT": "20s"}),
+			wantVar: "DISPATCHER_LIVENESS_TIMEOUT", wantValue: "20s"},
 		{name: "zero lease", env: with(map[string]string{"DISPATCHER_LEASE": "0s"}),
 			wantVar: "DISPATCHER_LEASE", wantValue: "0s"},
 		{name: "lease under 1s", env: with(map[string]string{"DISPATCHER_LEASE": "500ms", "DISPATCHER_CONFIRM_TIMEOUT": "100ms"}),
