@@ -32,6 +32,7 @@ import (
 // 10,000 messages is what publishing alone costs; the instances' CPU per
 // 10,000 tasks is given as a multiple of it.
 type Floor struct {
+	Name string `json:"name"` // exchange and consumer queue
 	// The cadence asked for: the instances' publish calls and tasks per
 	// second over the point's traffic (its -duration); CallsFrom names
 	// the metric the calls were read from.
@@ -103,7 +104,7 @@ func floorPipeline() int {
 // a recorder of the floor's own from now on, and the sink is stopped at
 // the end.
 func (r *runner) measureFloor(ctx context.Context, sk *sink, keys []string, size int, c cadence, d time.Duration) (*Floor, error) {
-	f := &Floor{CallsPerSec: c.callsPerSec, MsgsPerSec: c.msgsPerSec, CallsFrom: c.callsFrom, Size: size, Pipeline: floorPipeline()}
+	f := &Floor{Name: sk.exchange, CallsPerSec: c.callsPerSec, MsgsPerSec: c.msgsPerSec, CallsFrom: c.callsFrom, Size: size, Pipeline: floorPipeline()}
 	calls, msgs := floorCounts(c, d)
 	if calls == 0 || msgs == 0 {
 		return nil, fmt.Errorf("floor: no cadence to publish at (%.1f calls/s, %.1f messages/s)", c.callsPerSec, c.msgsPerSec)
