@@ -456,7 +456,11 @@ func writeFloors(w io.Writer, rep *Report) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nFloor: amqp091-go alone (one connection, one confirm-mode channel, a process of its own, capped as the instances were) publishing at the instances' cadence, persistent, mandatory, to the point's kind of exchange and consumer; its CPU (/proc utime+stime, first publish to last confirm) per 10,000 messages against the instances' per 10,000 tasks\n\n")
+	capped := ""
+	if rep.CPUCap != nil {
+		capped = ", capped as the instances were"
+	}
+	fmt.Fprintf(w, "\nFloor: amqp091-go alone (one connection, one confirm-mode channel, a process of its own%s) publishing at the instances' cadence (their publish calls/s and tasks/s), persistent, mandatory, to the point's kind of exchange and consumer; its CPU (/proc utime+stime, first publish to last confirm) per 10,000 messages against the instances' per 10,000 tasks (from ready to the end)\n\n", capped)
 	table(w, []string{"point", "calls/s", "messages/s", "messages/call", "messages", "floor CPU s/10k", "dispatcher CPU s/10k", "dispatcher / floor", "floor latency p50 / p99 ms", "calls from"},
 		func(add func(...string)) {
 			for _, rw := range rows {
