@@ -25,6 +25,14 @@ type measurement struct {
 	rec    *recorder
 	sink   *sink
 	fleet  fleet
+	// thr0 is the instances' cgroup throttling when their CPU was first
+	// read (startUsage; nil: from their start, or no cap).
+	thr0 []Throttle
+	// traffic is how long a rate point's tasks are due over (its
+	// duration), for the cadence of the floor; floor measures the floor
+	// at the end (-floor).
+	traffic time.Duration
+	floor   bool
 }
 
 func (r *runner) newMeasurement(p Point, expected int) (*measurement, error) {
@@ -66,7 +74,72 @@ func (m *measurement) spec() instanceSpec {
 		binary: m.r.opt.Dispatcher, redisURL: m.r.opt.RedisURL, amqpURL: m.r.opt.AMQPURL,
 		prefix: m.keys.Prefix, exchange: m.keys.Prefix, queues: m.queues, shards: m.p.Shards, batch: m.p.Batch,
 		clientName: m.r.clientPrefix() + "-d", stamp: m.r.stamps, maxRate: m.p.MaxRate,
+		limiter: m.r.limiter,
 	}
+}
+
+// startUsage reads the instances' CPU (returned) and cgroup throttling
+// (kept) at the start of what is measured.
+func (m *measurement) startUsage() ([]float64, error) {
+	cpu0, _, err := m.fleet.usage()
+	if err != nil {
+		return nil, err
+	}
+	m.thr0, err = m.fleet.throttles()
+	return cpu0, err
+}
+
+// instanceFigures reads each instance's share of the work (tasks
+// dispatched), its publish calls, its CPU as % of one core over the
+// window and its throttling, and the cadence of the point's publishing.
+func (m *measurement) instanceFigures(window time.Duration) error {
+	res := m.res
+	ms, err := m.fleet.each(metricDispatched, metricCalls, metricClaims)
+	if err != nil {
+		return err
+	}
+	var dispatched float64
+	callsFrom := metricCalls
+	for _, mm := range ms {
+		if _, ok := mm[metricCalls]; !ok {
+			callsFrom = metricClaims + " (claims: this dispatcher does not count its publish calls)"
+		}
+	}
+	for _, mm := range ms {
+		res.DispatchedEach = append(res.DispatchedEach, mm[metricDispatched])
+		dispatched += mm[metricDispatched]
+		if callsFrom == metricCalls {
+			res.PublishCalls += mm[metricCalls]
+		} else {
+			res.PublishCalls += mm[metricClaims]
+		}
+	}
+	res.PublishCallsFrom = callsFrom
+	for _, n := range res.DispatchedEach {
+		share := 0.0
+		if dispatched > 0 {
+			share = 100 * n / dispatched
+		}
+		res.SharePercentEach = append(res.SharePercentEach, share)
+	}
+	res.CPUWindowSeconds = window.Seconds()
+	for _, c := range res.CPUSecondsEach {
+		res.CPUPercentEach = append(res.CPUPercentEach, 100*c/window.Seconds())
+	}
+	thr, err := m.fleet.throttles()
+	if err != nil {
+		return err
+	}
+	for i, t := range thr {
+		if m.thr0 != nil {
+			t = t.minus(m.thr0[i])
+		}
+		res.ThrottleEach = append(res.ThrottleEach, t)
+	}
+	if m.traffic > 0 {
+		res.cadence = &cadence{callsPerSec: res.PublishCalls / m.traffic.Seconds(), msgsPerSec: dispatched / m.traffic.Seconds(), callsFrom: callsFrom}
+	}
+	return nil
 }
 
 // close stops whatever still runs and removes the point's keys, queue and
@@ -160,11 +233,23 @@ func (m *measurement) finish(ctx context.Context, before redisSnap, own []cmdSta
 	if err := fleetUse(m.fleet, cpu0, res); err != nil {
 		return err
 	}
+	if err := m.instanceFigures(time.Since(began)); err != nil {
+		return err
+	}
 	res.ClaimBatchMean = claimBatchMean(m.fleet)
 	if err := m.fleet.stop(); err != nil {
 		res.Errors = append(res.Errors, err.Error())
 	}
 	m.fleet = nil
+	// The floor, its own deliveries going to a recorder of its own, once
+	// every task has arrived and the instances are gone.
+	if m.floor && res.cadence != nil && rec.missing() == 0 {
+		f, err := m.r.measureFloor(ctx, m.sink, m.queues, m.p.Size, *res.cadence, m.traffic)
+		if err != nil {
+			return err
+		}
+		res.Floor = f
+	}
 	m.sink.stop()
 	if err := m.sink.ackError(); err != nil {
 		res.Errors = append(res.Errors, err.Error())
@@ -184,6 +269,9 @@ func (m *measurement) finish(ctx context.Context, before redisSnap, own []cmdSta
 		res.FirstSecond = &Window{FromDueMs: from, Ms: time.Second.Milliseconds(), Tasks: len(c),
 			Lateness: distNoCurve(c), DispatchLateness: distOrNil(d, false)}
 	}
+	if c, d, from, ms, ok := rec.afterWindow(time.Second); ok {
+		res.AfterFirstSecond = &Window{FromDueMs: from, Ms: ms, Tasks: len(c), Lateness: distNoCurve(c), DispatchLateness: distOrNil(d, false)}
+	}
 	res.ShardLateness = shardDists(rec.late, rec.shardOf, m.p.Shards)
 	res.ShardP99Median, res.ShardP99Worst, res.WorstShard = shardSpread(res.ShardLateness)
 	if res.Delivered > 0 {
@@ -201,6 +289,10 @@ func (m *measurement) finish(ctx context.Context, before redisSnap, own []cmdSta
 		for _, pu := range res.Redis.Primaries {
 			pu.CmdsPerTask = float64(pu.Commands) / float64(res.Delivered)
 		}
+	}
+	if res.Floor != nil {
+		res.Floor.compare(res.CPUPer10k)
+		res.Errors = append(res.Errors, res.Floor.Errors...)
 	}
 	return nil
 }

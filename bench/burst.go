@@ -107,7 +107,7 @@ func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
 	if err := m.fleet.waitReady(ctx); err != nil {
 		return m.res, err
 	}
-	cpu0, _, err := m.fleet.usage()
+	cpu0, err := m.startUsage()
 	if err != nil {
 		return m.res, err
 	}

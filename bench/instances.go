@@ -56,6 +56,9 @@ type instance struct {
 	out  *tailBuffer
 	done chan struct{}
 	err  error // set when done is closed
+	// With -cpu-cap: its cgroup, removed once it has stopped.
+	cg  *cgroup
+	lim *cpuLimiter
 }
 
 // instanceSpec says how to start the instances of one point.
@@ -68,9 +71,10 @@ type instanceSpec struct {
 	queues     []string // served, each with shards shards and exchange
 	shards     int
 	batch      int
-	clientName string // Redis client name prefix of the instances
-	stamp      bool   // set DISPATCHER_STAMP_PUBLISHED=true
-	maxRate    int    // each queue's MAX_RATE (0: none)
+	clientName string      // Redis client name prefix of the instances
+	stamp      bool        // set DISPATCHER_STAMP_PUBLISHED=true
+	maxRate    int         // each queue's MAX_RATE (0: none)
+	limiter    *cpuLimiter // caps each instance's CPU (nil: no cap)
 }
 
 // Settings the bench sets itself; the parent's own values of these are not
@@ -156,13 +160,31 @@ func startInstance(sp instanceSpec, n int) (*instance, error) {
 	cmd := exec.Command(sp.binary)
 	cmd.Env = env
 	cmd.SysProcAttr = childAttr()
-	in := &instance{cmd: cmd, addr: addr, out: &tailBuffer{max: 16 << 10}, done: make(chan struct{})}
+	in := &instance{cmd: cmd, addr: addr, out: &tailBuffer{max: 16 << 10}, done: make(chan struct{}), lim: sp.limiter}
 	cmd.Stdout, cmd.Stderr = in.out, in.out
-	if err := cmd.Start(); err != nil {
+	if err := startCapped(cmd, sp.limiter, &in.cg); err != nil {
 		return nil, fmt.Errorf("start dispatcher %s: %w", sp.binary, err)
 	}
 	go func() { in.err = cmd.Wait(); close(in.done) }()
 	return in, nil
+}
+
+// startCapped starts cmd, in a cgroup of its own made with lim unless lim
+// is nil; *cg is set to the cgroup, which the caller removes once the
+// process has ended.
+func startCapped(cmd *exec.Cmd, lim *cpuLimiter, cg **cgroup) error {
+	if lim == nil {
+		return cmd.Start()
+	}
+	g, err := lim.make()
+	if err != nil {
+		return err
+	}
+	if err := g.start(cmd); err != nil {
+		return errors.Join(err, lim.remove(g))
+	}
+	*cg = g
+	return nil
 }
 
 func freeAddr() (string, error) {
@@ -240,7 +262,12 @@ func parseMetrics(r io.Reader, names []string) (map[string]float64, error) {
 // procStats reads the instance's CPU seconds (user + system) and peak
 // resident memory (VmHWM, bytes) from /proc. Linux only.
 func (in *instance) procStats() (cpuSec float64, hwm int64, err error) {
-	pid := in.cmd.Process.Pid
+	return procStats(in.cmd.Process.Pid)
+}
+
+// procStats reads a process's CPU seconds (user + system) and peak
+// resident memory (VmHWM, bytes) from /proc. Linux only.
+func procStats(pid int) (cpuSec float64, hwm int64, err error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, 0, fmt.Errorf("read CPU time: %w", err)
@@ -297,20 +324,26 @@ func parseHWM(status string) (int64, error) {
 }
 
 // stop sends SIGTERM and waits for a clean exit, killing the process if it
-// takes longer than timeout. It returns an error unless the exit was clean.
+// takes longer than timeout, then removes its cgroup. It returns an error
+// unless the exit was clean.
 func (in *instance) stop(timeout time.Duration) error {
 	_ = in.cmd.Process.Signal(syscall.SIGTERM)
+	var err error
 	select {
 	case <-in.done:
 	case <-time.After(timeout):
 		_ = in.cmd.Process.Kill()
 		<-in.done
-		return fmt.Errorf("dispatcher pid %d did not stop within %s; killed:\n%s", in.cmd.Process.Pid, timeout, in.out.String())
+		err = fmt.Errorf("dispatcher pid %d did not stop within %s; killed:\n%s", in.cmd.Process.Pid, timeout, in.out.String())
 	}
-	if in.err != nil {
-		return fmt.Errorf("dispatcher pid %d: %v:\n%s", in.cmd.Process.Pid, in.err, in.out.String())
+	if err == nil && in.err != nil {
+		err = fmt.Errorf("dispatcher pid %d: %v:\n%s", in.cmd.Process.Pid, in.err, in.out.String())
 	}
-	return nil
+	if in.cg != nil {
+		err = errors.Join(err, in.lim.remove(in.cg))
+		in.cg = nil
+	}
+	return err
 }
 
 // fleet is the instances of one point.
@@ -361,6 +394,36 @@ func (f fleet) sum(name string) (float64, error) {
 		total += m[name]
 	}
 	return total, nil
+}
+
+// each reads the named counters of every instance, each summed over its
+// label sets; a name an instance does not export is absent from its map.
+func (f fleet) each(names ...string) ([]map[string]float64, error) {
+	out := make([]map[string]float64, len(f))
+	for i, in := range f {
+		m, err := in.metrics(names...)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// throttles reads each instance's cgroup cpu.stat (nil without a cap).
+func (f fleet) throttles() ([]Throttle, error) {
+	if len(f) == 0 || f[0].cg == nil {
+		return nil, nil
+	}
+	out := make([]Throttle, len(f))
+	for i, in := range f {
+		t, err := in.cg.throttle()
+		if err != nil {
+			return nil, err
+		}
+		out[i] = t
+	}
+	return out, nil
 }
 
 // usage is CPU seconds of all and the largest peak RSS of any instance.

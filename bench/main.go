@@ -38,6 +38,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == probeFlag {
 		return probeMain(args[1:], os.Stdin, stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == floorFlag {
+		return floorMain(args[1:], os.Stdin, stdout, stderr)
+	}
 	opt, err := parseOptions(args, stderr)
 	if errors.Is(err, errHelp) {
 		return exitOK
@@ -69,6 +72,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	defer r.close()
 	fmt.Fprintf(stderr, "dispatcher bench %s: %d points; %s\nconsumer: %s\n", r.runID, len(points), rep.Machine, rep.Consumer)
+	if rep.CPUCap != nil {
+		fmt.Fprintf(stderr, "CPU cap: %s\n", rep.CPUCap)
+	}
 	if !r.stamps {
 		r.warnf("%s does not list %s in its --help: started without it, no dispatch view of lateness", opt.Dispatcher, stampVar)
 	}
@@ -125,6 +131,16 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 		began := time.Now()
 		var err error
 		switch p.Mode {
+		case modeScale:
+			var res *ScaleResult
+			res, err = r.runScale(ctx, p)
+			if res != nil && (err == nil || len(res.Steps) > 0) {
+				r.rep.Scale = append(r.rep.Scale, res)
+				r.rep.Failures = append(r.rep.Failures, res.Errors...)
+			}
+			if err == nil {
+				r.prog.printf("%s [%.0fs]\n", scaleText(res), time.Since(began).Seconds())
+			}
 		case modeMemory:
 			var res *MemoryResult
 			res, err = r.runMemory(ctx, p)
@@ -161,6 +177,9 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 					res.Duplicates, res.Missing, time.Since(began).Seconds())
 				if res.Burst != nil {
 					r.prog.printf("%s\n", burstText(res.Burst))
+				}
+				if res.Floor != nil {
+					r.prog.printf("  => %s\n", floorText(res.Floor))
 				}
 			}
 		}

@@ -71,6 +71,26 @@ type Options struct {
 	IDs   []bool `json:"ids"`
 	Props bool   `json:"props"`
 
+	// CPUCap caps each instance (and the floor's publisher) at this
+	// share of one core, a cgroup each with a CFS quota of CPUCap ×
+	// CPUPeriod per CPUPeriod (0: no cap).
+	CPUCap    float64  `json:"cpu_cap"`
+	CPUPeriod Duration `json:"cpu_period"`
+
+	// Floor: after each rate point (and each scale mode's highest rate),
+	// the AMQP library's floor at the cadence the instances published.
+	Floor bool `json:"floor"`
+
+	// Scale mode: per instance count, the highest rate whose dispatch
+	// lateness p99 (of the tasks due after the first second) stays at
+	// most ScaleP99, by runs of ScaleStep each, at most ScaleSteps of
+	// them, until the highest rate that held and the lowest that did not
+	// are within ScalePrecision of each other.
+	ScaleP99       Duration `json:"scale_p99"`
+	ScaleStep      Duration `json:"scale_step"`
+	ScaleSteps     int      `json:"scale_steps"`
+	ScalePrecision float64  `json:"scale_precision"`
+
 	Stall    Duration `json:"stall"`
 	JSONPath string   `json:"-"`
 	SVGPath  string   `json:"-"`
@@ -96,6 +116,7 @@ const (
 	modeIdle    = "idle"
 	modeBurst   = "burst"
 	modeMemory  = "memory"
+	modeScale   = "scale"
 )
 
 // Queue types of the consumer's queue.
@@ -126,11 +147,11 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.SetOutput(stderr)
 	var modes, backlogs, rates, instances, shards, batches, sizes, queues string
 	var duration, idle, stall, burstLead time.Duration
-	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s and CPU with nothing due), burst (-backlog tasks due at one time: the drain, and what a producer's ZADD and a stats read see meanwhile), memory (Redis bytes per pending task: -backlog tasks of each -size over -shards, no instance)")
+	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s and CPU with nothing due), burst (-backlog tasks due at one time: the drain, and what a producer's ZADD and a stats read see meanwhile), memory (Redis bytes per pending task: -backlog tasks of each -size over -shards, no instance), scale (for each -instances count, the highest steady rate whose dispatch lateness p99 stays within -scale-p99: short rate runs, the rate doubled, halved, then bisected)")
 	fs.StringVar(&backlogs, "backlog", "100000", "backlog mode: tasks pending when the dispatchers start; burst mode: tasks due at the one time (list; 1e6, 10^6, 1M and 1000000 all work)")
 	fs.IntVar(&o.Window, "window", 200000, "backlog mode: how many of the pending tasks are due now; the rest are due in 1 hour")
 	fs.BoolVar(&o.Drain, "drain", false, "backlog mode: make every pending task due now and drain them all")
-	fs.StringVar(&rates, "rate", "2000", "rate mode: tasks per second, each scheduled 1s ahead of its due time (list)")
+	fs.StringVar(&rates, "rate", "2000", "rate mode: tasks per second, each scheduled 1s ahead of its due time (list); scale mode: the first rate tried")
 	fs.DurationVar(&duration, "duration", 20*time.Second, "rate mode: how long tasks are scheduled")
 	var ahead time.Duration
 	fs.DurationVar(&ahead, "ahead", time.Second, "rate mode: how long before its due time each task is ZADDed (the producer sends every 5ms what falls within this)")
@@ -156,6 +177,14 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	var ceilingWindows string
 	fs.StringVar(&ceilingWindows, "ceiling-window", "300,1000,3000", "unconfirmed publishes the raw publisher keeps outstanding (list: each is measured, the fastest is the ceiling)")
 	fs.BoolVar(&o.CeilingEach, "ceiling-each", false, "measure the ceiling before every backlog point (default: once per message size)")
+	var cpuPeriod, scaleP99, scaleStep time.Duration
+	fs.Float64Var(&o.CPUCap, "cpu-cap", 0, "cap each instance (and the floor's publisher) at this share of one core, e.g. 0.1, as a small machine would: a cgroup each (cgroup v1 cpu controller, or v2 with cpu enabled), made and removed by the bench; needs root (0: no cap)")
+	fs.DurationVar(&cpuPeriod, "cpu-period", 10*time.Millisecond, "with -cpu-cap: the CFS period; the quota, period × cap, must be at least 1ms")
+	fs.BoolVar(&o.Floor, "floor", false, "after each rate point (and each instance count's highest rate in scale mode), the floor: amqp091-go alone in a process of its own (capped alike) publishing at the cadence the instances did (their publish calls/s and tasks/s, same size, confirmed, persistent, mandatory) to the same kind of exchange and consumer; its CPU per 10,000 messages against the instances'")
+	fs.DurationVar(&scaleP99, "scale-p99", 50*time.Millisecond, "scale mode: the dispatch lateness p99 a rate must keep (of the tasks due after the first second of each step)")
+	fs.DurationVar(&scaleStep, "scale-step", 8*time.Second, "scale mode: how long each step schedules tasks (a rate run's -duration)")
+	fs.IntVar(&o.ScaleSteps, "scale-steps", 8, "scale mode: the most steps per instance count")
+	fs.Float64Var(&o.ScalePrecision, "scale-precision", 0.1, "scale mode: stop once the lowest rate that failed is within this fraction above the highest that held")
 	fs.DurationVar(&stall, "stall", 45*time.Second, "give up on a point when no task arrives for this long")
 	fs.StringVar(&o.JSONPath, "json", "", "write every figure to this JSON file (not if interrupted)")
 	fs.StringVar(&o.SVGPath, "svg", "", "write the lateness distributions to this SVG file (not if interrupted)")
@@ -181,6 +210,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	o.Duration, o.Idle, o.Stall = Duration(duration), Duration(idle), Duration(stall)
 	o.BurstLead = Duration(burstLead)
 	o.Ahead = Duration(ahead)
+	o.CPUPeriod, o.ScaleP99, o.ScaleStep = Duration(cpuPeriod), Duration(scaleP99), Duration(scaleStep)
 	if ahead <= 0 || ahead > time.Minute {
 		return nil, fmt.Errorf("-ahead %s: must be more than 0 and at most 1m", ahead)
 	}
@@ -197,8 +227,8 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	}
 	o.Modes = splitList(modes)
 	for _, m := range o.Modes {
-		if m != modeBacklog && m != modeRate && m != modeIdle && m != modeBurst && m != modeMemory {
-			return nil, fmt.Errorf("-mode %q: want backlog, rate, idle, burst or memory", modes)
+		if m != modeBacklog && m != modeRate && m != modeIdle && m != modeBurst && m != modeMemory && m != modeScale {
+			return nil, fmt.Errorf("-mode %q: want backlog, rate, idle, burst, memory or scale", modes)
 		}
 	}
 	if len(o.Modes) == 0 {
@@ -245,6 +275,23 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("-queue-type %q: want classic, quorum or transient", o.QueueType)
 	case o.Prefetch < 0 || o.Prefetch > maxPrefetch:
 		return nil, fmt.Errorf("-prefetch %d: must be 0 to %d", o.Prefetch, maxPrefetch)
+	case math.IsNaN(o.CPUCap) || o.CPUCap < 0 || o.CPUCap > maxInstance:
+		return nil, fmt.Errorf("-cpu-cap %g: must be 0 (no cap) or a share of one core up to %d", o.CPUCap, maxInstance)
+	case cpuPeriod < time.Millisecond || cpuPeriod > time.Second:
+		return nil, fmt.Errorf("-cpu-period %s: must be 1ms to 1s (the kernel's bounds)", cpuPeriod)
+	case scaleP99 <= 0:
+		return nil, fmt.Errorf("-scale-p99 %s: must be more than 0", scaleP99)
+	case scaleStep < 2*time.Second:
+		return nil, fmt.Errorf("-scale-step %s: must be at least 2s (the first second of each step is not judged)", scaleStep)
+	case o.ScaleSteps < 1:
+		return nil, fmt.Errorf("-scale-steps %d: must be at least 1", o.ScaleSteps)
+	case math.IsNaN(o.ScalePrecision) || o.ScalePrecision <= 0 || o.ScalePrecision >= 1:
+		return nil, fmt.Errorf("-scale-precision %g: must be more than 0 and less than 1", o.ScalePrecision)
+	}
+	if o.CPUCap > 0 {
+		if _, err := quotaFor(o.CPUCap, cpuPeriod); err != nil {
+			return nil, err
+		}
 	}
 	if o.Props && !slices.Contains(o.IDs, true) {
 		return nil, errors.New("-props: only tasks with an id carry properties here; add -ids")
@@ -256,6 +303,12 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 			return nil, fmt.Errorf("-prefetch %d with -autoack: an auto-ack consumer sets no prefetch", o.Prefetch)
 		}
 		o.Prefetch = 0
+	}
+	if o.Floor && !slices.Contains(o.Modes, modeRate) && !slices.Contains(o.Modes, modeScale) {
+		return nil, fmt.Errorf("-floor with -mode %s: only rate and scale points measure the floor", modes)
+	}
+	if slices.Contains(o.Modes, modeScale) && o.Rates[0] < minScaleRate {
+		return nil, fmt.Errorf("-rate %d: scale mode starts from the first rate, at least %d", o.Rates[0], minScaleRate)
 	}
 	for _, r := range o.Rates {
 		if int64(r)*int64(duration/time.Second) > maxBacklog {
@@ -296,6 +349,28 @@ Modes:
            queue gets them all, and every figure covers all Q queues.
   idle     K ready instances serving -queues queues (bench, bench-2, ...,
            each with the point's shards), nothing due, for -idle-duration.
+  scale    for each -instances count, the highest steady rate whose
+           dispatch lateness p99 stays within -scale-p99: rate runs of
+           -scale-step each (the first second of traffic not judged),
+           starting at the first -rate (then at 1.5 times the previous
+           count's best), the rate doubled until one fails, halved until
+           one holds, then bisected to -scale-precision, -scale-steps at
+           most. A step whose instances have not dispatched 99% of its
+           tasks by -scale-p99 plus 1s after the last due time is cut
+           short as overloaded. For each count: the rate, its lateness,
+           each instance's share of the tasks and its CPU.
+With -cpu-cap C each instance runs in a cgroup of its own capped at C of
+one core (a CFS quota of C x -cpu-period every -cpu-period, read back from
+the kernel), removed at the end; the tables give the cap and how often
+the kernel held each instance (throttled periods). With -floor, after
+each rate point (and each count's best rate), amqp091-go alone, in a
+process of its own (capped alike), publishes at the cadence the instances
+did: their publish calls/s (dispatcher_broker_publish_batches_total) and
+tasks/s, the same size, confirmed, persistent, mandatory, up to
+DISPATCHER_PIPELINE calls outstanding, to the point's exchange, consumed
+by the same consumer. Its CPU (utime+stime from its first publish to its
+last confirm) per 10,000 messages is the floor; the instances' CPU per
+10,000 tasks is given as a multiple of it.
 Each list flag is swept on its own around the first values (-cross: every
 combination).
 

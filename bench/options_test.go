@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseCount(t *testing.T) {
@@ -23,21 +24,32 @@ func TestParseCount(t *testing.T) {
 
 func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
 	for args, want := range map[string]string{
-		"-mode fast":           `-mode "fast"`,
-		"-shards 0":            `-shards "0"`,
-		"-shards 16,5000":      `-shards "16,5000": 5000: must be 1 to 4096`,
-		"-size 8":              `-size "8"`,
-		"-backlog 1e3,x":       `-backlog "1e3,x"`,
-		"-queue-type stream":   `-queue-type "stream"`,
-		"-duration 10ms":       `-duration 10ms`,
-		"-ceiling-window 0":    `-ceiling-window "0"`,
-		"-instances 1,2,4,100": `-instances "1,2,4,100"`,
-		"-queues 0":            `-queues "0": 0: must be 1 to 1000`,
-		"-queues 1,2000":       `-queues "1,2000"`,
-		"-prefetch -1":         `-prefetch -1: must be 0 to 65535`,
-		"-prefetch 70000":      `-prefetch 70000`,
-		"-autoack -prefetch 5": `-prefetch 5 with -autoack`,
-		"stray":                `unexpected argument "stray"`,
+		"-mode fast":                  `-mode "fast"`,
+		"-shards 0":                   `-shards "0"`,
+		"-shards 16,5000":             `-shards "16,5000": 5000: must be 1 to 4096`,
+		"-size 8":                     `-size "8"`,
+		"-backlog 1e3,x":              `-backlog "1e3,x"`,
+		"-queue-type stream":          `-queue-type "stream"`,
+		"-duration 10ms":              `-duration 10ms`,
+		"-ceiling-window 0":           `-ceiling-window "0"`,
+		"-instances 1,2,4,100":        `-instances "1,2,4,100"`,
+		"-queues 0":                   `-queues "0": 0: must be 1 to 1000`,
+		"-queues 1,2000":              `-queues "1,2000"`,
+		"-prefetch -1":                `-prefetch -1: must be 0 to 65535`,
+		"-prefetch 70000":             `-prefetch 70000`,
+		"-autoack -prefetch 5":        `-prefetch 5 with -autoack`,
+		"stray":                       `unexpected argument "stray"`,
+		"-mode scale,fast":            `-mode "scale,fast": want backlog, rate, idle, burst, memory or scale`,
+		"-cpu-cap -0.5":               `-cpu-cap -0.5: must be 0 (no cap) or a share of one core up to 64`,
+		"-cpu-cap NaN":                `-cpu-cap NaN`,
+		"-cpu-cap 0.05":               `-cpu-cap 0.05 with -cpu-period 10ms: a quota of 500 µs, under the kernel's minimum of 1000 µs; give a -cpu-period of at least 20ms`,
+		"-cpu-cap 0.1 -cpu-period 2s": `-cpu-period 2s: must be 1ms to 1s`,
+		"-scale-p99 0s":               `-scale-p99 0s: must be more than 0`,
+		"-scale-step 1s":              `-scale-step 1s: must be at least 2s`,
+		"-scale-steps 0":              `-scale-steps 0: must be at least 1`,
+		"-scale-precision 1":          `-scale-precision 1: must be more than 0 and less than 1`,
+		"-floor -mode backlog":        `-floor with -mode backlog: only rate and scale points measure the floor`,
+		"-mode scale -rate 50":        `-rate 50: scale mode starts from the first rate, at least 100`,
 	} {
 		_, err := parseOptions(strings.Fields(args), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -232,5 +244,28 @@ func TestPairsPerZADD(t *testing.T) {
 		if got := pairsPerZADD(size); got != want {
 			t.Errorf("pairsPerZADD(%d) = %d, want %d", size, got, want)
 		}
+	}
+}
+
+func TestParseCapScaleAndFloorOptions(t *testing.T) {
+	o, err := parseOptions(strings.Fields("-mode scale -instances 1,2,4 -cpu-cap 0.1 -floor"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.CPUCap != 0.1 || time.Duration(o.CPUPeriod) != 10*time.Millisecond || !o.Floor || time.Duration(o.ScaleP99) != 50*time.Millisecond ||
+		time.Duration(o.ScaleStep) != 8*time.Second || o.ScaleSteps != 8 || o.ScalePrecision != 0.1 {
+		t.Errorf("options %+v", o)
+	}
+	// One scale point per instance count, at the other lists' first values.
+	pts := plan(o)
+	if len(pts) != 3 || pts[2] != (Point{Mode: modeScale, Instances: 4, Shards: 16, Batch: 500, Size: 200, Queues: 1}) {
+		t.Errorf("plan %+v", pts)
+	}
+	if got := pts[0].String(); got != "scale instances=1 shards=16 batch=500 size=200" {
+		t.Errorf("point %q", got)
+	}
+	// No cap by default.
+	if o, err := parseOptions(nil, io.Discard); err != nil || o.CPUCap != 0 || o.Floor {
+		t.Errorf("defaults: %+v, %v", o, err)
 	}
 }

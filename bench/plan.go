@@ -70,6 +70,9 @@ func (p Point) String() string {
 	case modeRate:
 		return fmt.Sprintf("rate %s/s%s instances=%d shards=%d batch=%d size=%d%s",
 			thousands(p.Rate), p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size, p.formText())
+	case modeScale:
+		return fmt.Sprintf("scale%s instances=%d shards=%d batch=%d size=%d%s",
+			p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size, p.formText())
 	case modeMemory:
 		return fmt.Sprintf("memory N=%s shards=%d size=%d%s", thousands(p.Backlog), p.Shards, p.Size, p.formText())
 	case modeBurst:
@@ -106,6 +109,8 @@ func plan(o *Options) []Point {
 			dims = [][]int{o.Rates, o.Instances, o.Shards, o.Batches, o.Sizes, queuesOr1(o.Queues), idsOf(o.IDs)}
 		case modeIdle:
 			dims = [][]int{o.Instances, o.Shards, queuesOr1(o.Queues)}
+		case modeScale:
+			dims = [][]int{o.Instances, o.Shards, o.Batches, o.Sizes, queuesOr1(o.Queues), idsOf(o.IDs)}
 		}
 		if mode == modeIdle {
 			// First Redis's load with no instance at all: what the idle
@@ -128,6 +133,8 @@ func plan(o *Options) []Point {
 				}
 			case modeRate:
 				p.Rate, p.Instances, p.Shards, p.Batch, p.Size, p.Queues = c[0], c[1], c[2], c[3], c[4], c[5]
+			case modeScale:
+				p.Instances, p.Shards, p.Batch, p.Size, p.Queues = c[0], c[1], c[2], c[3], c[4]
 			case modeIdle:
 				p.Instances, p.Shards, p.Queues = c[0], c[1], c[2]
 				p.Backlog, p.Batch, p.Size = o.IdleTasks, o.Batches[0], o.Sizes[0]

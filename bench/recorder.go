@@ -223,6 +223,18 @@ func (r *recorder) startWindow(span time.Duration) (consumer, dispatch []int32, 
 	return consumer, dispatch, firstDueMs, true
 }
 
+// afterWindow is startWindow's complement: the tasks due from span after
+// the earliest due time on (the steady traffic after its start); they are
+// due in [fromMs, fromMs+ms).
+func (r *recorder) afterWindow(span time.Duration) (consumer, dispatch []int32, fromMs, ms int64, ok bool) {
+	if len(r.dueMs) == 0 || len(r.dueMs) != len(r.late) {
+		return nil, nil, 0, 0, false
+	}
+	fromMs = slices.Min(r.dueMs) + span.Milliseconds()
+	consumer, dispatch = r.views(func(i int) bool { return r.dueMs[i] >= fromMs })
+	return consumer, dispatch, fromMs, slices.Max(r.dueMs) + 1 - fromMs, len(consumer) > 0
+}
+
 // missing is how many expected tasks never arrived.
 func (r *recorder) missing() int { return r.expected - int(r.unique.Load()) }
 

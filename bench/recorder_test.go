@@ -56,6 +56,12 @@ func TestRecorderTwoViews(t *testing.T) {
 	if !ok || from != due || !slices.Equal(c, []int32{2000, 4000}) || !slices.Equal(d, []int32{500, 1500}) {
 		t.Errorf("first second from %d (%v): consumer %v, dispatch %v", from, ok, c, d)
 	}
+	// The rest, the steady traffic: tasks 2 and 3, due 1.2 and 1.5 s in
+	// (due in [due+1000, due+1501)).
+	c2, d2, from2, ms2, ok := rec.afterWindow(time.Second)
+	if !ok || from2 != due+1000 || ms2 != 501 || !slices.Equal(c2, []int32{12000, 1000}) || !slices.Equal(d2, []int32{noStamp + 1}) {
+		t.Errorf("after the first second from %d for %d ms (%v): consumer %v, dispatch %v", from2, ms2, ok, c2, d2)
+	}
 	// The views of the whole run, as finish reports them.
 	if dd := distOrNil(dispatch, true); dd == nil || dd.Count != 3 || len(dd.Curve) == 0 {
 		t.Errorf("dispatch dist %+v", dd)

@@ -17,6 +17,9 @@ func writeTables(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "Machine: %s\n\n", rep.Machine)
 	fmt.Fprintf(w, "Command: `%s`\n\n", rep.Command)
 	fmt.Fprintf(w, "Consumer: %s\n", rep.Consumer)
+	if rep.CPUCap != nil {
+		fmt.Fprintf(w, "\nCPU cap: %s\n", rep.CPUCap)
+	}
 	switch {
 	case len(rep.Results) == 0:
 	case rep.DispatcherStamps:
@@ -82,6 +85,11 @@ func writeTables(w io.Writer, rep *Report) {
 			}
 		})
 	}
+	if len(rep.Scale) > 0 {
+		writeScale(w, rep, consumer)
+	}
+	writeInstances(w, rep)
+	writeFloors(w, rep)
 	if rs := results(rep, modeBurst); len(rs) > 0 {
 		fmt.Fprintf(w, "\nBurst: N tasks due at one time, the instances running when it comes; drain from the due time to the last receipt; meanwhile a producer ZADDs one task every %s (one round trip each) and `stats` is read every %s on the same Redis; Redis calls that held it over %d ms (SLOWLOG, script calls counted once)%s\n\n",
 			zaddEvery, statsEvery, slowThresholdUs/1000, consumer)
@@ -319,4 +327,151 @@ func probeCell(p Probe) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f / %.2f / %.2f", p.P50, p.P99, p.Max)
+}
+
+// writeScale is scale mode's table: per instance count, the highest rate
+// that held and how, then every step.
+func writeScale(w io.Writer, rep *Report, consumer string) {
+	s0 := rep.Scale[0]
+	capText := "no CPU cap"
+	if rep.CPUCap != nil {
+		capText = fmt.Sprintf("each instance capped at %.3g of a core", rep.CPUCap.Cores)
+	}
+	fmt.Fprintf(w, "\nScale: the highest steady rate whose %s lateness p99 (tasks due after the first second of each %.0f s step) stayed within %s ms; %s; shares: tasks each instance dispatched; CPU: %% of one core from ready to the end of the step%s\n\n",
+		s0.View, s0.StepSeconds, fmtMs(s0.TargetP99Ms), capText, consumer)
+	table(w, []string{"instances", "queues", "shards", "batch", "size B", "form", "highest rate/s", "p99 ms", "dispatch p50 / p99 / p99.9 / max ms",
+		"consumer p50 / p99 / p99.9 / max ms", "share % each", "CPU % each", "throttled periods % each", "CPU s/10k tasks", "steps: rate/s p99 ms"},
+		func(add func(...string)) {
+			for _, sr := range rep.Scale {
+				var steps []string
+				for _, st := range sr.Steps {
+					mark := "held"
+					if !st.Held {
+						mark = "failed"
+						if st.Result != nil && st.Result.Abandoned > 0 {
+							mark = "overloaded"
+						}
+					}
+					steps = append(steps, fmt.Sprintf("%s: %s %s", thousands(st.Rate), fmtMs(st.P99Ms), mark))
+				}
+				cells := []string{itoa(sr.Instances), itoa(max(sr.Queues, 1)), itoa(sr.Shards), itoa(sr.Batch), itoa(sr.Size), sr.formCell()}
+				if sr.BestStep < 0 {
+					cells = append(cells, "none", "", "", "", "", "", "", "")
+				} else {
+					st := sr.Steps[sr.BestStep]
+					b := st.Result
+					var disp *Dist
+					cons := &Dist{}
+					if a := b.AfterFirstSecond; a != nil {
+						disp, cons = a.DispatchLateness, &a.Lateness
+					}
+					cells = append(cells, thousands(sr.BestRate), fmtMs(st.P99Ms), latCell(disp), latCell(cons),
+						joinFloats(b.SharePercentEach, "%.0f"), joinFloats(b.CPUPercentEach, "%.1f"), throttledCell(b.ThrottleEach),
+						fmt.Sprintf("%.2f", b.CPUPer10k))
+				}
+				add(append(cells, strings.Join(steps, "; "))...)
+			}
+		})
+}
+
+// throttledCell is the % of CFS periods in which each instance used up
+// its quota and was held; "-" without a cap.
+func throttledCell(ts []Throttle) string {
+	if len(ts) == 0 {
+		return "-"
+	}
+	vs := make([]float64, len(ts))
+	for i, t := range ts {
+		if t.Periods > 0 {
+			vs[i] = 100 * float64(t.Throttled) / float64(t.Periods)
+		}
+	}
+	return joinFloats(vs, "%.0f")
+}
+
+// writeInstances is each instance's share and CPU at the rate points and
+// at scale mode's highest rates that held.
+func writeInstances(w io.Writer, rep *Report) {
+	type row struct {
+		what string
+		r    *Result
+	}
+	var rows []row
+	for _, r := range results(rep, modeRate) {
+		rows = append(rows, row{r.Point.String(), r})
+	}
+	for _, sr := range rep.Scale {
+		if sr.BestStep >= 0 {
+			rows = append(rows, row{"scale: " + sr.Steps[sr.BestStep].Result.Point.String(), sr.Steps[sr.BestStep].Result})
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nInstances: each one's tasks dispatched (dispatcher_tasks_dispatched_total) and CPU (utime+stime from ready to the end, as %% of one core over that window); throttled: CFS periods in which the cap held it\n\n")
+	table(w, []string{"point", "instance", "tasks", "share %", "publish calls", "CPU s", "CPU % of a core", "throttled periods", "throttled s"},
+		func(add func(...string)) {
+			for _, rw := range rows {
+				r := rw.r
+				for i := range r.DispatchedEach {
+					cpu, pct, thr, thrS := "", "", "-", "-"
+					if i < len(r.CPUSecondsEach) {
+						cpu = fmt.Sprintf("%.2f", r.CPUSecondsEach[i])
+					}
+					if i < len(r.CPUPercentEach) {
+						pct = fmt.Sprintf("%.1f", r.CPUPercentEach[i])
+					}
+					if i < len(r.ThrottleEach) {
+						t := r.ThrottleEach[i]
+						thr = fmt.Sprintf("%s of %s", thousands(int(t.Throttled)), thousands(int(t.Periods)))
+						thrS = fmt.Sprintf("%.2f", t.ThrottledSeconds)
+					}
+					calls := ""
+					if i == 0 {
+						calls = thousands(int(r.PublishCalls)) + " (all)"
+					}
+					add(rw.what, itoa(i), thousands(int(r.DispatchedEach[i])), fmt.Sprintf("%.1f", r.SharePercentEach[i]), calls, cpu, pct, thr, thrS)
+				}
+			}
+		})
+}
+
+// writeFloors is the floor of every point that measured it.
+func writeFloors(w io.Writer, rep *Report) {
+	type row struct {
+		what string
+		f    *Floor
+	}
+	var rows []row
+	for _, r := range results(rep, modeRate) {
+		if r.Floor != nil {
+			rows = append(rows, row{r.Point.String(), r.Floor})
+		}
+	}
+	for _, sr := range rep.Scale {
+		if sr.Floor != nil {
+			rows = append(rows, row{"scale: " + sr.Steps[sr.BestStep].Result.Point.String(), sr.Floor})
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	capped := ""
+	if rep.CPUCap != nil {
+		capped = ", capped as the instances were"
+	}
+	fmt.Fprintf(w, "\nFloor: amqp091-go alone (one connection, one confirm-mode channel, a process of its own%s) publishing at the instances' cadence (their publish calls/s and tasks/s), persistent, mandatory, to the point's kind of exchange and consumer; its CPU (/proc utime+stime, first publish to last confirm) per 10,000 messages against the instances' per 10,000 tasks (from ready to the end)\n\n", capped)
+	table(w, []string{"point", "calls/s", "messages/s", "messages/call", "messages", "floor CPU s/10k", "dispatcher CPU s/10k", "dispatcher / floor", "floor latency p50 / p99 ms", "calls from"},
+		func(add func(...string)) {
+			for _, rw := range rows {
+				f := rw.f
+				ratio := "-"
+				if f.Ratio > 0 {
+					ratio = fmt.Sprintf("%.1f×", f.Ratio)
+				}
+				add(rw.what, thousands(int(f.CallsPerSec+0.5)), thousands(int(f.MsgsPerSec+0.5)), fmt.Sprintf("%.1f", f.MsgsPerSec/max(f.CallsPerSec, 1e-9)),
+					thousands(int(f.Messages)), fmt.Sprintf("%.3f", f.CPUPer10k), fmt.Sprintf("%.3f", f.DispatcherCPUPer10k), ratio,
+					fmt.Sprintf("%s / %s", fmtMs(f.Latency.P50), fmtMs(f.Latency.P99)), f.CallsFrom)
+			}
+		})
 }

@@ -19,12 +19,16 @@ type Report struct {
 	// DispatcherStamps says whether the instances were started with
 	// DISPATCHER_STAMP_PUBLISHED=true: false when the dispatcher does not
 	// know the setting (an older binary), and then no dispatch view.
-	DispatcherStamps bool            `json:"dispatcher_stamps"`
-	Ceilings         []*Ceiling      `json:"ceilings"`
-	Results          []*Result       `json:"results"`
-	Idle             []*IdleResult   `json:"idle"`
-	Memory           []*MemoryResult `json:"memory,omitempty"`
-	Failures         []string        `json:"failures"`
+	DispatcherStamps bool       `json:"dispatcher_stamps"`
+	Ceilings         []*Ceiling `json:"ceilings"`
+	// CPUCap is the cap in force on each instance (-cpu-cap), as read
+	// back from the kernel; absent without one.
+	CPUCap   *CPUCap         `json:"cpu_cap,omitempty"`
+	Results  []*Result       `json:"results"`
+	Scale    []*ScaleResult  `json:"scale,omitempty"`
+	Idle     []*IdleResult   `json:"idle"`
+	Memory   []*MemoryResult `json:"memory,omitempty"`
+	Failures []string        `json:"failures"`
 }
 
 // Result is one backlog or rate point.
@@ -65,8 +69,13 @@ type Result struct {
 	// Unstamped counts first deliveries without x-published-us.
 	Unstamped int64 `json:"unstamped"`
 	// FirstSecond is the start of traffic (rate mode): the tasks due in
-	// the first second from the earliest due time.
-	FirstSecond *Window `json:"first_second,omitempty"`
+	// the first second from the earliest due time; AfterFirstSecond the
+	// rest, the steady traffic (what scale mode judges).
+	FirstSecond      *Window `json:"first_second,omitempty"`
+	AfterFirstSecond *Window `json:"after_first_second,omitempty"`
+	// Abandoned counts the tasks a scale step left undelivered when it
+	// was cut short as overloaded (not counted as missing).
+	Abandoned int `json:"abandoned,omitempty"`
 
 	ShardLateness  []ShardDist `json:"shard_lateness"`
 	ShardP99Median float64     `json:"shard_p99_median_ms"`
@@ -92,6 +101,25 @@ type Result struct {
 	PeakRSSMB      float64   `json:"peak_rss_mb"` // the largest VmHWM of any instance
 	RSSMB          []float64 `json:"rss_mb"`      // VmHWM of each
 	ClaimBatchMean float64   `json:"claim_batch_mean"`
+	// CPUPercentEach is each instance's CPU as % of one core over
+	// CPUWindowSeconds (the window CPUSecondsEach covers); ThrottleEach
+	// what the CPU cap did to each over it (-cpu-cap).
+	CPUWindowSeconds float64    `json:"cpu_window_seconds"`
+	CPUPercentEach   []float64  `json:"cpu_percent_each"`
+	ThrottleEach     []Throttle `json:"throttle_each,omitempty"`
+	// DispatchedEach is the tasks each instance dispatched (its
+	// dispatcher_tasks_dispatched_total), SharePercentEach its share of
+	// all, in %.
+	DispatchedEach   []float64 `json:"dispatched_each"`
+	SharePercentEach []float64 `json:"share_percent_each"`
+	// PublishCalls is the instances' publish calls in all, read from
+	// the metric PublishCallsFrom names.
+	PublishCalls     float64 `json:"publish_calls"`
+	PublishCallsFrom string  `json:"publish_calls_from"`
+	// Floor is the AMQP library's floor at the point's cadence (-floor).
+	Floor *Floor `json:"floor,omitempty"`
+	// cadence is the point's publishing, for a floor measured later.
+	cadence *cadence
 
 	// Burst is a burst point's own figures.
 	Burst *BurstResult `json:"burst,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"time"
 
@@ -36,6 +37,11 @@ type runner struct {
 	stamps   bool
 	ceilings map[int]*Ceiling // by message size
 	rep      *Report
+	// limiter caps each instance's CPU (-cpu-cap; nil: no cap).
+	limiter *cpuLimiter
+	// scaleBest is the highest rate that held at the scale point before
+	// (0: none), where the next one starts.
+	scaleBest int
 }
 
 // clientPrefix starts the Redis client name of the bench and of its
@@ -76,10 +82,27 @@ func newRunner(ctx context.Context, opt *Options, stderr io.Writer, rep *Report)
 	rep.DispatcherStamps, rep.Consumer = r.stamps, opt.consumerText()
 	rep.Machine = machineInfo(ctx, r.rdb, ropt.Mode, opt.AMQPURL)
 	rep.RunID = r.runID
+	if opt.CPUCap > 0 {
+		if r.limiter, err = newCPULimiter(cgroupBase, opt.CPUCap, time.Duration(opt.CPUPeriod), os.Geteuid()); err != nil {
+			r.rdb.Close()
+			return nil, err
+		}
+		c := r.limiter.cap
+		rep.CPUCap = &c
+	}
 	return r, nil
 }
 
-func (r *runner) close() { r.rdb.Close() }
+// close removes what is left: cgroups of instances that could not be
+// stopped, say.
+func (r *runner) close() {
+	r.rdb.Close()
+	if r.limiter != nil {
+		if err := r.limiter.removeAll(); err != nil {
+			r.warnf("%v", err)
+		}
+	}
+}
 
 // name returns a name unique to this run for a point's key prefix,
 // exchange and queue.

@@ -28,6 +28,9 @@ type sink struct {
 	autoAck  bool
 	prefetch int
 	done     chan struct{}
+	// rec gets every delivery; use swaps it (the floor's own after a
+	// point's tasks).
+	rec atomic.Pointer[recorder]
 	// ackFailed counts acks that could not be sent (the channel had
 	// closed); the first error is kept in ackErr, read after stop.
 	ackFailed atomic.Int64
@@ -49,17 +52,18 @@ func openSink(opt *Options, name string, keys []string, rec *recorder) (*sink, e
 		return nil, fmt.Errorf("consumer: dial broker: %w", redact.Error(err))
 	}
 	s := &sink{conn: conn, exchange: name, queue: name, autoAck: opt.AutoAck, prefetch: opt.Prefetch, done: make(chan struct{})}
+	s.rec.Store(rec)
 	if len(keys) == 0 {
 		keys = []string{routingKey}
 	}
-	if err := s.declare(opt.QueueType, keys, rec); err != nil {
+	if err := s.declare(opt.QueueType, keys); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *sink) declare(queueType string, keys []string, rec *recorder) error {
+func (s *sink) declare(queueType string, keys []string) error {
 	ch, err := s.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("consumer: open channel: %w", err)
@@ -97,7 +101,7 @@ func (s *sink) declare(queueType string, keys []string, rec *recorder) error {
 	go func() {
 		defer close(s.done)
 		for d := range deliveries {
-			s.handle(&d, rec)
+			s.handle(&d, s.rec.Load())
 		}
 	}()
 	return nil
@@ -118,6 +122,9 @@ func (s *sink) handle(d *amqp.Delivery, rec *recorder) {
 		}
 	}
 }
+
+// use hands every later delivery to rec instead.
+func (s *sink) use(rec *recorder) { s.rec.Store(rec) }
 
 // ackError describes the acks that failed, or is nil; call after stop.
 func (s *sink) ackError() error {

@@ -12,6 +12,7 @@ type Metrics struct {
 	connects      prometheus.Counter
 	node          *prometheus.GaugeVec
 	switches      prometheus.Counter
+	batches       prometheus.Counter
 }
 
 // NewMetrics registers the publisher's metrics with reg.
@@ -29,8 +30,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dispatcher_broker_node", Help: "1 for the broker node (host:port) the connection is up to, 0 for the other nodes of DISPATCHER_AMQP_URL."}, []string{"node"}),
 		switches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dispatcher_broker_node_switches_total", Help: "Connections made to another node than the one before (a failover)."}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dispatcher_broker_publish_batches_total", Help: "Publish calls (messages published together, each confirm waited for) in which the broker confirmed at least one message."}),
 	}
-	reg.MustRegister(m.up, m.blockedG, m.connectErrors, m.connects, m.node, m.switches)
+	reg.MustRegister(m.up, m.blockedG, m.connectErrors, m.connects, m.node, m.switches, m.batches)
 	return m
 }
 
@@ -47,6 +50,13 @@ func (m *Metrics) nodes(ns []node) {
 func (m *Metrics) switched() {
 	if m != nil {
 		m.switches.Inc()
+	}
+}
+
+// batch counts one publish call that had a message confirmed.
+func (m *Metrics) batch() {
+	if m != nil {
+		m.batches.Inc()
 	}
 }
 

@@ -439,6 +439,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 	// publishes were nacked, or never answered, for minutes. A new
 	// connection finds the new leader. (A slot not freed within the
 	// timeout is no such sign: answers may still be coming, only slowly.)
+	for _, err := range errs {
+		if err == nil {
+			p.opt.Metrics.batch()
+			break
+		}
+	}
 	if failed && !s.blocked.Load() && s.unconfirmedFor() >= p.opt.ConfirmTimeout {
 		s.giveUp(&LostError{Reason: fmt.Sprintf("the channel confirmed nothing for %s (publishes nacked or unanswered): replacing the connection", p.opt.ConfirmTimeout)})
 	}
@@ -507,6 +513,7 @@ func (p *Publisher) PublishAlone(ctx context.Context, m Message) error {
 		case ret := <-r.returns:
 			return &ReturnedError{Code: ret.ReplyCode, Reason: ret.ReplyText}
 		default:
+			p.opt.Metrics.batch()
 			return nil
 		}
 	case e := <-r.closed:

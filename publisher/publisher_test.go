@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
@@ -323,5 +325,34 @@ func TestPublishTimesOutWhenBrokerStopsAnswering(t *testing.T) {
 		}
 		<-res
 		t.Fatalf("Publish still waiting %s into the alarm (confirm timeout %s)", 10*timeout, timeout)
+	}
+}
+
+// The batch counter counts publish calls with a message confirmed: one
+// per call however many messages it carries; a call of nothing but
+// unroutable messages, and an empty one, count nothing.
+func TestPublishBatchesCounted(t *testing.T) {
+	conn := testenv.AMQP(t)
+	ex := testenv.Name(t)
+	testenv.Consumer(t, conn, ex, "bound")
+	reg := prometheus.NewRegistry()
+	met := NewMetrics(reg)
+	p := runPublisherWith(t, Options{URLs: []string{testenv.AMQPURL(t)}, Exchanges: []string{ex}, ConfirmTimeout: 5 * time.Second, Metrics: met})
+	msg := func(key string) Message {
+		return Message{Exchange: ex, RoutingKey: key, Body: []byte("x"), MessageID: "id", DueMs: 1}
+	}
+	for _, batch := range [][]Message{
+		{msg("bound"), msg("bound"), msg("bound")},
+		{msg("bound"), msg("nobody-listens")},
+		{msg("nobody-listens")},
+		nil,
+	} {
+		p.Publish(context.Background(), batch)
+	}
+	if err := p.PublishAlone(context.Background(), msg("bound")); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(met.batches); got != 3 {
+		t.Errorf("dispatcher_broker_publish_batches_total = %v, want 3", got)
 	}
 }
