@@ -17,6 +17,47 @@ func (s *Scanner) owner() string {
 	return s.opt.Liveness.ID()
 }
 
+// Steady work is shared: while two or more live instances serve the
+// queue (Liveness.Members), each sweeps, and so claims ahead from, its own
+// share of the shards (shard i: the (i mod n)-th member), instead of the
+// sweeper role holder doing it all; the role keeps its other duties. With
+// one instance, no liveness, or one's own liveness lapsed, the role holder
+// sweeps every shard, as before. A change of members moves shards at once:
+// for a heartbeat's time a shard may be swept by two instances (a claim
+// finds nothing) or by none (its tasks wait for the next heartbeat).
+
+// share returns this instance's place among the queue's live members and
+// their number; n < 2: not shared.
+func (s *Scanner) share() (at, n int) {
+	lv := s.opt.Liveness
+	if lv == nil {
+		return 0, 0
+	}
+	m := lv.Members(s.opt.Queue)
+	at = slices.Index(m, lv.ID())
+	if at < 0 || len(m) < 2 {
+		return 0, 0
+	}
+	return at, len(m)
+}
+
+// sweeps reports whether this instance sweeps any of the queue's shards.
+func (s *Scanner) sweeps() bool {
+	if s.role.leader {
+		return true
+	}
+	_, n := s.share()
+	return n >= 2
+}
+
+// mine reports whether this instance sweeps shard i.
+func (s *Scanner) mine(i, at, n int) bool {
+	if n < 2 {
+		return s.role.leader
+	}
+	return i%n == at
+}
+
 // livenessPoll is how often a publish held by a lapsed liveness looks
 // again.
 const livenessPoll = 10 * time.Millisecond

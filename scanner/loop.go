@@ -74,7 +74,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		busy = s.prim.anyFull()
 		if full {
 			s.wake.announceBusy(ctx)
-		} else if !busy && !s.role.leader {
+		} else if !busy && !s.sweeps() {
 			// What a helper learnt while busy is the sweeper's business.
 			s.due.forget(s.prim.unanswered)
 		}
@@ -148,7 +148,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		// After the claims: a primary that takes longer to answer than a
 		// poll interval is still swept and claimed from in turn (see
 		// sweepFirst), as one turn used to do both.
-		if s.role.leader && !busy {
+		if !busy && s.sweeps() {
 			s.sweep(ctx, launch)
 		}
 
@@ -184,7 +184,7 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 		s.role.free()
 	}
 	s.role.bid(ctx)
-	if !s.role.leader {
+	if !s.sweeps() {
 		return
 	}
 	s.due.heard(soon)
@@ -193,7 +193,7 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 // applyLead takes the answer about the sweeper role in. An instance that
 // lost the role forgets the due times it knew: they are the sweeper's.
 func (s *Scanner) applyLead(ctx context.Context, r leadResult) {
-	if s.role.apply(ctx, r) && !s.role.leader {
+	if s.role.apply(ctx, r) && !s.sweeps() {
 		s.due.forget(s.prim.unanswered)
 	}
 }
@@ -220,16 +220,17 @@ func (s *Scanner) idleDelay(busy, canClaim, claimNow bool) time.Duration {
 	d := s.role.wait()
 	now := time.Now()
 	backedOff := false
+	sweeps := s.sweeps()
 	for _, n := range s.prim.nodes {
 		if n.until.After(now) {
 			d = min(d, n.until.Sub(now))
 			backedOff = true
 		}
-		if s.role.leader && !busy && !n.claiming && !n.until.After(now) {
+		if sweeps && !busy && !n.claiming && !n.until.After(now) {
 			d = min(d, s.sweepDue(n).Sub(now))
 		}
 	}
-	if s.role.leader && !busy && len(s.prim.nodes) == 0 {
+	if sweeps && !busy && len(s.prim.nodes) == 0 {
 		d = min(d, s.due.every) // nothing swept yet
 	}
 	if claimNow && !backedOff && !s.rate.limited(now) {
@@ -337,7 +338,11 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 		}
 	}
 	var shards []int
+	at, of := s.share()
 	for _, i := range s.due.sweepable() {
+		if !s.mine(i, at, of) {
+			continue
+		}
 		n := s.prim.node(s.prim.nodeOf(ctx, i))
 		// A claim that answered since the primary's last sweep told as
 		// much as a sweep would: with steady traffic, claimed ahead, the
@@ -372,7 +377,7 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 // that neither starves the other when a round trip takes longer than a
 // poll interval.
 func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
-	return s.role.leader && n.lastClaim && !now.Before(s.sweepDue(n))
+	return s.sweeps() && n.lastClaim && !now.Before(s.sweepDue(n))
 }
 
 // sweepDue is when primary n's shards are next swept.

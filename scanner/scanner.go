@@ -115,6 +115,9 @@ type Liveness interface {
 	// (ok), or never (fenced: id was declared dead, and its claims are
 	// handed out to others); neither: wait.
 	Check(id string) (ok, fenced bool)
+	// Members are the live instances serving queue (liveness ids, sorted,
+	// this one's included); nil if not known.
+	Members(queue string) []string
 }
 
 // Scanner dispatches one queue. Run it once.

@@ -126,7 +126,11 @@ func runDaemon(stderr io.Writer) int {
 	var live *liveness.Liveness
 	var scLive scanner.Liveness // nil when turned off
 	if cfg.LivenessTimeout > 0 {
-		live = liveness.New(rdb, liveness.Options{Prefix: cfg.KeyPrefix, ID: instance, Timeout: cfg.LivenessTimeout,
+		names := make([]string, len(cfg.QueueSettings))
+		for n, q := range cfg.QueueSettings {
+			names[n] = q.Name
+		}
+		live = liveness.New(rdb, liveness.Options{Prefix: cfg.KeyPrefix, ID: instance, Timeout: cfg.LivenessTimeout, Queues: names,
 			Logger: log.With("component", "liveness"),
 			OnDead: func(ctx context.Context, id string) { handBackDead(ctx, log, scs, id) }})
 		scLive = live

@@ -24,6 +24,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,9 @@ type Options struct {
 	// and its own former id once it learns it was declared dead. It runs
 	// on a goroutine of its own and must be safe to run twice.
 	OnDead func(ctx context.Context, id string)
+	// Queues are the queues the instance serves: its record names them,
+	// so that the live instances of a queue know each other (Members).
+	Queues []string
 	Logger *slog.Logger
 }
 
@@ -72,8 +76,11 @@ type Liveness struct {
 	okSent time.Time // when the last heartbeat that succeeded for id was sent
 	ps     *redis.PubSub
 	seen   map[string]bool // dead ids handed to OnDead
-	failed bool            // the last heartbeat failed (logged once)
-	onDead sync.WaitGroup
+	// members: per queue, the live ids serving it, sorted, from the last
+	// heartbeat's records (this instance's included while it is live).
+	members map[string][]string
+	failed  bool // the last heartbeat failed (logged once)
+	onDead  sync.WaitGroup
 }
 
 // Key is the hash of liveness records.
@@ -122,9 +129,13 @@ func (l *Liveness) Check(id string) (ok, fenced bool) {
 // heartbeatScript renews one instance's record unless it was declared
 // dead, prunes records older than the keep time, and returns the others.
 //
-// KEYS[1] the liveness records P:live (hash: id -> ms, or "dead <ms>")
+// KEYS[1] the liveness records P:live (hash: id -> "<ms>|<queue>,<queue>...",
+//
+//	or "dead <ms>" once declared dead)
+//
 // ARGV[1] the instance's liveness id
 // ARGV[2] keep time, ms
+// ARGV[3] the queues it serves, comma-separated
 // Returns {now_ms, 1 (renewed) or 0 (declared dead), id, value, ...} with
 // the other instances' records.
 var heartbeatScript = redis.NewScript(`#!lua flags=allow-oom
@@ -133,11 +144,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local keep = tonumber(ARGV[2])
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v and string.sub(v, 1, 5) == 'dead ' then return {now, 0} end
-redis.call('HSET', KEYS[1], ARGV[1], now)
+redis.call('HSET', KEYS[1], ARGV[1], now .. '|' .. (ARGV[3] or ''))
 local out = {now, 1}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
-  local seen = tonumber(string.match(all[i + 1], '(%d+)$'))
+  local seen = tonumber(string.match(all[i + 1], '(%d+)'))
   if not seen or now - seen > keep then
     redis.call('HDEL', KEYS[1], all[i])
   elseif all[i] ~= ARGV[1] then
@@ -161,7 +172,7 @@ var declareScript = redis.NewScript(`#!lua flags=allow-oom
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local v = redis.call('HGET', KEYS[1], ARGV[1])
-if v ~= ARGV[2] or now - tonumber(v) <= tonumber(ARGV[3]) then return 0 end
+if v ~= ARGV[2] or now - tonumber(string.match(v, '^(%d+)')) <= tonumber(ARGV[3]) then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], 'dead ' .. now)
 return 1
 `)
@@ -222,7 +233,7 @@ func (l *Liveness) beat(ctx context.Context) {
 	key := Key(l.opt.Prefix)
 	sent := time.Now()
 	hb, cancel := context.WithTimeout(ctx, l.opt.Timeout/2)
-	vals, err := heartbeatScript.Run(hb, l.rdb, []string{key}, id, l.opt.Keep.Milliseconds()).Slice()
+	vals, err := heartbeatScript.Run(hb, l.rdb, []string{key}, id, l.opt.Keep.Milliseconds(), strings.Join(l.opt.Queues, ",")).Slice()
 	cancel()
 	if err == nil && len(vals) < 2 {
 		err = fmt.Errorf("heartbeat on %s: %d values", key, len(vals))
@@ -253,41 +264,78 @@ func (l *Liveness) beat(ctx context.Context) {
 		l.log.Info("liveness heartbeat works again")
 	}
 	l.mu.Unlock()
+	members := map[string][]string{}
+	for _, q := range l.opt.Queues {
+		members[q] = []string{id}
+	}
 	for i := 2; i+1 < len(vals); i += 2 {
 		other, _ := vals[i].(string)
 		v, _ := vals[i+1].(string)
-		l.judge(ctx, now, other, v)
+		if l.judge(ctx, now, other, v) {
+			ms, queues, _ := strings.Cut(v, "|")
+			for _, q := range strings.Split(queues, ",") {
+				if m, ok := members[q]; ok && ms != "" {
+					members[q] = append(m, other)
+				}
+			}
+		}
 	}
+	for _, m := range members {
+		slices.Sort(m)
+	}
+	l.mu.Lock()
+	if l.id == id {
+		l.members = members
+	}
+	l.mu.Unlock()
+}
+
+// Members returns the live instances serving queue (their liveness ids,
+// sorted; this one's included), as of the last heartbeat; nil while this
+// instance's own liveness has lapsed.
+func (l *Liveness) Members(queue string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.okSent.IsZero() || time.Since(l.okSent) >= l.opt.Timeout/2 {
+		return nil
+	}
+	return l.members[queue]
 }
 
 // judge looks at another instance's record: declared dead (hand its
 // claims out, once), or stale with no connection left (declare it dead).
-func (l *Liveness) judge(ctx context.Context, now int64, id, v string) {
+// It reports whether the instance is live (its heartbeat is recent).
+func (l *Liveness) judge(ctx context.Context, now int64, id, v string) bool {
 	if strings.HasPrefix(v, "dead ") {
 		l.dead(ctx, id)
-		return
+		return false
 	}
-	seen, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || now-seen <= l.opt.Timeout.Milliseconds() {
-		return
+	ms, _, _ := strings.Cut(v, "|")
+	seen, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return false
+	}
+	if now-seen <= l.opt.Timeout.Milliseconds() {
+		return true
 	}
 	n, err := l.subscribers(ctx, Channel(l.opt.Prefix, id))
 	if err != nil {
 		l.log.Warn("cannot tell whether a silent instance is connected", "instance", id, "err", err)
-		return
+		return false
 	}
 	if n > 0 {
-		return // stopped or cut off, not dead: its leases decide
+		return false // stopped or cut off, not dead: its leases decide
 	}
 	ok, err := declareScript.Run(ctx, l.rdb, []string{Key(l.opt.Prefix)}, id, v, l.opt.Timeout.Milliseconds()).Int()
 	if err != nil {
 		l.log.Warn("cannot declare a dead instance dead", "instance", id, "err", err)
-		return
+		return false
 	}
 	if ok == 1 {
 		l.log.Warn("instance declared dead: no heartbeat and no connection; handing out its claimed tasks", "instance", id, "silent_ms", now-seen)
 		l.dead(ctx, id)
 	}
+	return false
 }
 
 // subscribers counts the subscriptions to ch on the node that serves it.
