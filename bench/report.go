@@ -460,8 +460,9 @@ func writeFloors(w io.Writer, rep *Report) {
 	if rep.CPUCap != nil {
 		capped = ", capped as the instances were"
 	}
-	fmt.Fprintf(w, "\nFloor: amqp091-go alone (one connection, one confirm-mode channel, a process of its own%s) publishing at the instances' cadence (their publish calls/s and tasks/s), persistent, mandatory, to the point's kind of exchange and consumer; its CPU (/proc utime+stime, first publish to last confirm) per 10,000 messages against the instances' per 10,000 tasks (from ready to the end)\n\n", capped)
-	table(w, []string{"point", "calls/s", "messages/s", "messages/call", "messages", "floor CPU s/10k", "dispatcher CPU s/10k", "dispatcher / floor", "floor latency p50 / p99 ms", "calls from"},
+	fmt.Fprintf(w, "\nFloor: amqp091-go alone (one connection, one confirm-mode channel, a process of its own%s) publishing at the instances' cadence (their publish calls/s and tasks/s), persistent, mandatory, to the point's kind of exchange and consumer; its CPU (/proc utime+stime, first publish to last confirm) per 10,000 messages against the instances' per 10,000 tasks (from ready to the end). Where the instances or the floor use up their CPU cap, the figures say what the cap allowed, not what the work needed\n\n", capped)
+	table(w, []string{"point", "calls/s", "messages/s", "messages/call", "messages", "floor CPU s/10k", "dispatcher CPU s/10k", "dispatcher / floor",
+		"floor CPU % of a core", "floor throttled periods %", "floor latency p50 / p99 ms", "calls from"},
 		func(add func(...string)) {
 			for _, rw := range rows {
 				f := rw.f
@@ -471,7 +472,15 @@ func writeFloors(w io.Writer, rep *Report) {
 				}
 				add(rw.what, thousands(int(f.CallsPerSec+0.5)), thousands(int(f.MsgsPerSec+0.5)), fmt.Sprintf("%.1f", f.MsgsPerSec/max(f.CallsPerSec, 1e-9)),
 					thousands(int(f.Messages)), fmt.Sprintf("%.3f", f.CPUPer10k), fmt.Sprintf("%.3f", f.DispatcherCPUPer10k), ratio,
+					fmt.Sprintf("%.1f", 100*f.CPUSeconds/max(f.Seconds, 1e-9)), throttledCell(throttleOf(f)),
 					fmt.Sprintf("%s / %s", fmtMs(f.Latency.P50), fmtMs(f.Latency.P99)), f.CallsFrom)
 			}
 		})
+}
+
+func throttleOf(f *Floor) []Throttle {
+	if f.Throttle == nil {
+		return nil
+	}
+	return []Throttle{*f.Throttle}
 }
