@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dispatcher/dispatcher/internal/liveness"
+	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -165,6 +166,44 @@ func TestRecoverySIGSTOPNoDuplicate(t *testing.T) {
 		if strings.Contains(p.out.String(), "instance declared dead") {
 			t.Errorf("a stopped (still connected) instance was declared dead:\n%s", grep(p.out.String(), "declared dead"))
 		}
+	}
+	h.emptyAtEnd(h.queues[0])
+}
+
+// TestRecoveryPartition: one of two instances is cut off from Redis and
+// RabbitMQ (both its connections stall, nothing is closed) for longer than
+// the liveness timeout and shorter than the lease. The other instance
+// takes its shards over (its heartbeat is old) but not its claimed tasks:
+// as far as Redis knows it is still connected, so it is not declared dead,
+// and it publishes nothing meanwhile (its own heartbeat lapsed). If its
+// client gave a connection up meanwhile and so was declared dead, its
+// fence keeps it from publishing what was handed out. Nothing is missing;
+// duplicates can only be what it had published unconfirmed when it was
+// cut off.
+func TestRecoveryPartition(t *testing.T) {
+	h := newHarness(t, queueSpec{Name: "part", Shards: 8})
+	h.extra["DISPATCHER_LEASE"] = "10s"
+	h.extra["DISPATCHER_LOOKAHEAD"] = "1s"
+	b := h.start() // direct
+	rp := newNetProxy(t, testenv.HostPort(testenv.RedisURL(t)))
+	ap := newNetProxy(t, testenv.HostPort(testenv.AMQPURL(t)))
+	h.extra["DISPATCHER_REDIS_URL"] = rp.url(testenv.RedisURL(t))
+	h.extra["DISPATCHER_AMQP_URL"] = ap.url(testenv.AMQPURL(t))
+	a := h.start() // behind the proxies
+	waitStarted(t, a)
+	waitStarted(t, b)
+	want := scheduleSpread(t, h.producer("part"), "p", 3000, time.Now().Add(time.Second), 6*time.Second)
+	o := verifyWhile(h, "part", want, 60*time.Second, 300, func() {
+		time.Sleep(2500 * time.Millisecond)
+		resumeR, resumeA := rp.stall(), ap.stall()
+		time.Sleep(3 * liveness.Timeout)
+		resumeR()
+		resumeA()
+	})
+	declared := strings.Contains(b.out.String(), "instance declared dead")
+	t.Logf("RECOVERY partition %s: duplicates %d, worst late %d ms, declared dead: %v", 3*liveness.Timeout, o.Duplicates, o.WorstLate.Milliseconds(), declared)
+	if declared && !strings.Contains(a.out.String(), "was declared dead by another") {
+		t.Errorf("the cut-off instance was declared dead but never learnt it (its fence):\n%s", grep(a.out.String(), "liveness"))
 	}
 	h.emptyAtEnd(h.queues[0])
 }
