@@ -207,3 +207,56 @@ func TestRecoveryPartition(t *testing.T) {
 	}
 	h.emptyAtEnd(h.queues[0])
 }
+
+// TestRecoveryRedisFailover: an instance is killed and, at once, so is the
+// Redis primary behind Sentinel: the survivor follows the promotion, finds
+// the killed instance dead on the new primary (its liveness record and its
+// claims' owner records were replicated; its subscription is on no node)
+// and hands its claims out there, well before their 30 s lease. Nothing is
+// missing.
+func TestRecoveryRedisFailover(t *testing.T) {
+	s := testenv.StartRedisSentinel(t, testenv.SentinelOptions{})
+	q := queueSpec{Name: "fo", Shards: 8}
+	h := newHarnessOn(t, s.Client(), q)
+	h.extra["DISPATCHER_REDIS_URL"] = s.URL()
+	h.extra["DISPATCHER_LOOKAHEAD"] = "1s"
+	procs := []*proc{h.start(), h.start()}
+	for _, p := range procs {
+		waitStarted(t, p)
+	}
+	from := time.Now().Add(time.Second)
+	want := scheduleSpread(t, h.producer(q.Name), "fo", 4000, from, 8*time.Second)
+	waitReplicated(t, h.rdb)
+	var survivor *proc
+	var failover time.Duration
+	o := verifyWhile(h, q.Name, want, 90*time.Second, len(want), func() {
+		time.Sleep(time.Until(from.Add(2 * time.Second)))
+		w := h.worker(q, procs)
+		if w == nil {
+			t.Fatal("no instance holds claims")
+		}
+		for _, p := range procs {
+			if p != w {
+				survivor = p
+			}
+		}
+		waitReplicated(t, h.rdb) // its latest claims are on the replica too
+		w.signal(syscall.SIGKILL)
+		began := time.Now()
+		old := s.KillPrimary()
+		s.WaitFailover(old.Addr(), 60*time.Second)
+		failover = time.Since(began)
+	})
+	t.Logf("RECOVERY Redis failover with a killed instance: promotion after %s, worst late %d ms, duplicates %d",
+		failover.Round(time.Millisecond), o.WorstLate.Milliseconds(), o.Duplicates)
+	if !strings.Contains(survivor.out.String(), "instance declared dead") {
+		t.Errorf("the survivor did not declare the killed instance dead after the failover:\n%s", grep(survivor.out.String(), "liveness"))
+	}
+	if o.WorstLate > failover+2*recoveryBound {
+		t.Errorf("worst task %s late with the promotion after %s: the killed instance's claims waited for their lease", o.WorstLate, failover)
+	}
+	eventually(t, 30*time.Second, "nothing left in Redis", func() bool {
+		p, f, d := h.leftovers(q)
+		return p+f+d == 0
+	})
+}
