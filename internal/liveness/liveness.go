@@ -205,24 +205,25 @@ func (l *Liveness) Run(ctx context.Context) error {
 	}
 }
 
-// subscribe opens the subscription of the current id (and closes the
-// former one's). go-redis keeps it open, reconnecting as needed, while its
+// subscribe opens the subscription of the current id, then closes the
+// former one's. go-redis keeps it open, reconnecting as needed, while its
 // channel is read.
 func (l *Liveness) subscribe(ctx context.Context) {
 	l.mu.Lock()
-	old, id := l.ps, l.id
+	id := l.id
 	l.mu.Unlock()
-	if old != nil {
-		_ = old.Close()
-	}
 	ps := l.rdb.Subscribe(ctx, Channel(l.opt.Prefix, id))
 	go func() {
 		for range ps.Channel() { // nothing is published there
 		}
 	}()
 	l.mu.Lock()
+	old := l.ps
 	l.ps = ps
 	l.mu.Unlock()
+	if old != nil { // after the new one is open: no moment without one
+		_ = old.Close()
+	}
 }
 
 // beat sends one heartbeat and acts on the records it returns.

@@ -1,0 +1,216 @@
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+)
+
+// blocker is a go-redis hook that holds (stop) or fails (cut) an
+// instance's commands, as a SIGSTOP or a cut-off network would, while its
+// subscription's connection stays open.
+type blocker struct {
+	stopped, cut atomic.Bool
+}
+
+func (b *blocker) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (b *blocker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for b.stopped.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if b.cut.Load() {
+			cmd.SetErr(errors.New("cut off"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (b *blocker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// modelInstance is one simulated instance.
+type modelInstance struct {
+	name   string
+	rdb    *redis.Client
+	hook   *blocker
+	lost   atomic.Bool // its subscription is gone (set before, cleared well after)
+	l      *Liveness
+	cancel context.CancelFunc
+	done   chan struct{}
+	dead   bool // crashed: its connections closed, never stopped cleanly
+}
+
+// TestModelLiveness runs instances that crash, stop (still connected),
+// get cut off from Redis and lose their subscription, at random, and
+// checks the protocol's promises at every declaration of death:
+//   - the instance declared dead no longer publishes under that id: its
+//     own Check says not ok at that moment (it fenced itself first);
+//   - an instance that is stopped or cut off but still subscribed is never
+//     declared dead;
+//   - a crashed instance is declared dead within the timeout plus a few
+//     heartbeats.
+func TestModelLiveness(t *testing.T) {
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("seed %d", seed)
+	url := testenv.RedisURL(t)
+	admin := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, admin, prefix)
+	const timeout = 400 * time.Millisecond
+
+	var mu sync.Mutex
+	byID := map[string]*modelInstance{}
+	crashedAt := map[string]time.Time{}
+	declaredAt := map[string]time.Time{}
+	var violations []string
+	onDead := func(_ context.Context, id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := declaredAt[id]; ok {
+			return // the declarer's call came first: the checks are its
+		}
+		declaredAt[id] = time.Now()
+		in := byID[id]
+		if in == nil || in.dead {
+			return
+		}
+		if ok, _ := in.l.Check(id); ok {
+			violations = append(violations, fmt.Sprintf("%s declared dead while it could still publish under that id", id))
+		}
+		if !in.lost.Load() {
+			// Only an instance whose subscription went may be declared dead.
+			violations = append(violations, fmt.Sprintf("%s declared dead while subscribed (stopped %v, cut %v)", id, in.hook.stopped.Load(), in.hook.cut.Load()))
+		}
+	}
+	n := 0
+	start := func() *modelInstance {
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := &modelInstance{name: fmt.Sprintf("m%d", n), hook: &blocker{}, done: make(chan struct{})}
+		n++
+		opt.Dialer = (&net.Dialer{}).DialContext
+		in.rdb = redis.NewClient(opt)
+		in.rdb.AddHook(in.hook)
+		in.l = New(in.rdb, Options{Prefix: prefix, ID: in.name, Timeout: timeout, OnDead: onDead, Queues: []string{"q"}})
+		mu.Lock()
+		byID[in.l.ID()] = in
+		mu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		in.cancel = cancel
+		go func() { defer close(in.done); _ = in.l.Run(ctx) }()
+		return in
+	}
+	live := []*modelInstance{start(), start(), start()}
+	var pending sync.WaitGroup // the timed ends of stops and cuts
+	later := func(d time.Duration, f func()) {
+		pending.Add(1)
+		time.AfterFunc(d, func() { defer pending.Done(); f() })
+	}
+	end := time.Now().Add(8 * time.Second)
+	for time.Now().Before(end) {
+		time.Sleep(time.Duration(100+rng.Intn(300)) * time.Millisecond)
+		k := rng.Intn(len(live))
+		in := live[k]
+		switch rng.Intn(4) {
+		case 0: // crash: connections closed, no clean stop
+			in.l.mu.Lock()
+			recorded := !in.l.okSent.IsZero() // its current id has a record
+			in.l.mu.Unlock()
+			mu.Lock()
+			in.dead = true
+			if recorded {
+				crashedAt[in.l.ID()] = time.Now()
+			}
+			mu.Unlock()
+			in.hook.cut.Store(true) // its last writes fail, as in a crash
+			in.lost.Store(true)
+			in.l.mu.Lock()
+			ps := in.l.ps
+			in.l.mu.Unlock()
+			if ps != nil {
+				_ = ps.Close()
+			}
+			_ = in.rdb.Close()
+			in.cancel()
+			live[k] = start()
+		case 1: // stopped, still connected
+			in.hook.stopped.Store(true)
+			d := time.Duration(rng.Intn(int(3 * timeout)))
+			later(d, func() { in.hook.stopped.Store(false) })
+		case 2: // cut off, still subscribed
+			in.hook.cut.Store(true)
+			d := time.Duration(rng.Intn(int(3 * timeout)))
+			later(d, func() { in.hook.cut.Store(false) })
+		case 3: // cut off and its subscription lost: may be declared dead, must fence
+			if in.lost.Load() {
+				continue
+			}
+			in.lost.Store(true)
+			in.hook.cut.Store(true)
+			in.l.mu.Lock()
+			ps, id := in.l.ps, in.l.id
+			in.l.mu.Unlock()
+			if ps != nil {
+				_ = ps.Close()
+			}
+			d := time.Duration(rng.Intn(int(3 * timeout)))
+			later(d, func() {
+				in.hook.cut.Store(false)
+				// go-redis would reconnect a subscription it lost; here the
+				// instance subscribes again unless the fence gave it a new
+				// id (and subscription) meanwhile.
+				time.Sleep(timeout / 2)
+				mu.Lock()
+				crashed := in.dead
+				mu.Unlock()
+				if !crashed && in.l.ID() == id {
+					in.l.subscribe(context.Background())
+				}
+				time.Sleep(timeout)
+				in.lost.Store(false)
+			})
+		}
+	}
+	pending.Wait()
+	time.Sleep(timeout + time.Second)
+	for _, in := range live {
+		in.hook.stopped.Store(false)
+		in.hook.cut.Store(false)
+		in.cancel()
+		<-in.done
+		_ = in.rdb.Close()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, v := range violations {
+		t.Error(v)
+	}
+	for id, at := range crashedAt {
+		d, ok := declaredAt[id]
+		if !ok {
+			t.Errorf("crashed %s never declared dead", id)
+			continue
+		}
+		if late := d.Sub(at); late > timeout+time.Second {
+			t.Errorf("crashed %s declared dead %s after the crash", id, late)
+		}
+	}
+	t.Logf("%d instances, %d crashes, %d declarations", n, len(crashedAt), len(declaredAt))
+}
