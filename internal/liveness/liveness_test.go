@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dispatcher/dispatcher/internal/testenv"
 )
 
@@ -42,14 +44,21 @@ func waitFor(t *testing.T, what string, within time.Duration, f func() bool) {
 	}
 }
 
-// TestDeadOnlyWhenSilentAndDisconnected: a silent instance is declared
-// dead (and its claims handed out) only once its connection is gone; one
-// that is silent but still subscribed (stopped, cut off) is left alone.
-func TestDeadOnlyWhenSilentAndDisconnected(t *testing.T) {
+// fresh returns a client, a key prefix of the test's own (cleaned), and a
+// context.
+func fresh(t *testing.T) (*redis.Client, string, context.Context, context.CancelFunc) {
 	rdb := testenv.Redis(t)
 	prefix := testenv.Name(t)
 	testenv.CleanRedis(t, rdb, prefix)
 	ctx, cancel := context.WithCancel(context.Background())
+	return rdb, prefix, ctx, cancel
+}
+
+// TestDeadOnlyWhenSilentAndDisconnected: a silent instance is declared
+// dead (and its claims handed out) only once its connection is gone; one
+// that is silent but still subscribed (stopped, cut off) is left alone.
+func TestDeadOnlyWhenSilentAndDisconnected(t *testing.T) {
+	rdb, prefix, ctx, cancel := fresh(t)
 	defer cancel()
 
 	// A stopped instance: a stale record, and its subscription still open.
@@ -94,10 +103,7 @@ func TestDeadOnlyWhenSilentAndDisconnected(t *testing.T) {
 // published (fenced), it hands its old id's claims out itself, and goes on
 // under a new id.
 func TestFencedInstanceTakesANewID(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t)
-	testenv.CleanRedis(t, rdb, prefix)
-	ctx, cancel := context.WithCancel(context.Background())
+	rdb, prefix, ctx, cancel := fresh(t)
 	defer cancel()
 	var d deaths
 	l := New(rdb, Options{Prefix: prefix, ID: "a", Timeout: 400 * time.Millisecond, OnDead: d.add})
@@ -120,10 +126,7 @@ func TestFencedInstanceTakesANewID(t *testing.T) {
 // TestSelfFenceWhenHeartbeatsFail: an instance that cannot heartbeat stops
 // publishing within half the timeout, before anyone may declare it dead.
 func TestSelfFenceWhenHeartbeatsFail(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t)
-	testenv.CleanRedis(t, rdb, prefix)
-	ctx, cancel := context.WithCancel(context.Background())
+	rdb, prefix, ctx, cancel := fresh(t)
 	defer cancel()
 	l := New(rdb, Options{Prefix: prefix, ID: "a", Timeout: 400 * time.Millisecond})
 	done := make(chan struct{})
