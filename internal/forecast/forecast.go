@@ -2,14 +2,16 @@
 // each step of a window ahead (by default every minute of the next hour),
 // how many are overdue already, and the busiest second ahead, so that a
 // thundering herd (a million tasks due at one second) is seen before it
-// comes. It only counts: ZCOUNT per bucket per shard (O(log n) each),
-// never a scan, so a queue of 10^7 tasks costs what an empty one does.
+// comes. It only counts: ZCOUNT per bucket per shard (O(log n) each), or
+// a sparse shard's few scores read at once, never a scan, so a queue of
+// 10^7 tasks costs what an empty one does.
 package forecast
 
 import (
 	"container/heap"
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,6 +24,12 @@ import (
 // the bounds come from the caller, read once from the Redis clock, so
 // that the buckets of every shard line up. It only reads: no-writes lets
 // it run on a replica and on a Redis at maxmemory.
+//
+// Redis counts each call inside a script as its work, and a ZCOUNT per
+// bucket of a sparse shard is most of that work for nothing: the script
+// counts the whole window first, and when it holds at most sparseScores
+// tasks it reads their scores in one ZRANGE and buckets them itself (two
+// calls instead of one per bucket; at most sparseScores members copied).
 //
 // KEYS[1] pending shard P:{Q:i} (score = due time in ms)
 // ARGV[1] start of the first bucket, ms since the epoch
@@ -36,12 +44,31 @@ local out = {-1}
 if ARGV[4] == '1' then
   out[1] = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
 end
+local upto = string.format('(%d', from + n * width)
+local total = -1
+if n > 2 then total = redis.call('ZCOUNT', KEYS[1], ARGV[1], upto) end
+if total >= 0 and total <= ` + strconv.Itoa(sparseScores) + ` then
+  for k = 0, n - 1 do out[k + 2] = 0 end
+  if total > 0 then
+    local got = redis.call('ZRANGE', KEYS[1], ARGV[1], upto, 'BYSCORE', 'LIMIT', 0, total, 'WITHSCORES')
+    for i = 2, #got, 2 do
+      local k = math.floor((tonumber(got[i]) - from) / width)
+      if k < 0 then k = 0 elseif k > n - 1 then k = n - 1 end
+      out[k + 2] = out[k + 2] + 1
+    end
+  end
+  return out
+end
 for k = 0, n - 1 do
   local a = from + k * width
   out[k + 2] = redis.call('ZCOUNT', KEYS[1], string.format('%d', a), string.format('(%d', a + width))
 end
 return out
 `)
+
+// sparseScores is the most tasks in a window whose scores countScript
+// reads to bucket them, instead of a ZCOUNT per bucket.
+const sparseScores = 128
 
 // MaxBuckets bounds a window's buckets (a day by the minute).
 const MaxBuckets = 1440

@@ -185,3 +185,54 @@ func TestForecastCluster(t *testing.T) {
 	}
 	s.check(t, f)
 }
+
+// TestForecastSparseDense counts the same tasks, scored on and next to
+// bucket edges (fractional scores too), once in a shard sparse enough for
+// its scores to be read and bucketed in the script and once among filler
+// that makes it count bucket by bucket: both give the counts reckoned
+// here.
+func TestForecastSparseDense(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	from := (time.Now().UnixMilli()/1000 + 100) * 1000
+	const n, width = 10, 1000
+	scores := []float64{float64(from) - 0.5, float64(from), float64(from) + 0.25, float64(from + 999), float64(from) + 999.75,
+		float64(from + 1000), float64(from + 4500), float64(from + 9999), float64(from) + 9999.5, float64(from + 10_000)}
+	want := make([]int64, n)
+	for _, sc := range scores {
+		if k := int((sc - float64(from)) / width); sc >= float64(from) && k < n {
+			want[k]++
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		filler int // tasks in the window besides scores, all in the last bucket
+	}{{"sparse", 0}, {"dense", 200}} {
+		k := shard.Keys{Prefix: prefix, Queue: c.name}
+		for j, sc := range scores {
+			rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: sc, Member: fmt.Sprintf("t%d", j)})
+		}
+		for j := range c.filler {
+			rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(from + 9000 + int64(j)), Member: fmt.Sprintf("f%d", j)})
+		}
+		f, err := forecast.Read(ctx, rdb, forecast.Options{Prefix: prefix, Queue: c.name, Shards: []int{0}},
+			forecast.Window{FromMs: from, Span: n * time.Second, Step: time.Second})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		for b := range n {
+			w := want[b]
+			if b == n-1 {
+				w += int64(c.filler)
+			}
+			if got := f.Buckets[b].Tasks; got != w {
+				t.Errorf("%s: bucket %d holds %d, want %d", c.name, b, got, w)
+			}
+		}
+		if f.Overdue != 1 {
+			t.Errorf("%s: %d overdue, want 1", c.name, f.Overdue)
+		}
+	}
+}
