@@ -66,12 +66,16 @@ func (d *dueTimes) noteAnswer(i int, pending, lease any, sent time.Time, claim b
 			d.known[i] = was
 		}
 	}
-	if at, has := d.known[i]; !claim && has && (!had || at < was) && at-d.clock.serverNow(i) < d.idleEvery().Milliseconds() {
-		// A task appeared, or one due earlier than any known, at shorter
-		// notice than a quiet queue's sweeps: the queue's producers
-		// schedule tasks that wait for the sweeps, so sweep often.
-		// Tasks scheduled further ahead are found in time by the
-		// slower sweeps (steady traffic scheduled ahead stays cheap).
+	if at, has := d.known[i]; !claim && has && (!had || at < was) && at+d.claimEarly()-d.clock.serverNow(i) < d.idleEvery().Milliseconds() {
+		// A task appeared, or one due earlier than any known, due
+		// sooner than a quiet queue's sweeps come: the queue's
+		// producers schedule tasks that wait for the sweeps, so sweep
+		// often. Tasks scheduled further ahead are found in time by
+		// the slower sweeps (steady traffic scheduled ahead stays
+		// cheap). Counted to the due time, not to the claim a quarter
+		// look-ahead before it: a task ZADDed twice the slow interval
+		// ahead (found with at least that interval to go) must not
+		// keep its queue swept at the fast one.
 		d.hot()
 	}
 }

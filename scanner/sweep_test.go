@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +155,26 @@ func TestWakeUpSurvivesAClaimSentBeforeIt(t *testing.T) {
 		before: []time.Time{now}, after: []time.Time{now}})
 	if at, ok := s.due.known[2]; ok {
 		t.Errorf("a later claim found nothing pending, yet known[2] = %v", at)
+	}
+}
+
+// A sweep that finds a task due sooner than a quiet queue's sweeps come
+// brings them back to PollInterval; one due later, though claimed a
+// quarter look-ahead before that, leaves them slow: tasks ZADDed twice
+// the slow interval ahead are found in time by the slow sweeps.
+func TestSweepHotCountsToTheDueTime(t *testing.T) {
+	base := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	clock := newServerClock(1, func() time.Time { return base })
+	nowMs := clock.serverNow(0)
+	for _, c := range []struct {
+		inMs int64
+		hot  bool
+	}{{490, true}, {510, false}, {1000, false}} {
+		d := newDueTimes(1, 50*time.Millisecond, 500*time.Millisecond, 100*time.Millisecond, clock)
+		d.every = d.idleEvery()
+		d.noteAnswer(0, strconv.FormatInt(nowMs+c.inMs, 10), nil, base, false)
+		if got := d.every == d.poll; got != c.hot {
+			t.Errorf("task due in %d ms: swept every %v, want hot %v", c.inMs, d.every, c.hot)
+		}
 	}
 }
