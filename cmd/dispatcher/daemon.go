@@ -130,7 +130,10 @@ func runDaemon(stderr io.Writer) int {
 		for n, q := range cfg.QueueSettings {
 			names[n] = q.Name
 		}
-		live = liveness.New(rdb, liveness.Options{Prefix: cfg.KeyPrefix, ID: instance, Timeout: cfg.LivenessTimeout, Queues: names,
+		// A fence outlives every lease: an instance frozen longer than the
+		// records are kept must not find its old id unfenced.
+		keep := max(liveness.Keep, 2*cfg.Lease+cfg.Lookahead)
+		live = liveness.New(rdb, liveness.Options{Prefix: cfg.KeyPrefix, ID: instance, Timeout: cfg.LivenessTimeout, Queues: names, Keep: keep,
 			Logger: log.With("component", "liveness"),
 			OnDead: func(ctx context.Context, id string) { handBackDead(ctx, log, scs, id) }})
 		scLive = live
@@ -278,6 +281,9 @@ func runDaemon(stderr io.Writer) int {
 
 	<-ctx.Done()
 	log.Info("stopping: claiming nothing new, waiting for outstanding confirms", "timeout", cfg.ShutdownTimeout)
+	if live != nil {
+		live.Drain() // the others sweep its shards from its next heartbeat on
+	}
 	scanners.Wait()
 	stopLive()
 	liveDone.Wait()

@@ -5,7 +5,8 @@
 // partition) may still publish.
 //
 // Each instance heartbeats into one hash, P:live (field: its liveness id,
-// value: the Redis ms of its last heartbeat), and keeps a subscription to a
+// value: the Redis ms of its last heartbeat and the queues it serves), and
+// keeps a subscription (sharded on Redis Cluster) to a
 // channel of its own, P:live:<id>, open on the node that serves that
 // channel. An instance is declared dead only when both say so: its
 // heartbeat is older than the timeout AND its subscription is gone. A
@@ -28,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -80,7 +82,12 @@ type Liveness struct {
 	// heartbeat's records (this instance's included while it is live).
 	members map[string][]string
 	failed  bool // the last heartbeat failed (logged once)
-	onDead  sync.WaitGroup
+	// judging: silent instances are being judged (one round at a time).
+	judging atomic.Bool
+	// draining: the instance is stopping; its record names no queue, so
+	// the others take its shards over while it finishes.
+	draining atomic.Bool
+	onDead   sync.WaitGroup
 }
 
 // Key is the hash of liveness records.
@@ -212,7 +219,23 @@ func (l *Liveness) subscribe(ctx context.Context) {
 	l.mu.Lock()
 	id := l.id
 	l.mu.Unlock()
-	ps := l.rdb.Subscribe(ctx, Channel(l.opt.Prefix, id))
+	ch := Channel(l.opt.Prefix, id)
+	var ps *redis.PubSub
+	if cc, ok := l.rdb.(*redis.ClusterClient); ok {
+		// Sharded: the subscription follows its slot to the node that
+		// serves it, where subscribers() asks (a plain one stays on the
+		// node it was opened on when the slot moves).
+		ps = cc.SSubscribe(ctx, ch)
+	} else {
+		ps = l.rdb.Subscribe(ctx, ch)
+	}
+	confirm, cancel := context.WithTimeout(ctx, l.opt.Timeout)
+	if _, err := ps.Receive(confirm); err != nil && ctx.Err() == nil {
+		// Without it this instance looks disconnected whenever it is
+		// silent: a stop or a partition could then get it declared dead.
+		l.log.Error("cannot subscribe to this instance's liveness channel: if it stops or is cut off, others may declare it dead", "channel", ch, "err", err)
+	}
+	cancel()
 	go func() {
 		for range ps.Channel() { // nothing is published there
 		}
@@ -234,7 +257,7 @@ func (l *Liveness) beat(ctx context.Context) {
 	key := Key(l.opt.Prefix)
 	sent := time.Now()
 	hb, cancel := context.WithTimeout(ctx, l.opt.Timeout/2)
-	vals, err := heartbeatScript.Run(hb, l.rdb, []string{key}, id, l.opt.Keep.Milliseconds(), strings.Join(l.opt.Queues, ",")).Slice()
+	vals, err := heartbeatScript.Run(hb, l.rdb, []string{key}, id, l.opt.Keep.Milliseconds(), l.queuesField()).Slice()
 	cancel()
 	if err == nil && len(vals) < 2 {
 		err = fmt.Errorf("heartbeat on %s: %d values", key, len(vals))
@@ -269,17 +292,35 @@ func (l *Liveness) beat(ctx context.Context) {
 	for _, q := range l.opt.Queues {
 		members[q] = []string{id}
 	}
+	var silent [][2]string // records of others to judge off this path
 	for i := 2; i+1 < len(vals); i += 2 {
 		other, _ := vals[i].(string)
 		v, _ := vals[i+1].(string)
-		if l.judge(ctx, now, other, v) {
+		if l.fresh(now, v) {
 			ms, queues, _ := strings.Cut(v, "|")
 			for _, q := range strings.Split(queues, ",") {
 				if m, ok := members[q]; ok && ms != "" {
 					members[q] = append(m, other)
 				}
 			}
+		} else {
+			silent = append(silent, [2]string{other, v})
 		}
+	}
+	if len(silent) > 0 && l.judging.CompareAndSwap(false, true) {
+		// On a goroutine, each call with a deadline: a node that hangs
+		// (the one serving a silent instance's channel) must not hold up
+		// this instance's own heartbeat, and with it its publishing.
+		l.onDead.Add(1)
+		go func() {
+			defer l.onDead.Done()
+			defer l.judging.Store(false)
+			for _, r := range silent {
+				jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opt.Timeout/2)
+				l.judge(jctx, ctx, now, r[0], r[1])
+				cancel()
+			}
+		}()
 	}
 	for _, m := range members {
 		slices.Sort(m)
@@ -290,6 +331,20 @@ func (l *Liveness) beat(ctx context.Context) {
 	}
 	l.mu.Unlock()
 }
+
+// queuesField is the record's list of queues served: none once draining.
+func (l *Liveness) queuesField() string {
+	if l.draining.Load() {
+		return ""
+	}
+	return strings.Join(l.opt.Queues, ",")
+}
+
+// Drain says the instance is stopping: from its next heartbeat on its
+// record names no queue, so the other instances sweep its share of the
+// shards while it settles what it has under way. It still heartbeats
+// (its publishes need it) until Run ends.
+func (l *Liveness) Drain() { l.draining.Store(true) }
 
 // Members returns the live instances serving queue (their liveness ids,
 // sorted; this one's included), as of the last heartbeat; nil while this
@@ -303,21 +358,26 @@ func (l *Liveness) Members(queue string) []string {
 	return l.members[queue]
 }
 
-// judge looks at another instance's record: declared dead (hand its
-// claims out, once), or stale with no connection left (declare it dead).
-// It reports whether the instance is live (its heartbeat is recent).
-func (l *Liveness) judge(ctx context.Context, now int64, id, v string) bool {
+// fresh reports whether a record is of a live instance: its heartbeat is
+// recent.
+func (l *Liveness) fresh(now int64, v string) bool {
+	ms, _, _ := strings.Cut(v, "|")
+	seen, err := strconv.ParseInt(ms, 10, 64)
+	return err == nil && now-seen <= l.opt.Timeout.Milliseconds()
+}
+
+// judge looks at another instance's record that is not fresh: declared
+// dead (hand its claims out, once), or stale with no connection left
+// (declare it dead). ctx bounds its calls; run is the Liveness's own.
+func (l *Liveness) judge(ctx, run context.Context, now int64, id, v string) bool {
 	if strings.HasPrefix(v, "dead ") {
-		l.dead(ctx, id)
+		l.dead(run, id)
 		return false
 	}
 	ms, _, _ := strings.Cut(v, "|")
 	seen, err := strconv.ParseInt(ms, 10, 64)
 	if err != nil {
 		return false
-	}
-	if now-seen <= l.opt.Timeout.Milliseconds() {
-		return true
 	}
 	n, err := l.subscribers(ctx, Channel(l.opt.Prefix, id))
 	if err != nil {
@@ -334,7 +394,7 @@ func (l *Liveness) judge(ctx context.Context, now int64, id, v string) bool {
 	}
 	if ok == 1 {
 		l.log.Warn("instance declared dead: no heartbeat and no connection; handing out its claimed tasks", "instance", id, "silent_ms", now-seen)
-		l.dead(ctx, id)
+		l.dead(run, id)
 	}
 	return false
 }
@@ -349,7 +409,13 @@ func (l *Liveness) subscribers(ctx context.Context, ch string) (int64, error) {
 		}
 		c = node
 	}
-	m, err := c.PubSubNumSub(ctx, ch).Result()
+	var m map[string]int64
+	var err error
+	if _, ok := l.rdb.(*redis.ClusterClient); ok {
+		m, err = c.PubSubShardNumSub(ctx, ch).Result()
+	} else {
+		m, err = c.PubSubNumSub(ctx, ch).Result()
+	}
 	if err != nil {
 		return 0, err
 	}
