@@ -70,8 +70,8 @@ const livenessPoll = 10 * time.Millisecond
 // left in Redis as it is: only the hand-back touches it.
 func (s *Scanner) gate(work context.Context, tasks []heldTask) (keep []heldTask, done []*progress) {
 	lv := s.opt.Liveness
-	if lv == nil {
-		return tasks, nil
+	if lv == nil || s.allLive(tasks) {
+		return tasks, nil // the usual case: no copy
 	}
 	abandon := func(t heldTask) {
 		if t.batch.record(outcome{entry: t.task.Entry, mode: outAbandoned}) {
@@ -115,6 +115,22 @@ func (s *Scanner) gate(work context.Context, tasks []heldTask) (keep []heldTask,
 			return keep, done
 		}
 	}
+}
+
+// allLive reports whether every task may be published now, asking the
+// liveness once per batch (a publish's tasks come from few batches).
+func (s *Scanner) allLive(tasks []heldTask) bool {
+	var last *progress
+	for _, t := range tasks {
+		if t.batch == last {
+			continue
+		}
+		last = t.batch
+		if ok, _ := s.opt.Liveness.Check(t.batch.b.owner); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // HandBack hands out again at once, in every shard of the queue, the tasks

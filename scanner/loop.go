@@ -377,7 +377,7 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 // that neither starves the other when a round trip takes longer than a
 // poll interval.
 func (s *Scanner) sweepFirst(n *nodeState, now time.Time) bool {
-	return s.sweeps() && n.lastClaim && !now.Before(s.sweepDue(n))
+	return n.lastClaim && !now.Before(s.sweepDue(n)) && s.sweeps()
 }
 
 // sweepDue is when primary n's shards are next swept.

@@ -16,9 +16,10 @@ import (
 // dispatcherCommands is what the daemon runs on Redis, scripts' own calls
 // included (ACLs check those too): nothing else is granted to its user.
 const dispatcherCommands = "+ping +evalsha +eval +script|load +time +type " +
-	"+zadd +zrem +zrange +zrangebyscore +zremrangebyrank +zscore +zcard +zcount +hmget +hlen " +
+	"+zadd +zrem +zrange +zrangebyscore +zremrangebyrank +zremrangebyscore +zscore +zcard +zcount +hmget +hlen " +
 	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +get +set +setnx +del +pexpire +incrby " +
-	"+publish +subscribe +unsubscribe +psubscribe +punsubscribe"
+	"+publish +subscribe +unsubscribe +psubscribe +punsubscribe " +
+	"+ssubscribe +sunsubscribe +pubsub|numsub +pubsub|shardnumsub"
 
 // tlsACLServer starts a private Redis that speaks TLS only (custom CA,
 // client certificates required) with the default user off, and adds a

@@ -11,7 +11,6 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -38,7 +37,9 @@ import (
 // ARGV[4] "1": also count the tasks due before ARGV[1] (overdue)
 // Returns {before (-1 if not asked), count of bucket 1, ..., bucket n};
 // bucket k holds the scores in [from + (k-1)*width, from + k*width).
-var countScript = redis.NewScript(`#!lua flags=no-writes
+var countScript = redis.NewScript(countSrc)
+
+const countSrc = `#!lua flags=no-writes
 local from, width, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {-1}
 if ARGV[4] == '1' then
@@ -47,7 +48,7 @@ end
 local upto = string.format('(%d', from + n * width)
 local total = -1
 if n > 2 then total = redis.call('ZCOUNT', KEYS[1], ARGV[1], upto) end
-if total >= 0 and total <= ` + strconv.Itoa(sparseScores) + ` then
+if total >= 0 and total <= 128 then -- sparseScores
   for k = 0, n - 1 do out[k + 2] = 0 end
   if total > 0 then
     local got = redis.call('ZRANGE', KEYS[1], ARGV[1], upto, 'BYSCORE', 'LIMIT', 0, total, 'WITHSCORES')
@@ -64,10 +65,11 @@ for k = 0, n - 1 do
   out[k + 2] = redis.call('ZCOUNT', KEYS[1], string.format('%d', a), string.format('(%d', a + width))
 end
 return out
-`)
+`
 
 // sparseScores is the most tasks in a window whose scores countScript
-// reads to bucket them, instead of a ZCOUNT per bucket.
+// reads to bucket them, instead of a ZCOUNT per bucket. The script spells
+// it as a literal: a script's source must be a constant.
 const sparseScores = 128
 
 // MaxBuckets bounds a window's buckets (a day by the minute).
