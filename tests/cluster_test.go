@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/liveness"
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -238,7 +239,8 @@ func TestClusterReshard(t *testing.T) {
 // TestClusterPrimaryPaused stops one primary (SIGSTOP) for 10 s while tasks
 // fall due on every shard. Only its shards wait: the others' tasks keep
 // their lateness (the figures are logged; the bound checked is far above
-// them and far below the pause). Two instances run, so the one that does
+// them and far below the pause), even though the liveness records wait
+// too. Two instances run, so the one that does
 // not sweep must not take over nor stall while the role's key is out of
 // reach. The node timeout is long, so no failover
 // muddles what is measured.
@@ -246,6 +248,16 @@ func TestClusterPrimaryPaused(t *testing.T) {
 	c := testenv.StartRedisCluster(t, testenv.ClusterOptions{NodeTimeout: 30 * time.Second})
 	q := queueSpec{Name: "paused", Shards: 16}
 	h := newClusterHarness(t, c, q)
+	// The paused primary holds the queue-level keys too (sweeper role,
+	// balancer counter, wake channel) and the liveness records: the worst
+	// case.
+	keys := shard.Keys{Prefix: h.prefix, Queue: q.Name}
+	paused := c.PrimaryOf(keys.Sweeper())
+	if live := liveness.Key(h.prefix); c.PrimaryOf(live).Addr != paused.Addr {
+		if err := c.MigrateSlot(context.Background(), c.Slot(live), paused); err != nil {
+			t.Fatalf("move %s to %s: %v", live, paused.Addr, err)
+		}
+	}
 	addr := testenv.FreeAddr(t)
 	h.extra["DISPATCHER_HTTP_ADDR"] = addr
 	h.start()
@@ -254,10 +266,6 @@ func TestClusterPrimaryPaused(t *testing.T) {
 	from := time.Now().Add(time.Second)
 	const n, span = 3000, 16 * time.Second
 	want := scheduleSpread(t, h.producer(q.Name), "ps", n, from, span)
-	// The paused primary holds the queue-level keys too (sweeper role,
-	// balancer counter, wake channel): the worst case.
-	keys := shard.Keys{Prefix: h.prefix, Queue: q.Name}
-	paused := c.PrimaryOf(keys.Sweeper())
 	onPaused := map[int]bool{}
 	for _, i := range shardsByPrimary(c, h.prefix, q)[paused.Addr] {
 		onPaused[i] = true
