@@ -255,6 +255,7 @@ func runDaemon(stderr io.Writer) int {
 	defer stopLive()
 	var liveDone sync.WaitGroup
 	if live != nil {
+		live.Prepare(ctx) // before a scanner records a claim under its id
 		liveDone.Add(1)
 		go func() { defer liveDone.Done(); _ = live.Run(liveCtx) }()
 	}

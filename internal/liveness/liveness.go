@@ -19,10 +19,23 @@
 // takes a new one. Until then it fences itself: it publishes only while
 // its last successful heartbeat was sent less than half the timeout ago,
 // and a declaration needs the record to be older than the whole timeout.
+//
+// On Redis Cluster the records live on one primary, which may stop
+// answering while the others serve their shards; a fence on the heartbeat
+// alone would then stop every instance's publishing, not only that
+// primary's shards. There the instance's channel is placed on another
+// primary (its liveness id is chosen so), and the instance pings its own
+// subscription: while a ping sent less than half the timeout ago was
+// answered on a subscription that was open before its record could go
+// stale, no one can find it unsubscribed, so it may go on publishing
+// with its heartbeat failing. What that leaves open is a double fault: its
+// subscription's connection closed by Redis within half a timeout of a
+// ping while the records' primary answers others but not it.
 package liveness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -77,7 +90,13 @@ type Liveness struct {
 	epoch  int       // its number
 	okSent time.Time // when the last heartbeat that succeeded for id was sent
 	ps     *redis.PubSub
-	seen   map[string]bool // dead ids handed to OnDead
+	// The subscription's proof of life (Redis Cluster): subAt, when its
+	// current connection was confirmed subscribed (zero: not now); pongAt,
+	// when the last ping answered on that connection was sent.
+	subAt, pongAt time.Time
+	opened        time.Time // when subscribe opened ps
+	cluster       bool
+	seen          map[string]bool // dead ids handed to OnDead
 	// members: per queue, the live ids serving it, sorted, from the last
 	// heartbeat's records (this instance's included while it is live).
 	members map[string][]string
@@ -108,8 +127,47 @@ func New(rdb redis.UniversalClient, opt Options) *Liveness {
 		opt.Logger = slog.Default()
 	}
 	l := &Liveness{rdb: rdb, opt: opt, log: opt.Logger, seen: map[string]bool{}}
+	_, l.cluster = rdb.(*redis.ClusterClient)
 	l.id = l.idOf(0)
 	return l
+}
+
+// Prepare chooses, on Redis Cluster, the first liveness id: one whose
+// channel another primary than the records' serves. Call it before
+// anything reads ID(); without it (or if Redis does not answer) the id
+// is the first one, and the instance fences itself whenever the records'
+// primary does not answer.
+func (l *Liveness) Prepare(ctx context.Context) {
+	e := l.pickEpoch(ctx, 0)
+	l.mu.Lock()
+	l.epoch, l.id = e, l.idOf(e)
+	l.mu.Unlock()
+}
+
+// pickEpoch returns the first epoch from from on whose channel is served
+// by another primary than the records (from itself if none of the next
+// few is, or this is not a cluster).
+func (l *Liveness) pickEpoch(ctx context.Context, from int) int {
+	cc, ok := l.rdb.(*redis.ClusterClient)
+	if !ok {
+		return from
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.opt.Timeout)
+	defer cancel()
+	records, err := cc.MasterForKey(ctx, Key(l.opt.Prefix))
+	if err != nil {
+		return from
+	}
+	for e := from; e < from+64; e++ {
+		node, err := cc.MasterForKey(ctx, Channel(l.opt.Prefix, l.idOf(e)))
+		if err != nil {
+			return from
+		}
+		if node.Options().Addr != records.Options().Addr {
+			return e
+		}
+	}
+	return from
 }
 
 func (l *Liveness) idOf(epoch int) string { return l.opt.ID + "#" + strconv.Itoa(epoch) }
@@ -130,7 +188,24 @@ func (l *Liveness) Check(id string) (ok, fenced bool) {
 	if id != l.id {
 		return false, true
 	}
-	return !l.okSent.IsZero() && time.Since(l.okSent) < l.opt.Timeout/2, false
+	return l.liveLocked(), false
+}
+
+// liveLocked reports whether no other instance can have declared this one
+// dead (see the package doc). l.mu is held.
+func (l *Liveness) liveLocked() bool {
+	half := l.opt.Timeout / 2
+	switch {
+	case l.okSent.IsZero():
+		return false
+	case time.Since(l.okSent) < half:
+		return true
+	}
+	// The subscription proves it: a ping answered on a connection
+	// subscribed before the record could be found stale (a judge reads a
+	// record stale only a whole timeout after okSent).
+	return l.cluster && !l.subAt.IsZero() && !l.subAt.After(l.okSent.Add(half)) &&
+		!l.pongAt.Before(l.subAt) && time.Since(l.pongAt) < half
 }
 
 // heartbeatScript renews one instance's record unless it was declared
@@ -230,22 +305,78 @@ func (l *Liveness) subscribe(ctx context.Context) {
 		ps = l.rdb.Subscribe(ctx, ch)
 	}
 	confirm, cancel := context.WithTimeout(ctx, l.opt.Timeout)
-	if _, err := ps.Receive(confirm); err != nil && ctx.Err() == nil {
+	_, err := ps.Receive(confirm)
+	if err != nil && ctx.Err() == nil {
 		// Without it this instance looks disconnected whenever it is
 		// silent: a stop or a partition could then get it declared dead.
 		l.log.Error("cannot subscribe to this instance's liveness channel: if it stops or is cut off, others may declare it dead", "channel", ch, "err", err)
 	}
 	cancel()
-	go func() {
-		for range ps.Channel() { // nothing is published there
-		}
-	}()
 	l.mu.Lock()
 	old := l.ps
 	l.ps = ps
+	l.subAt, l.pongAt, l.opened = time.Time{}, time.Time{}, time.Now()
+	if err == nil {
+		l.subAt = time.Now()
+	}
 	l.mu.Unlock()
+	go l.receive(ps)
+	go l.ping(ctx, ps)
 	if old != nil { // after the new one is open: no moment without one
 		_ = old.Close()
+	}
+}
+
+// receive reads ps until it is closed: its (re)subscriptions and the
+// answers to ping's pings (nothing is published there). go-redis
+// reconnects and subscribes again after an error.
+func (l *Liveness) receive(ps *redis.PubSub) {
+	for {
+		msg, err := ps.Receive(context.Background())
+		now := time.Now()
+		l.mu.Lock()
+		current := l.ps == ps
+		switch m := msg.(type) {
+		case nil:
+			if current {
+				l.subAt, l.pongAt = time.Time{}, time.Time{}
+			}
+		case *redis.Subscription:
+			if current && (m.Kind == "subscribe" || m.Kind == "ssubscribe") {
+				l.subAt, l.pongAt = now, time.Time{}
+			} else if current {
+				l.subAt = time.Time{} // unsubscribed (a slot that moved)
+			}
+		case *redis.Pong:
+			ns, perr := strconv.ParseInt(m.Payload, 10, 64)
+			if sent := time.Unix(0, ns); current && perr == nil && !l.subAt.IsZero() && !sent.Before(l.subAt) && sent.After(l.pongAt) {
+				l.pongAt = sent
+			}
+		}
+		l.mu.Unlock()
+		if errors.Is(err, redis.ErrClosed) {
+			return
+		}
+		if err != nil {
+			time.Sleep(l.opt.Timeout / 8) // go-redis reconnects on the next read
+		}
+	}
+}
+
+// ping pings ps's connection every quarter of the timeout, with the time
+// sent as the payload, until ps is closed or ctx ends.
+func (l *Liveness) ping(ctx context.Context, ps *redis.PubSub) {
+	tick := time.NewTicker(l.opt.Timeout / 4)
+	defer tick.Stop()
+	for {
+		if err := ps.Ping(ctx, strconv.FormatInt(time.Now().UnixNano(), 10)); errors.Is(err, redis.ErrClosed) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
 }
 
@@ -287,7 +418,19 @@ func (l *Liveness) beat(ctx context.Context) {
 		l.failed = false
 		l.log.Info("liveness heartbeat works again")
 	}
+	// A subscription that answers no ping while Redis answers heartbeats
+	// (a connection dead without an error) is opened again. One that is
+	// not subscribed is being reconnected by go-redis.
+	last := l.subAt
+	if l.pongAt.After(last) {
+		last = l.pongAt
+	}
+	stuck := !l.subAt.IsZero() && time.Since(l.opened) > 4*l.opt.Timeout && time.Since(last) > 4*l.opt.Timeout
 	l.mu.Unlock()
+	if stuck {
+		l.log.Warn("this instance's liveness subscription answers no ping: opening it again")
+		l.subscribe(ctx)
+	}
 	members := map[string][]string{}
 	for _, q := range l.opt.Queues {
 		members[q] = []string{id}
@@ -431,7 +574,13 @@ func (l *Liveness) fenced(ctx context.Context, old string) {
 		l.mu.Unlock()
 		return
 	}
-	l.epoch++
+	next := l.epoch + 1
+	l.mu.Unlock()
+	// Chosen before it is taken: no claim is recorded under an id that is
+	// then replaced. Only Run's goroutine changes the id.
+	next = l.pickEpoch(ctx, next)
+	l.mu.Lock()
+	l.epoch = next
 	l.id = l.idOf(l.epoch)
 	l.okSent = time.Time{}
 	l.mu.Unlock()
