@@ -495,9 +495,13 @@ func (l *Liveness) Drain() { l.draining.Store(true) }
 func (l *Liveness) Members(queue string) []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.okSent.IsZero() || time.Since(l.okSent) >= l.opt.Timeout/2 {
+	if !l.liveLocked() {
 		return nil
 	}
+	// With the records' primary out of reach (Cluster) the last shares
+	// stay: were one instance to sweep every shard meanwhile, its claims
+	// would overwrite the last claim of shards whose claim another
+	// instance is waiting to retry, and that batch would wait its lease.
 	return l.members[queue]
 }
 
