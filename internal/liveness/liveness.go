@@ -94,9 +94,10 @@ type Liveness struct {
 	// current connection was confirmed subscribed (zero: not now); pongAt,
 	// when the last ping answered on that connection was sent.
 	subAt, pongAt time.Time
-	opened        time.Time // when subscribe opened ps
-	cluster       bool
-	seen          map[string]bool // dead ids handed to OnDead
+	// unanswered: when the first ping since the last answer was sent.
+	unanswered time.Time
+	cluster    bool
+	seen       map[string]bool // dead ids handed to OnDead
 	// members: per queue, the live ids serving it, sorted, from the last
 	// heartbeat's records (this instance's included while it is live).
 	members map[string][]string
@@ -315,7 +316,7 @@ func (l *Liveness) subscribe(ctx context.Context) {
 	l.mu.Lock()
 	old := l.ps
 	l.ps = ps
-	l.subAt, l.pongAt, l.opened = time.Time{}, time.Time{}, time.Now()
+	l.subAt, l.pongAt, l.unanswered = time.Time{}, time.Time{}, time.Time{}
 	if err == nil {
 		l.subAt = time.Now()
 	}
@@ -339,18 +340,18 @@ func (l *Liveness) receive(ps *redis.PubSub) {
 		switch m := msg.(type) {
 		case nil:
 			if current {
-				l.subAt, l.pongAt = time.Time{}, time.Time{}
+				l.subAt, l.pongAt, l.unanswered = time.Time{}, time.Time{}, time.Time{}
 			}
 		case *redis.Subscription:
 			if current && (m.Kind == "subscribe" || m.Kind == "ssubscribe") {
-				l.subAt, l.pongAt = now, time.Time{}
+				l.subAt, l.pongAt, l.unanswered = now, time.Time{}, time.Time{}
 			} else if current {
 				l.subAt = time.Time{} // unsubscribed (a slot that moved)
 			}
 		case *redis.Pong:
 			ns, perr := strconv.ParseInt(m.Payload, 10, 64)
 			if sent := time.Unix(0, ns); current && perr == nil && !l.subAt.IsZero() && !sent.Before(l.subAt) && sent.After(l.pongAt) {
-				l.pongAt = sent
+				l.pongAt, l.unanswered = sent, time.Time{}
 			}
 		}
 		l.mu.Unlock()
@@ -369,9 +370,16 @@ func (l *Liveness) ping(ctx context.Context, ps *redis.PubSub) {
 	tick := time.NewTicker(l.opt.Timeout / 4)
 	defer tick.Stop()
 	for {
-		if err := ps.Ping(ctx, strconv.FormatInt(time.Now().UnixNano(), 10)); errors.Is(err, redis.ErrClosed) {
+		sent := time.Now()
+		err := ps.Ping(ctx, strconv.FormatInt(sent.UnixNano(), 10))
+		if errors.Is(err, redis.ErrClosed) {
 			return
 		}
+		l.mu.Lock()
+		if err == nil && l.ps == ps && l.unanswered.IsZero() && l.pongAt.Before(sent) {
+			l.unanswered = sent
+		}
+		l.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return
@@ -421,11 +429,7 @@ func (l *Liveness) beat(ctx context.Context) {
 	// A subscription that answers no ping while Redis answers heartbeats
 	// (a connection dead without an error) is opened again. One that is
 	// not subscribed is being reconnected by go-redis.
-	last := l.subAt
-	if l.pongAt.After(last) {
-		last = l.pongAt
-	}
-	stuck := !l.subAt.IsZero() && time.Since(l.opened) > 4*l.opt.Timeout && time.Since(last) > 4*l.opt.Timeout
+	stuck := !l.subAt.IsZero() && !l.unanswered.IsZero() && time.Since(l.unanswered) > 4*l.opt.Timeout
 	l.mu.Unlock()
 	if stuck {
 		l.log.Warn("this instance's liveness subscription answers no ping: opening it again")
