@@ -68,3 +68,42 @@ func TestClusterRecordsPrimaryPaused(t *testing.T) {
 	resumed = true
 	waitFor(t, "live again after the resume", 3*time.Second, ok)
 }
+
+// TestClusterChannelSlotMoves: when the slot of the instance's channel
+// moves to another primary, Redis unsubscribes it there (go-redis does not
+// subscribe again); the instance opens its subscription again, on the
+// slot's new primary, where a judge asks.
+func TestClusterChannelSlotMoves(t *testing.T) {
+	c := testenv.StartRedisCluster(t, testenv.ClusterOptions{NodeTimeout: 30 * time.Second, ReplicasPer: -1})
+	prefix := testenv.Name(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const timeout = 400 * time.Millisecond
+	l := New(c.Client(), Options{Prefix: prefix, ID: "m", Timeout: timeout, Queues: []string{"q"}})
+	l.Prepare(ctx)
+	id := l.ID()
+	ch := Channel(prefix, id)
+	records, from := c.PrimaryOf(Key(prefix)), c.PrimaryOf(ch)
+	var to *testenv.ClusterNode
+	for _, n := range c.Primaries() {
+		if n.Addr != records.Addr && n.Addr != from.Addr {
+			to = n
+		}
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "live", 3*time.Second, func() bool { ok, _ := l.Check(id); return ok })
+
+	moved := time.Now()
+	if err := c.MigrateSlot(ctx, c.Slot(ch), to); err != nil {
+		t.Fatalf("move the slot of %s to %s: %v", ch, to.Addr, err)
+	}
+	dst := redis.NewClient(&redis.Options{Addr: to.Addr, Password: c.AdminPassword()})
+	defer dst.Close()
+	waitFor(t, "subscribed again on the slot's new primary", 8*timeout+5*time.Second, func() bool {
+		m, err := dst.PubSubShardNumSub(ctx, ch).Result()
+		return err == nil && m[ch] == 1
+	})
+	t.Logf("subscribed on %s %s after the slot moved from %s", to.Addr, time.Since(moved).Round(time.Millisecond), from.Addr)
+}

@@ -27,10 +27,16 @@
 // primary (its liveness id is chosen so), and the instance pings its own
 // subscription: while a ping sent less than half the timeout ago was
 // answered on a subscription that was open before its record could go
-// stale, no one can find it unsubscribed, so it may go on publishing
-// with its heartbeat failing. What that leaves open is a double fault: its
-// subscription's connection closed by Redis within half a timeout of a
-// ping while the records' primary answers others but not it.
+// stale, and less than the cluster's node timeout has passed since its
+// last heartbeat went through, no one can find it unsubscribed: a judge
+// asks the primary the majority routes the channel to, and a partition
+// that left the instance with its channel's old primary began after that
+// heartbeat, so the majority cannot have failed that primary over yet. It
+// may then go on publishing with its heartbeat failing. What that leaves
+// open is a double fault: its subscription's connection closed by Redis
+// within half a timeout of a ping while the records' primary answers
+// others but not it. Without the node timeout (CONFIG GET refused) the
+// heartbeat alone decides.
 package liveness
 
 import (
@@ -94,10 +100,22 @@ type Liveness struct {
 	// current connection was confirmed subscribed (zero: not now); pongAt,
 	// when the last ping answered on that connection was sent.
 	subAt, pongAt time.Time
-	// unanswered: when the first ping since the last answer was sent.
-	unanswered time.Time
-	cluster    bool
-	seen       map[string]bool // dead ids handed to OnDead
+	// unanswered: when the first ping since the last answer was sent;
+	// lostAt: when the subscription was found gone (an error, or Redis
+	// unsubscribed it), zero while it is there.
+	unanswered, lostAt time.Time
+	// base: ping payloads are offsets from it (its monotonic reading
+	// makes their ages immune to wall-clock steps).
+	base time.Time
+	// nodeTimeout: the cluster's node timeout, 0 if unknown; the
+	// subscription's proof holds at most that long after the last
+	// heartbeat (no failover completes sooner).
+	nodeTimeout time.Duration
+	closed      bool       // Run ended: subscribe opens nothing more
+	subMu       sync.Mutex // one subscribe at a time
+	reopening   atomic.Bool
+	cluster     bool
+	seen        map[string]bool // dead ids handed to OnDead
 	// members: per queue, the live ids serving it, sorted, from the last
 	// heartbeat's records (this instance's included while it is live).
 	members map[string][]string
@@ -129,6 +147,7 @@ func New(rdb redis.UniversalClient, opt Options) *Liveness {
 	}
 	l := &Liveness{rdb: rdb, opt: opt, log: opt.Logger, seen: map[string]bool{}}
 	_, l.cluster = rdb.(*redis.ClusterClient)
+	l.base = time.Now()
 	l.id = l.idOf(0)
 	return l
 }
@@ -140,9 +159,35 @@ func New(rdb redis.UniversalClient, opt Options) *Liveness {
 // primary does not answer.
 func (l *Liveness) Prepare(ctx context.Context) {
 	e := l.pickEpoch(ctx, 0)
+	nt := l.readNodeTimeout(ctx)
 	l.mu.Lock()
-	l.epoch, l.id = e, l.idOf(e)
+	l.epoch, l.id, l.nodeTimeout = e, l.idOf(e), nt
 	l.mu.Unlock()
+}
+
+// readNodeTimeout reads cluster-node-timeout from the records' primary (0
+// if this is not a cluster, or it cannot be read).
+func (l *Liveness) readNodeTimeout(ctx context.Context) time.Duration {
+	cc, ok := l.rdb.(*redis.ClusterClient)
+	if !ok {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.opt.Timeout)
+	defer cancel()
+	node, err := cc.MasterForKey(ctx, Key(l.opt.Prefix))
+	var v map[string]string
+	if err == nil {
+		v, err = node.ConfigGet(ctx, "cluster-node-timeout").Result()
+	}
+	ms, perr := strconv.ParseInt(v["cluster-node-timeout"], 10, 64)
+	if err == nil && perr != nil {
+		err = fmt.Errorf("cluster-node-timeout %q: %w", v["cluster-node-timeout"], perr)
+	}
+	if err != nil {
+		l.log.Warn("cannot read the cluster's node timeout (grant +config|get): while the primary of the liveness records does not answer, every queue's publishing waits, not only that primary's shards", "err", err)
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // pickEpoch returns the first epoch from from on whose channel is served
@@ -204,8 +249,12 @@ func (l *Liveness) liveLocked() bool {
 	}
 	// The subscription proves it: a ping answered on a connection
 	// subscribed before the record could be found stale (a judge reads a
-	// record stale only a whole timeout after okSent).
-	return l.cluster && !l.subAt.IsZero() && !l.subAt.After(l.okSent.Add(half)) &&
+	// record stale only a whole timeout after okSent), and less than the
+	// cluster's node timeout since the last heartbeat went through: a
+	// partition that leaves this instance with its channel's primary
+	// began after it, and the majority fails that primary over no sooner.
+	return l.cluster && l.nodeTimeout > half && time.Since(l.okSent) < l.nodeTimeout-half &&
+		!l.subAt.IsZero() && !l.subAt.After(l.okSent.Add(half)) &&
 		!l.pongAt.Before(l.subAt) && time.Since(l.pongAt) < half
 }
 
@@ -268,6 +317,7 @@ func (l *Liveness) Run(ctx context.Context) error {
 	defer func() {
 		l.mu.Lock()
 		ps, id := l.ps, l.id
+		l.closed = true
 		l.mu.Unlock()
 		stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
@@ -292,6 +342,8 @@ func (l *Liveness) Run(ctx context.Context) error {
 // former one's. go-redis keeps it open, reconnecting as needed, while its
 // channel is read.
 func (l *Liveness) subscribe(ctx context.Context) {
+	l.subMu.Lock()
+	defer l.subMu.Unlock()
 	l.mu.Lock()
 	id := l.id
 	l.mu.Unlock()
@@ -314,11 +366,18 @@ func (l *Liveness) subscribe(ctx context.Context) {
 	}
 	cancel()
 	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		_ = ps.Close()
+		return
+	}
 	old := l.ps
 	l.ps = ps
-	l.subAt, l.pongAt, l.unanswered = time.Time{}, time.Time{}, time.Time{}
+	l.subAt, l.pongAt, l.unanswered, l.lostAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
 	if err == nil {
 		l.subAt = time.Now()
+	} else {
+		l.lostAt = time.Now()
 	}
 	l.mu.Unlock()
 	go l.receive(ps)
@@ -340,17 +399,17 @@ func (l *Liveness) receive(ps *redis.PubSub) {
 		switch m := msg.(type) {
 		case nil:
 			if current {
-				l.subAt, l.pongAt, l.unanswered = time.Time{}, time.Time{}, time.Time{}
+				l.lost(now)
 			}
 		case *redis.Subscription:
 			if current && (m.Kind == "subscribe" || m.Kind == "ssubscribe") {
-				l.subAt, l.pongAt, l.unanswered = now, time.Time{}, time.Time{}
+				l.subAt, l.pongAt, l.unanswered, l.lostAt = now, time.Time{}, time.Time{}, time.Time{}
 			} else if current {
-				l.subAt = time.Time{} // unsubscribed (a slot that moved)
+				l.lost(now) // Redis unsubscribed it (its slot moved): beat opens it again
 			}
 		case *redis.Pong:
 			ns, perr := strconv.ParseInt(m.Payload, 10, 64)
-			if sent := time.Unix(0, ns); current && perr == nil && !l.subAt.IsZero() && !sent.Before(l.subAt) && sent.After(l.pongAt) {
+			if sent := l.base.Add(time.Duration(ns)); current && perr == nil && !l.subAt.IsZero() && !sent.Before(l.subAt) && sent.After(l.pongAt) {
 				l.pongAt, l.unanswered = sent, time.Time{}
 			}
 		}
@@ -364,6 +423,14 @@ func (l *Liveness) receive(ps *redis.PubSub) {
 	}
 }
 
+// lost records that the subscription is gone. l.mu is held.
+func (l *Liveness) lost(now time.Time) {
+	l.subAt, l.pongAt, l.unanswered = time.Time{}, time.Time{}, time.Time{}
+	if l.lostAt.IsZero() {
+		l.lostAt = now
+	}
+}
+
 // ping pings ps's connection every quarter of the timeout, with the time
 // sent as the payload, until ps is closed or ctx ends.
 func (l *Liveness) ping(ctx context.Context, ps *redis.PubSub) {
@@ -371,7 +438,7 @@ func (l *Liveness) ping(ctx context.Context, ps *redis.PubSub) {
 	defer tick.Stop()
 	for {
 		sent := time.Now()
-		err := ps.Ping(ctx, strconv.FormatInt(sent.UnixNano(), 10))
+		err := ps.Ping(ctx, strconv.FormatInt(int64(sent.Sub(l.base)), 10))
 		if errors.Is(err, redis.ErrClosed) {
 			return
 		}
@@ -427,13 +494,22 @@ func (l *Liveness) beat(ctx context.Context) {
 		l.log.Info("liveness heartbeat works again")
 	}
 	// A subscription that answers no ping while Redis answers heartbeats
-	// (a connection dead without an error) is opened again. One that is
-	// not subscribed is being reconnected by go-redis.
-	stuck := !l.subAt.IsZero() && !l.unanswered.IsZero() && time.Since(l.unanswered) > 4*l.opt.Timeout
+	// (a connection dead without an error), or that stays gone (Redis
+	// unsubscribed it when its slot moved, and go-redis does not subscribe
+	// again), is opened again.
+	mute := !l.subAt.IsZero() && !l.unanswered.IsZero() && time.Since(l.unanswered) > 4*l.opt.Timeout
+	gone := l.subAt.IsZero() && !l.lostAt.IsZero() && time.Since(l.lostAt) > 4*l.opt.Timeout
 	l.mu.Unlock()
-	if stuck {
-		l.log.Warn("this instance's liveness subscription answers no ping: opening it again")
-		l.subscribe(ctx)
+	if (mute || gone) && l.reopening.CompareAndSwap(false, true) {
+		l.log.Warn("this instance's liveness subscription is gone or answers no ping: opening it again", "unanswered_pings", mute)
+		// Off the heartbeat's path: a node that does not answer holds up
+		// the subscribe, not the heartbeat.
+		l.onDead.Add(1)
+		go func() {
+			defer l.onDead.Done()
+			defer l.reopening.Store(false)
+			l.subscribe(ctx)
+		}()
 	}
 	members := map[string][]string{}
 	for _, q := range l.opt.Queues {
