@@ -24,6 +24,7 @@ type Metrics struct {
 	retired    *prometheus.CounterVec
 	batch      *prometheus.HistogramVec
 	lateness   *prometheus.HistogramVec
+	totals     *prometheus.Registry
 }
 
 // NewMetrics registers the scanner's metrics with reg.
@@ -67,8 +68,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"queue"}),
 	}
 	reg.MustRegister(m.sweeper, m.shards, m.shardsFrom, m.left, m.batch, m.lateness)
+	m.totals = prometheus.NewRegistry()
+	m.totals.MustRegister(m.dispatched, m.errors, m.lateness)
 	return m
 }
+
+// Totals gathers only the tasks dispatched, the errors and the lateness
+// per queue: what the status page samples every second and the instance
+// records carry, without collecting every metric of every queue.
+func (m *Metrics) Totals() prometheus.Gatherer { return m.totals }
 
 // queueMetrics are the Metrics of one queue, with the label looked up once
 // rather than on every task. The zero value records nothing.

@@ -192,14 +192,14 @@ func runDaemon(stderr io.Writer) int {
 	}
 	records := instances.New(rdb, instances.Options{
 		Prefix: cfg.KeyPrefix, ID: instance, Host: host, PID: pid, Version: version(), Queues: names,
-		Totals: counterTotals(reg), Sweeps: func(q string) bool { return byQueue[q].Sweeping() }, Paused: mon.Paused,
+		Totals: counterTotals(smet.Totals()), Sweeps: func(q string) bool { return byQueue[q].Sweeping() }, Paused: mon.Paused,
 		Logger: log.With("component", "instances"),
 	})
 
 	// The endpoint serves from here on: /healthz while the process runs,
 	// /readyz and the status page saying what the start waits for.
 	boot := &startup{since: time.Now()}
-	counts := newCountSampler(reg)
+	counts := newCountSampler(smet.Totals())
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot, counts: counts, failures: publishFailures(scs),
