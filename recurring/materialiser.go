@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/coalesce"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -29,6 +30,9 @@ type Options struct {
 	// notice changed definitions (default 1s): the only Redis command
 	// while nothing is due.
 	RevPoll time.Duration
+	// Coalescer, if set (one Redis, not a cluster), carries the revision
+	// reads: read on the RevPoll grid, every queue's go in one round trip.
+	Coalescer *coalesce.Coalescer
 	// WakeWithin: an occurrence materialised due sooner than this wakes the
 	// queue's sweep at once (default 1s, as the Go producer).
 	WakeWithin time.Duration
@@ -95,7 +99,8 @@ func (m *Materialiser) Run(ctx context.Context) error {
 		}
 		now := time.Now()
 		if !now.Before(nextRev) {
-			nextRev = now.Add(m.opt.RevPoll)
+			// On the grid: every queue's read falls due at once.
+			nextRev = now.Truncate(m.opt.RevPoll).Add(m.opt.RevPoll)
 			if err := m.refresh(ctx); err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -146,7 +151,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // refresh reads the definitions again if the revision changed (one GET
 // otherwise).
 func (m *Materialiser) refresh(ctx context.Context) error {
-	rev, err := m.store.Rev(ctx)
+	var rev int64
+	var err error
+	if m.opt.Coalescer != nil {
+		rev, err = m.store.RevVia(ctx, m.opt.Coalescer)
+	} else {
+		rev, err = m.store.Rev(ctx)
+	}
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/coalesce"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -55,7 +56,21 @@ type Entry struct {
 // Rev reads the queue's revision counter: it changes with every change of
 // a definition.
 func (s *Store) Rev(ctx context.Context) (int64, error) {
-	v, err := s.rdb.Get(ctx, s.keys.RecurringRev()).Int64()
+	return s.rev(s.rdb.Get(ctx, s.keys.RecurringRev()))
+}
+
+// RevVia is Rev sent in c's next round trip (one Redis only, node ""),
+// with the other queues' reads of the moment.
+func (s *Store) RevVia(ctx context.Context, c *coalesce.Coalescer) (int64, error) {
+	var cmd *redis.StringCmd
+	if _, _, err := c.Do(ctx, "", func(p redis.Pipeliner) { cmd = p.Get(ctx, s.keys.RecurringRev()) }); err != nil {
+		return 0, fmt.Errorf("read %s: %w", s.keys.RecurringRev(), err)
+	}
+	return s.rev(cmd)
+}
+
+func (s *Store) rev(cmd *redis.StringCmd) (int64, error) {
+	v, err := cmd.Int64()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil
 	}

@@ -268,7 +268,7 @@ func runDaemon(stderr io.Writer) int {
 	go func() { defer scanners.Done(); mon.Run(ctx) }()
 	scanners.Add(1)
 	go func() { defer scanners.Done(); records.Run(ctx) }()
-	startRecurring(ctx, &scanners, rdb, cfg, byQueue, reg, log)
+	startRecurring(ctx, &scanners, rdb, cfg, byQueue, reg, log, coalescer)
 	// One line when Redis is lost and one when it is back, for the process.
 	outages := &redisconn.Watcher{Client: rdb, Logger: log.With("component", "redis")}
 	scanners.Add(1)

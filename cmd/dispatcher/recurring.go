@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/internal/coalesce"
 	"github.com/dispatcher/dispatcher/internal/statuspage"
 	"github.com/dispatcher/dispatcher/recurring"
 	"github.com/dispatcher/dispatcher/scanner"
@@ -57,12 +58,15 @@ func recurringView(rdb redis.UniversalClient, cfg *config.Settings) func(context
 // instance sweeps the queue) and, with DISPATCHER_RECURRING_FILE, the
 // file's watcher; wg waits for them.
 func startRecurring(ctx context.Context, wg *sync.WaitGroup, rdb redis.UniversalClient, cfg *config.Settings,
-	byQueue map[string]*scanner.Queue, reg prometheus.Registerer, log *slog.Logger) {
+	byQueue map[string]*scanner.Queue, reg prometheus.Registerer, log *slog.Logger, co *coalesce.Coalescer) {
 	met := recurring.NewMetrics(reg)
+	if _, cluster := rdb.(*redis.ClusterClient); cluster {
+		co = nil // the revision keys live on many primaries
+	}
 	for _, q := range cfg.QueueSettings {
 		sq := byQueue[q.Name]
 		m := recurring.New(rdb, recurring.Options{Keys: shard.Keys{Prefix: cfg.KeyPrefix, Queue: q.Name},
-			Sweeping: sq.Sweeping, Layout: sq.Layout, Metrics: met, Logger: log.With("component", "recurring")})
+			Sweeping: sq.Sweeping, Layout: sq.Layout, Metrics: met, Logger: log.With("component", "recurring"), Coalescer: co})
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = m.Run(ctx) }()
 	}
