@@ -10,6 +10,42 @@ import (
 	"github.com/dispatcher/dispatcher/internal/testenv"
 )
 
+// onCluster is one instance's liveness running on cluster c until the
+// test ends: its id, the primaries of its records and of its channel (Prepare
+// put them apart), the third primary, and whether it may publish now.
+type onCluster struct {
+	l                       *Liveness
+	id                      string
+	records, channel, other *testenv.ClusterNode
+	ok                      func() bool
+}
+
+// runOnCluster prepares and runs a Liveness through rdb and waits until
+// it may publish.
+func runOnCluster(t *testing.T, c *testenv.RedisCluster, rdb redis.UniversalClient, prefix, id string, timeout time.Duration) onCluster {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l := New(rdb, Options{Prefix: prefix, ID: id, Timeout: timeout, Queues: []string{"q"}})
+	l.Prepare(ctx)
+	o := onCluster{l: l, id: l.ID(), records: c.PrimaryOf(Key(prefix))}
+	o.channel = c.PrimaryOf(Channel(prefix, o.id))
+	if o.records.Addr == o.channel.Addr {
+		cancel()
+		t.Fatalf("id %s: its channel is on the records' primary %s", o.id, o.records.Addr)
+	}
+	for _, n := range c.Primaries() {
+		if n.Addr != o.records.Addr && n.Addr != o.channel.Addr {
+			o.other = n
+		}
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = l.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	o.ok = func() bool { ok, _ := l.Check(o.id); return ok }
+	waitFor(t, "live", 5*time.Second, o.ok)
+	return o
+}
+
 // TestClusterRecordsPrimaryPaused: on Redis Cluster, the instance's
 // channel lives on another primary than the records. While the records'
 // primary does not answer, the instance may go on publishing as long as
@@ -19,22 +55,10 @@ import (
 // gets through again.
 func TestClusterRecordsPrimaryPaused(t *testing.T) {
 	c := testenv.StartRedisCluster(t, testenv.ClusterOptions{NodeTimeout: 30 * time.Second, ReplicasPer: -1})
-	prefix := testenv.Name(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	const timeout = 600 * time.Millisecond
-	l := New(c.Client(), Options{Prefix: prefix, ID: "a", Timeout: timeout, Queues: []string{"q"}})
-	l.Prepare(ctx)
-	id := l.ID()
-	records, channel := c.PrimaryOf(Key(prefix)), c.PrimaryOf(Channel(prefix, id))
-	if records.Addr == channel.Addr {
-		t.Fatalf("id %s: its channel is on the records' primary %s", id, records.Addr)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	ok := func() bool { ok, _ := l.Check(id); return ok }
-	waitFor(t, "live", 3*time.Second, ok)
+	o := runOnCluster(t, c, c.Client(), testenv.Name(t), "a", timeout)
+	records, channel, ok := o.records, o.channel, o.ok
 
 	c.Pause(records)
 	resumed := false
@@ -76,24 +100,11 @@ func TestClusterRecordsPrimaryPaused(t *testing.T) {
 func TestClusterChannelSlotMoves(t *testing.T) {
 	c := testenv.StartRedisCluster(t, testenv.ClusterOptions{NodeTimeout: 30 * time.Second, ReplicasPer: -1})
 	prefix := testenv.Name(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	const timeout = 400 * time.Millisecond
-	l := New(c.Client(), Options{Prefix: prefix, ID: "m", Timeout: timeout, Queues: []string{"q"}})
-	l.Prepare(ctx)
-	id := l.ID()
-	ch := Channel(prefix, id)
-	records, from := c.PrimaryOf(Key(prefix)), c.PrimaryOf(ch)
-	var to *testenv.ClusterNode
-	for _, n := range c.Primaries() {
-		if n.Addr != records.Addr && n.Addr != from.Addr {
-			to = n
-		}
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	waitFor(t, "live", 3*time.Second, func() bool { ok, _ := l.Check(id); return ok })
+	o := runOnCluster(t, c, c.Client(), prefix, "m", timeout)
+	ch := Channel(prefix, o.id)
+	from, to := o.channel, o.other
 
 	moved := time.Now()
 	if err := c.MigrateSlot(ctx, c.Slot(ch), to); err != nil {

@@ -74,28 +74,11 @@ func TestClusterPartitionWithChannelPrimary(t *testing.T) {
 			}
 			return cutConn{Conn: cn, cut: &cut}, nil
 		}})
-	defer inst.Close()
+	t.Cleanup(func() { inst.Close() }) // after the instance stops (runOnCluster's cleanup)
 
-	l := New(inst, Options{Prefix: prefix, ID: "a", Timeout: timeout, Queues: []string{"q"}})
-	records := c.PrimaryOf(Key(prefix))
-	recordsAddr.Store(records.Addr)
-	l.Prepare(ctx)
-	id := l.ID()
-	channel := c.PrimaryOf(Channel(prefix, id))
-	if records.Addr == channel.Addr {
-		t.Fatalf("id %s: its channel is on the records' primary %s", id, records.Addr)
-	}
-	var other *testenv.ClusterNode
-	for _, n := range c.Primaries() {
-		if n.Addr != records.Addr && n.Addr != channel.Addr {
-			other = n
-		}
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	ok := func() bool { ok, _ := l.Check(id); return ok }
-	waitFor(t, "live", 5*time.Second, ok)
+	recordsAddr.Store(c.PrimaryOf(Key(prefix)).Addr) // before the instance connects
+	run := runOnCluster(t, c, inst, prefix, "a", timeout)
+	id, records, channel, other, ok := run.id, run.records, run.channel, run.other, run.ok
 
 	// The partition: the instance loses the records' primary ...
 	cut.Store(true)
