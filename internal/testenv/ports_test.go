@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -148,6 +149,24 @@ func TestRedisClusterStartsAfterBusPortTaken(t *testing.T) {
 	}
 	if err := c.Client().Set(context.Background(), Name(t), "x", 0).Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestClusterEnabledByArgsDrawsBusPort: a lone cluster-enabled server
+// started through Args (as a test of CLUSTER KEYSLOT does) gets a drawn
+// bus port too. Redis's default, the port + 10000, is refused when the
+// drawn port is above 55535, which failed such a test in CI.
+func TestClusterEnabledByArgsDrawsBusPort(t *testing.T) {
+	s := StartRedis(t, RedisOptions{Args: []string{
+		"cluster-enabled yes",
+		"cluster-config-file " + filepath.Join(t.TempDir(), "nodes.conf"),
+	}})
+	got, err := s.Client().ConfigGet(context.Background(), "cluster-port").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["cluster-port"] == "0" || got["cluster-port"] != strconv.Itoa(s.busPort) {
+		t.Fatalf("cluster-port %q, drawn bus port %d: want the drawn one", got["cluster-port"], s.busPort)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,6 +85,12 @@ func StartRedis(t testing.TB, opt RedisOptions) *RedisServer {
 		}
 	}
 	t.Cleanup(s.stop)
+	// A cluster-enabled server needs a bus port: Redis's default, the
+	// port + 10000, fails for a drawn port above 55535.
+	if slices.Contains(opt.Args, "cluster-enabled yes") {
+		opt.clusterBus = true
+		s.opt = opt
+	}
 	n := 1
 	if opt.clusterBus {
 		n = 2
