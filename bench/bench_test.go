@@ -46,7 +46,15 @@ func TestMain(m *testing.M) {
 // runBench runs `dispatcher bench` in-process against the test servers.
 func runBench(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	args = append([]string{"-redis", testenv.RedisURL(t), "-amqp", testenv.AMQPURL(t)}, args...)
+	return runBenchOn(t, testenv.RedisURL(t), args...)
+}
+
+// runBenchOn runs the bench against the Redis at redisURL. Memory figures
+// need a Redis of the test's own: on the shared one, other packages' tests
+// write and free memory while a point loads.
+func runBenchOn(t *testing.T, redisURL string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	args = append([]string{"-redis", redisURL, "-amqp", testenv.AMQPURL(t)}, args...)
 	var out, errOut bytes.Buffer
 	code = Main(args, &out, &errOut)
 	return code, out.String(), errOut.String()
@@ -214,8 +222,14 @@ func checkResult(t *testing.T, r *Result, want int) {
 // points' exchanges and queues are gone.
 func assertCleanedUp(t *testing.T, runID string, names ...string) {
 	t.Helper()
+	assertCleanedUpIn(t, testenv.Redis(t), runID, names...)
+}
+
+// assertCleanedUpIn is assertCleanedUp with the bench's keys looked for in rdb.
+func assertCleanedUpIn(t *testing.T, rdb *redis.Client, runID string, names ...string) {
+	t.Helper()
 	ctx := context.Background()
-	keys, _, err := testenv.Redis(t).Scan(ctx, 0, "dispatcher-bench-"+runID+"-*", 100000).Result()
+	keys, _, err := rdb.Scan(ctx, 0, "dispatcher-bench-"+runID+"-*", 100000).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +385,8 @@ func readReport(t *testing.T, path string) Report {
 // report, not a test's to judge on a shared machine.
 func TestBenchBurstAndMemory(t *testing.T) {
 	jsonPath := filepath.Join(t.TempDir(), "bench.json")
-	code, stdout, stderr := runBench(t,
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	code, stdout, stderr := runBenchOn(t, srv.URL(),
 		"-mode", "burst,memory", "-backlog", "10000", "-burst-lead", "5s", "-instances", "2", "-shards", "4", "-size", "100",
 		"-queue-type", "transient", "-ceiling-count", "2000", "-ceiling-window", "300", "-stall", "20s",
 		"-json", jsonPath, "-dispatcher", binary)
@@ -409,12 +424,12 @@ func TestBenchBurstAndMemory(t *testing.T) {
 		t.Errorf("slow log: %q, threshold %d µs", b.SlowNote, b.SlowUs)
 	}
 	// The slow log settings are put back.
-	if got := testenv.Redis(t).ConfigGet(context.Background(), "slowlog-log-slower-than").Val()["slowlog-log-slower-than"]; got == "1000" {
+	if got := srv.Client().ConfigGet(context.Background(), "slowlog-log-slower-than").Val()["slowlog-log-slower-than"]; got == "1000" {
 		t.Errorf("slowlog-log-slower-than left at %s", got)
 	}
 	mem := rep.Memory[0]
 	if mem.Backlog != 10000 || mem.PerTask <= 100 || mem.PerTask > 1000 || mem.In16GB <= 0 {
 		t.Errorf("memory: %+v", mem)
 	}
-	assertCleanedUp(t, rep.RunID, r.Name)
+	assertCleanedUpIn(t, srv.Client(), rep.RunID, r.Name)
 }

@@ -157,7 +157,8 @@ func TestRecorderChecksTaskIDs(t *testing.T) {
 // and the new keys are cleaned up.
 func TestBenchIDs(t *testing.T) {
 	jsonPath := filepath.Join(t.TempDir(), "bench.json")
-	code, stdout, stderr := runBench(t,
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	code, stdout, stderr := runBenchOn(t, srv.URL(),
 		"-mode", "backlog,rate,memory", "-ids", "off,on", "-props", "-backlog", "2000", "-rate", "500", "-duration", "2s",
 		"-shards", "4", "-batch", "200", "-size", "100", "-queue-type", "transient",
 		"-ceiling-count", "1000", "-ceiling-window", "300", "-stall", "20s", "-json", jsonPath, "-dispatcher", binary)
@@ -199,7 +200,7 @@ func TestBenchIDs(t *testing.T) {
 	if plain.IDs || !ids.IDs || !ids.Props || plain.PerTask <= 100 || ids.PerTask <= plain.PerTask {
 		t.Errorf("memory: plain %+v, ids %+v", plain, ids)
 	}
-	assertCleanedUp(t, rep.RunID, names...)
+	assertCleanedUpIn(t, srv.Client(), rep.RunID, names...)
 }
 
 // A command of a write with ids that fails inside its MULTI/EXEC (whose
