@@ -70,11 +70,29 @@ import (
 // must not hide how late the others are; earliest_dated_seconds, read
 // when the first task is undated, the earliest score from ARGV[3] up to
 // ARGV[1].
+//
+// What a shard does not hold costs no call (most shards of quiet queues
+// hold little): the id hashes' types are checked only when one exists,
+// and the pending set's count, due count and last member are read only
+// when it has a first one (the due count only when that one is due).
 var readScript = redis.NewScript(`#!lua flags=no-writes
-for k = 7, 10 do redis.call('HLEN', KEYS[k]) end
+if redis.call('EXISTS', KEYS[7], KEYS[8], KEYS[9], KEYS[10]) > 0 then
+  for k = 7, 10 do redis.call('HLEN', KEYS[k]) end
+end
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local pending, due, tail = 0, 0, {}
+if head[1] then
+  pending = redis.call('ZCARD', KEYS[1])
+  if tonumber(head[2]) <= tonumber(now) then
+    due = redis.call('ZCOUNT', KEYS[1], '-inf', now)
+  end
+  tail = head
+  if pending > 1 then
+    tail = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  end
+end
 local msHead, secHead, undated = {}, {}, 0
 if head[2] and tonumber(head[2]) < tonumber(ARGV[1]) then
   msHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
@@ -83,7 +101,6 @@ if head[2] and tonumber(head[2]) < tonumber(ARGV[1]) then
     secHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[3], '(' .. ARGV[1], 'WITHSCORES', 'LIMIT', 0, 1)
   end
 end
-local tail = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 local far = 0
 if tail[2] and tonumber(tail[2]) >= tonumber(ARGV[4]) then
   far = redis.call('ZCOUNT', KEYS[1], ARGV[4], '+inf')
@@ -99,10 +116,14 @@ if retried > 0 then
     end
   end
 end
+local inflight, expired = redis.call('ZCARD', KEYS[2]), 0
+if inflight > 0 then
+  expired = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+end
 local cut = tonumber(ARGV[5])
 return {now,
-  redis.call('ZCARD', KEYS[1]), redis.call('ZCOUNT', KEYS[1], '-inf', now), head[2] or '',
-  redis.call('ZCARD', KEYS[2]), redis.call('ZCOUNT', KEYS[2], '-inf', now),
+  pending, due, head[2] or '',
+  inflight, expired,
   redis.call('ZCARD', KEYS[3]), msHead[2] or '', redis.call('GET', KEYS[4]) and 1 or 0,
   retried, oldestRetried, string.sub(head[1] or '', 1, cut), undated, secHead[2] or '',
   far, tail[2] or '', string.sub(tail[1] or '', 1, cut)}

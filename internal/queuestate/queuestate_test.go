@@ -222,17 +222,7 @@ func TestReadRetriedCostIsBounded(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisOptions{})
 	rdb := srv.Client()
 	k := shard.Keys{Prefix: "p", Queue: "q"}
-	calls := func() int64 {
-		info := rdb.Info(ctx, "commandstats").Val()
-		var total int64
-		for _, l := range strings.Split(info, "\n") {
-			if _, rest, ok := strings.Cut(l, ":calls="); ok {
-				n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
-				total += n
-			}
-		}
-		return total
-	}
+	calls := func() int64 { return commandCalls(t, rdb) }
 	var perRead []int64
 	for _, n := range []int{10, 20_000} {
 		rdb.Del(ctx, k.Inflight(0), k.Attempts(0), k.Retrying(0))
@@ -260,6 +250,55 @@ func TestReadRetriedCostIsBounded(t *testing.T) {
 		t.Errorf("commands per read: %d with 10 retried, %d with 20,000: want the same", perRead[0], perRead[1])
 	}
 	t.Logf("commands per shard read (EVALSHA and the calls in it): %d", perRead[1])
+}
+
+// commandCalls is how many commands rdb's server has run (INFO
+// commandstats: the calls inside scripts count too).
+func commandCalls(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, l := range strings.Split(info, "\n") {
+		if _, rest, ok := strings.Cut(l, ":calls="); ok {
+			n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+			total += n
+		}
+	}
+	return total
+}
+
+// TestReadEmptyPartsCost: the reads of many quiet queues are most of what
+// an idle instance asks of Redis, so what a shard does not hold costs no
+// command: an empty shard is read with EVALSHA and 7 calls in it (an
+// existence check of the four id hashes, TIME, the head, the attempts,
+// the in-flight and dead counts, the pause flag), a shard holding only a
+// plain due task with 2 more (its count and due count); the queue's read
+// adds a GET of its sweeper. It was 16 for both. The figures stay right
+// (TestRead and the others).
+func TestReadEmptyPartsCost(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.StartRedis(t, testenv.RedisOptions{}).Client()
+	k := shard.Keys{Prefix: "p", Queue: "q"}
+	read := func() (queuestate.Queue, int64) {
+		t.Helper()
+		before := commandCalls(t, rdb)
+		qs, err := queuestate.Read(ctx, rdb, "p", []queuestate.Target{{Name: "q", Shards: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qs[0], commandCalls(t, rdb) - before - 1 // less the INFO
+	}
+	read() // loads the script
+	if q, n := read(); n > 9 || q.Pending != 0 {
+		t.Errorf("empty shard: %d commands (want at most 9), %+v", n, q)
+	}
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: 1_000_000_000_000, Member: "a"})
+	if q, n := read(); n > 11 || q.Pending != 1 || q.Due != 1 {
+		t.Errorf("one plain task: %d commands (want at most 11), %+v", n, q)
+	}
 }
 
 // TestReadBadScores: tasks with no real due time (0, negative, -inf,
