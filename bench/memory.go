@@ -35,6 +35,10 @@ type MemoryResult struct {
 	// Fragmentation is mem_fragmentation_ratio after the load (the worst
 	// primary's).
 	Fragmentation float64 `json:"fragmentation_ratio"`
+	// OtherClients counts clients that are neither the bench nor its
+	// instances and ran a command while the point loaded: their writes
+	// and frees are in UsedBytes too.
+	OtherClients int `json:"other_clients"`
 }
 
 // runMemory loads the point's tasks, due in an hour, over its shards and
@@ -77,6 +81,15 @@ func (r *runner) runMemory(ctx context.Context, p Point) (*MemoryResult, error) 
 		res.In16GB = int64(float64(16<<30) / res.PerTask)
 	}
 	res.Fragmentation = frag
+	// CLIENT LIST's idle is in whole seconds: a second more than the load
+	// took covers a client that ran a command just before its end.
+	others, err := otherClients(ctx, r.rdb, r.clientPrefix(), time.Since(began)+time.Second)
+	if err != nil {
+		return res, err
+	}
+	for _, n := range others {
+		res.OtherClients += n
+	}
 	return res, nil
 }
 

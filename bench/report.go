@@ -177,11 +177,14 @@ func writeTables(w io.Writer, rep *Report) {
 		others = max(others, r.Redis.OtherClients)
 		redisMeasured = true
 	}
+	for _, r := range rep.Memory {
+		others = max(others, r.OtherClients)
+	}
 	if redisMeasured {
 		fmt.Fprintf(w, "\nNote: Redis CPU is everything the Redis server did in the measured window (INFO cpu, used_cpu_sys + used_cpu_user, summed over every primary): other clients' work, the bench's own INFO calls and, in rate mode, its ZADDs included.\n")
 	}
 	if others > 0 {
-		fmt.Fprintf(w, "\nNote: up to %d other Redis clients sent commands during the measurements; the Redis figures include them.\n", others)
+		fmt.Fprintf(w, "\nNote: up to %d other Redis clients sent commands during the measurements; the Redis figures (commands, CPU, memory growth) include them.\n", others)
 	}
 	if unstamped {
 		fmt.Fprintf(w, "\nNote: some tasks arrived without x-published-us; the dispatch view covers the others only:")
