@@ -39,6 +39,10 @@ type MemoryResult struct {
 	// instances and ran a command while the point loaded: their writes
 	// and frees are in UsedBytes too.
 	OtherClients int `json:"other_clients"`
+	// OtherConnections counts the connections Redis took during the load
+	// beyond the bench's own: a client that wrote and left is not in
+	// CLIENT LIST, but its connection is in INFO stats.
+	OtherConnections int64 `json:"other_connections"`
 }
 
 // runMemory loads the point's tasks, due in an hour, over its shards and
@@ -54,6 +58,10 @@ func (r *runner) runMemory(ctx context.Context, p Point) (*MemoryResult, error) 
 		return res, err
 	}
 	before, _, err := r.usedMemory(ctx)
+	if err != nil {
+		return res, err
+	}
+	connsBefore, oursBefore, err := r.connections(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -90,7 +98,60 @@ func (r *runner) runMemory(ctx context.Context, p Point) (*MemoryResult, error) 
 	for _, n := range others {
 		res.OtherClients += n
 	}
+	connsAfter, oursAfter, err := r.connections(ctx)
+	if err != nil {
+		return res, err
+	}
+	// Less the bench's own connections opened meanwhile (its pool grows
+	// with the load's workers).
+	for id := range oursAfter {
+		if !oursBefore[id] {
+			connsAfter--
+		}
+	}
+	res.OtherConnections = max(0, connsAfter-connsBefore)
 	return res, nil
+}
+
+// connections sums total_connections_received (INFO stats) over every
+// primary, and returns the bench's own connections there (CLIENT LIST,
+// by name) as "addr id".
+func (r *runner) connections(ctx context.Context) (received int64, ours map[string]bool, err error) {
+	var mu sync.Mutex
+	ours = map[string]bool{}
+	err = redisconn.ForEachPrimary(ctx, r.rdb, func(ctx context.Context, addr string, c *redis.Client) error {
+		info, err := c.Info(ctx, "stats").Result()
+		if err != nil {
+			return fmt.Errorf("redis INFO stats on %s: %w", addr, err)
+		}
+		n, err := infoInt(info, "total_connections_received")
+		if err != nil {
+			return fmt.Errorf("redis INFO stats on %s: %w", addr, err)
+		}
+		list, err := c.ClientList(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("redis CLIENT LIST on %s: %w", addr, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		received += n
+		for line := range strings.SplitSeq(list, "\n") {
+			var id string
+			mine := false
+			for f := range strings.FieldsSeq(line) {
+				if v, ok := strings.CutPrefix(f, "id="); ok {
+					id = v
+				} else if v, ok := strings.CutPrefix(f, "name="); ok {
+					mine = strings.HasPrefix(v, r.clientPrefix())
+				}
+			}
+			if mine {
+				ours[addr+" "+id] = true
+			}
+		}
+		return nil
+	})
+	return received, ours, err
 }
 
 // lazyFreed waits until no primary has objects left to free in the
@@ -158,4 +219,18 @@ func parseMemory(info string) (used int64, frag float64) {
 func memoryText(res *MemoryResult) string {
 	return fmt.Sprintf("  => %.0f bytes per task (%.0f beyond the %d-byte member), %s tasks in 16 GiB; loaded at %s/s; fragmentation %.2f",
 		res.PerTask, res.PerTaskOverhead, res.Size, thousands(int(res.In16GB)), thousands(int(res.LoadedPerSec)), res.Fragmentation)
+}
+
+// infoInt reads the integer field name of an INFO reply.
+func infoInt(info, name string) (int64, error) {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s %q: %w", name, v, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s", name)
 }

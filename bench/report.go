@@ -177,14 +177,19 @@ func writeTables(w io.Writer, rep *Report) {
 		others = max(others, r.Redis.OtherClients)
 		redisMeasured = true
 	}
+	var otherConns int64
 	for _, r := range rep.Memory {
 		others = max(others, r.OtherClients)
+		otherConns = max(otherConns, r.OtherConnections)
 	}
 	if redisMeasured {
 		fmt.Fprintf(w, "\nNote: Redis CPU is everything the Redis server did in the measured window (INFO cpu, used_cpu_sys + used_cpu_user, summed over every primary): other clients' work, the bench's own INFO calls and, in rate mode, its ZADDs included.\n")
 	}
 	if others > 0 {
 		fmt.Fprintf(w, "\nNote: up to %d other Redis clients sent commands during the measurements; the Redis figures (commands, CPU, memory growth) include them.\n", others)
+	}
+	if otherConns > 0 {
+		fmt.Fprintf(w, "\nNote: Redis took up to %d connections of other clients while a memory point loaded; what they wrote or freed is in its growth.\n", otherConns)
 	}
 	if unstamped {
 		fmt.Fprintf(w, "\nNote: some tasks arrived without x-published-us; the dispatch view covers the others only:")
