@@ -357,35 +357,31 @@ func TestRecurringOutagePolicies(t *testing.T) {
 				}
 			}
 		case "latest":
-			// The most recent by the time it materialised, which is a few
-			// ms after the log line: the most recent by the line (last), or
-			// one due in those ms (lastLate), which counts as "after" above.
-			last, lastLate := occ[0].due, occ[0].due
-			for d := occ[0].due; d <= resumed.UnixMilli()+50; d += 2000 {
-				if d <= resumed.UnixMilli() {
-					last = d
-				}
-				lastLate = d
+			// Exactly the most recent missed one fired: the most recent due
+			// by the decision, whose log line names the one it fires and
+			// whose time is when it was made (a few ms after the
+			// materialising line; an occurrence due in those ms is missed
+			// too, one due just after them is not).
+			decided, firing := latestDecision(t, p2.out.String())
+			last := occ[0].due
+			for d := occ[0].due; d <= decided.UnixMilli(); d += 2000 {
+				last = d
+			}
+			if firing.UnixMilli() != last {
+				t.Errorf("latest: decided at %s to fire %d, not the most recent missed one, %d", decided.Format("05.000"), firing.UnixMilli(), last)
 			}
 			var fired []int64 // missed ones fired: due after the stop, by the decision
 			for _, o := range occ {
-				if o.due > down.UnixMilli()+2000 && o.due <= resumed.UnixMilli()+50 {
+				if o.due > down.UnixMilli()+2000 && o.due <= decided.UnixMilli() {
 					fired = append(fired, o.due)
 				}
 			}
-			if len(fired) != 1 {
-				t.Errorf("latest: %d missed occurrences fired (%v), want 1", len(fired), fired)
+			if len(fired) != 1 || fired[0] != last {
+				t.Errorf("latest: missed occurrences fired %v, want only %d", fired, last)
 			}
-			// and it is the most recent one by then, with every one after it.
-			anchor := last
-			for _, d := range fired {
-				if d != last && d != lastLate {
-					t.Errorf("latest: fired %d, not the most recent missed one, %d", d, last)
-				}
-				anchor = d
-			}
+			// and every one after it.
 			for i, o := range occ {
-				if i > 0 && o.due > anchor && o.due-occ[i-1].due != 2000 {
+				if i > 0 && o.due > last && o.due-occ[i-1].due != 2000 {
 					t.Errorf("latest: gap from %d to %d after the restart", occ[i-1].due, o.due)
 				}
 			}
@@ -395,6 +391,29 @@ func TestRecurringOutagePolicies(t *testing.T) {
 			}
 		}
 	}
+}
+
+// latestDecision reads, from an instance's output, when it decided what
+// the "latest" schedule's missed occurrences fire, and the one it fires.
+func latestDecision(t *testing.T, out string) (decided, firing time.Time) {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if !strings.Contains(l, "missed occurrences") || !strings.Contains(l, "schedule=latest ") {
+			continue
+		}
+		ts, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+		_, f, _ := strings.Cut(l, "firing=")
+		f, _, _ = strings.Cut(f, " ")
+		var err1, err2 error
+		decided, err1 = time.Parse(time.RFC3339Nano, ts)
+		firing, err2 = time.Parse(time.RFC3339Nano, f)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("the latest schedule's decision %q: %v %v", l, err1, err2)
+		}
+		return decided, firing
+	}
+	t.Fatalf("no decision of the latest schedule in the output:\n%s", out)
+	return
 }
 
 // writeFile writes a schedule file atomically (as an editor or a
