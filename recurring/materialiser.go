@@ -151,13 +151,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // refresh reads the definitions again if the revision changed (one GET
 // otherwise).
 func (m *Materialiser) refresh(ctx context.Context) error {
-	var rev int64
-	var err error
-	if m.opt.Coalescer != nil {
-		rev, err = m.store.RevVia(ctx, m.opt.Coalescer)
-	} else {
-		rev, err = m.store.Rev(ctx)
-	}
+	rev, err := m.store.Rev(ctx, m.opt.Coalescer)
 	if err != nil {
 		return err
 	}

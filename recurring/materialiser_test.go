@@ -237,11 +237,11 @@ func TestStoreChanges(t *testing.T) {
 	if ch, err := st.Put(ctx, d); !ch || err != nil {
 		t.Fatal(ch, err)
 	}
-	rev, _ := st.Rev(ctx)
+	rev, _ := st.Rev(ctx, nil)
 	if ch, _ := st.Put(ctx, d); ch {
 		t.Fatal("an equal Put changed something")
 	}
-	if r, _ := st.Rev(ctx); r != rev {
+	if r, _ := st.Rev(ctx, nil); r != rev {
 		t.Fatalf("rev %d -> %d", rev, r)
 	}
 	m := New(rdb, Options{Keys: keys, Sweeping: func() bool { return true }, Logger: quiet, Layout: func() shard.Layout { return shard.Layout{Shards: 4} }})

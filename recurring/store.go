@@ -54,16 +54,14 @@ type Entry struct {
 }
 
 // Rev reads the queue's revision counter: it changes with every change of
-// a definition.
-func (s *Store) Rev(ctx context.Context) (int64, error) {
-	return s.rev(s.rdb.Get(ctx, s.keys.RecurringRev()))
-}
-
-// RevVia is Rev sent in c's next round trip (one Redis only, node ""),
-// with the other queues' reads of the moment.
-func (s *Store) RevVia(ctx context.Context, c *coalesce.Coalescer) (int64, error) {
+// a definition. With via (one Redis only, node ""), the read goes in via's
+// next round trip, with the other queues' reads of the moment.
+func (s *Store) Rev(ctx context.Context, via *coalesce.Coalescer) (int64, error) {
+	if via == nil {
+		return s.rev(s.rdb.Get(ctx, s.keys.RecurringRev()))
+	}
 	var cmd *redis.StringCmd
-	if _, _, err := c.Do(ctx, "", func(p redis.Pipeliner) { cmd = p.Get(ctx, s.keys.RecurringRev()) }); err != nil {
+	if _, _, err := via.Do(ctx, "", func(p redis.Pipeliner) { cmd = p.Get(ctx, s.keys.RecurringRev()) }); err != nil {
 		return 0, fmt.Errorf("read %s: %w", s.keys.RecurringRev(), err)
 	}
 	return s.rev(cmd)
