@@ -890,3 +890,33 @@ func TestClaimByteBudgetWeighsProperties(t *testing.T) {
 		t.Fatalf("claimed %d tasks with %d bytes of bodies and properties under a byte budget of 1 MiB", len(got), bytes)
 	}
 }
+
+// TestClaimOwnEntriesNotByDeadline: an entry already in flight whose lease
+// happens to equal the new claim's deadline (here forced through the
+// shard's last-claim record, so that it does not hang on hitting one ms)
+// is still the live holder's: the claim hands out only what it added
+// itself and leaves the holder's body, properties and lease alone.
+func TestClaimOwnEntriesNotByDeadline(t *testing.T) {
+	rdb, k, keys := setup(t)
+	ctx := context.Background()
+	now := serverMs(t, rdb)
+	last := now + 1_000_000_000
+	rdb.Set(ctx, k.LastClaim(0), "someone "+strconv.FormatInt(last, 10), 0)
+	deadline := last + 1 // the next claim's deadline: last one's + 1
+	held := EntryOf([]byte("id"), now-100)
+	rdb.ZAdd(ctx, k.Inflight(0), redis.Z{Score: float64(deadline), Member: held})
+	rdb.HSet(ctx, k.ClaimedBody(0), held, "first")
+	rdb.HSet(ctx, k.ClaimedProps(0), held, `{"type":"first"}`)
+	scheduleID(t, rdb, k, 0, "id", "second", `{"type":"second"}`, now-100)
+	scheduleID(t, rdb, k, 0, "other", "o", "", now-50)
+	v := claim(t, rdb, keys, 10, 30000)
+	if got := v[4]; got != strconv.FormatInt(deadline, 10) {
+		t.Fatalf("the claim's deadline is %v, want %d (the held entry's lease)", got, deadline)
+	}
+	wantTriples(t, "claim", triplesOf(t, v), []triple{{EntryOf([]byte("other"), now-50), "o", nil}})
+	wantHash(t, rdb, k.ClaimedBody(0), map[string]string{held: "first", EntryOf([]byte("other"), now-50): "o"})
+	wantHash(t, rdb, k.ClaimedProps(0), map[string]string{held: `{"type":"first"}`})
+	if n := rdb.Exists(ctx, k.Pending(0), k.Tasks(0), k.Props(0)).Val(); n != 0 {
+		t.Fatalf("the merged pending copy left %d of pending, :tasks, :props behind", n)
+	}
+}
