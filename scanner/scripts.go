@@ -291,24 +291,28 @@ end
 if taken > 0 then
   -- Before the expired are re-leased: an entry both pending and expired in
   -- flight must not be counted as this claim's twice.
-  local added = 0
+  -- The same member and due time already in flight is the same
+  -- scheduling (one message_id), which its holder delivers with the body
+  -- it was claimed with: the claim's own entries are those absent before
+  -- its ZADD (NX leaves the others alone). Read before the write, not
+  -- told apart by lease after it: another entry's lease may equal this
+  -- claim's deadline. An empty in-flight set holds none (no read).
+  for i = 1, taken do isFresh[i] = true end
+  if lease[2] then
+    for i = 1, taken, 500 do
+      local held = redis.call('ZMSCORE', KEYS[2], unpack(new, i, math.min(i + 499, taken)))
+      for j = 1, #held do
+        if held[j] then isFresh[i + j - 1] = false end
+      end
+    end
+  end
   for i = 1, taken, 500 do
     local args = {'NX'}
     for j = i, math.min(i + 499, taken) do
       args[#args + 1] = d
       args[#args + 1] = new[j]
     end
-    added = added + redis.call('ZADD', KEYS[2], unpack(args))
-  end
-  if added == taken then
-    for i = 1, taken do isFresh[i] = true end
-  else
-    -- NX: the same member and due time already in flight is the same
-    -- scheduling (one message_id), which its holder delivers with the body
-    -- it was claimed with. Only this claim's entries have its deadline.
-    for i = 1, taken do
-      isFresh[i] = tonumber(redis.call('ZSCORE', KEYS[2], new[i])) == deadline
-    end
+    redis.call('ZADD', KEYS[2], unpack(args))
   end
   if anyDead then
     local gone = {}
