@@ -63,6 +63,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	go func() { <-ctx.Done(); stop() }()
 
+	if opt.Compare != "" {
+		return runComparison(ctx, opt, args, points, stdout, stderr)
+	}
 	rep := &Report{Version: 1, Command: commandLine(args), Started: time.Now(), Options: opt,
 		Ceilings: []*Ceiling{}, Results: []*Result{}, Idle: []*IdleResult{}, Failures: []string{}}
 	r, err := newRunner(ctx, opt, stderr, rep)

@@ -91,6 +91,12 @@ type Options struct {
 	ScaleSteps     int      `json:"scale_steps"`
 	ScalePrecision float64  `json:"scale_precision"`
 
+	// Compare is -compare's REF as given (a git ref, a release of
+	// RELEASES or a dispatcher binary's path): every point is run for it
+	// and for -dispatcher alternately, ComparePairs times each.
+	Compare      string `json:"compare,omitempty"`
+	ComparePairs int    `json:"compare_pairs,omitempty"`
+
 	Stall    Duration `json:"stall"`
 	JSONPath string   `json:"-"`
 	SVGPath  string   `json:"-"`
@@ -193,6 +199,8 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.RedisURL, "redis", "", "Redis URL (default $DISPATCHER_REDIS_URL, else redis://localhost:6379/0)")
 	fs.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL, or a cluster's node URLs comma-separated: the dispatchers get the list (DISPATCHER_AMQP_NODE_ORDER=listed), the consumer and the raw publisher use the first (default $DISPATCHER_AMQP_URL, else the guest user at localhost:5672)")
 	fs.StringVar(&o.Dispatcher, "dispatcher", "", "dispatcher executable to start (default: this one)")
+	fs.StringVar(&o.Compare, "compare", "", "compare against REF: a dispatcher binary's path, or a commit, branch or tag of the git repository here (or a version RELEASES lists), built from git archive with go build in a temporary directory; the points are run for REF and for -dispatcher alternately, -compare-pairs times each, and each figure is given per side (median, min-max) with the ratio -dispatcher/REF (backlog, rate and idle modes)")
+	fs.IntVar(&o.ComparePairs, "compare-pairs", 3, "with -compare: how many times each side runs (REF first in every pair)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
 		printFlags(fs)
@@ -309,6 +317,9 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	}
 	if slices.Contains(o.Modes, modeScale) && o.Rates[0] < minScaleRate {
 		return nil, fmt.Errorf("-rate %d: scale mode starts from the first rate, at least %d", o.Rates[0], minScaleRate)
+	}
+	if err := o.checkCompare(fs, modes); err != nil {
+		return nil, err
 	}
 	for _, r := range o.Rates {
 		if int64(r)*int64(duration/time.Second) > maxBacklog {

@@ -29,6 +29,9 @@ type Report struct {
 	Idle     []*IdleResult   `json:"idle"`
 	Memory   []*MemoryResult `json:"memory,omitempty"`
 	Failures []string        `json:"failures"`
+	// Compare is -compare's: both sides' runs and their comparison (the
+	// lists above are then empty).
+	Compare *Comparison `json:"compare,omitempty"`
 }
 
 // Result is one backlog or rate point.
