@@ -384,6 +384,15 @@ last confirm) per 10,000 messages is the floor; the instances' CPU per
 10,000 tasks is given as a multiple of it.
 Each list flag is swept on its own around the first values (-cross: every
 combination).
+With -compare REF (backlog, rate and idle modes), every point is run for
+REF and for -dispatcher (default: this binary) in turn, REF first, as
+many pairs as -compare-pairs; REF is a dispatcher binary's path, or a
+commit, branch or tag of the git repository around the working directory
+(or a version its RELEASES lists), built with git archive and the go on
+PATH in a temporary directory removed at the end. The table gives each
+side's median (least-most) of the figures that weigh a change and the
+ratio current/REF of the medians (least-most of the per-pair ratios);
+-json holds every run's report as well.
 
 Figures:
   tasks/s          tasks received, first to last receipt; the ceiling alike
