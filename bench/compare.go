@@ -177,28 +177,36 @@ type compareTarget struct {
 // "dispatcher" say, would not tell which).
 func (t *compareTarget) label() string { return t.given }
 
-// resolveCompare finds what -compare names. An existing file is a
-// binary; anything else is looked up in the git repository around dir:
-// a commit, branch or tag (git rev-parse), else a version RELEASES lists.
+// resolveCompare finds what -compare names, relative to dir (the working
+// directory). An existing file is a binary; anything else is looked up in
+// the git repository around dir: a commit, branch or tag (git rev-parse),
+// else a version RELEASES lists.
 func resolveCompare(ctx context.Context, given, dir string) (*compareTarget, error) {
 	t := &compareTarget{given: given}
-	if st, err := os.Stat(given); err == nil {
-		switch {
-		case st.IsDir():
-			return nil, fmt.Errorf("-compare %q: a directory, not a dispatcher binary", given)
-		case st.Mode()&0o111 == 0:
+	path := given
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(dir, path)
+	}
+	st, err := os.Stat(path)
+	switch {
+	case err == nil && !st.IsDir():
+		if st.Mode()&0o111 == 0 {
 			return nil, fmt.Errorf("-compare %q: not executable", given)
 		}
-		if t.binary, err = filepath.Abs(given); err != nil {
-			return nil, fmt.Errorf("-compare %q: %w", given, err)
-		}
+		t.binary = path
 		return t, nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("-compare %q: %w", given, err)
+	}
+	// A directory of the same name as a branch (docs, bench) does not
+	// hide the branch.
+	what := "no such file"
+	if err == nil {
+		what = "a directory, not a dispatcher binary"
 	}
 	top, err := gitOutput(ctx, dir, "rev-parse", "--show-toplevel")
 	if err != nil {
-		return nil, fmt.Errorf("-compare %q: no such file, and no git repository here to build it from (%v)", given, err)
+		return nil, fmt.Errorf("-compare %q: %s, and no git repository here to build it from (%v)", given, what, err)
 	}
 	t.repo = top
 	releases, relErr := readReleases(filepath.Join(top, "RELEASES"))
@@ -214,7 +222,7 @@ func resolveCompare(ctx context.Context, given, dir string) (*compareTarget, err
 		if relErr != nil {
 			why = " (" + relErr.Error() + ")"
 		}
-		return nil, fmt.Errorf("-compare %q: no such file, and not a commit, branch or tag of %s, nor a version its RELEASES lists%s", given, top, why)
+		return nil, fmt.Errorf("-compare %q: %s, and not a commit, branch or tag of %s, nor a version its RELEASES lists%s", given, what, top, why)
 	}
 	for v, c := range releases {
 		if c == t.commit {

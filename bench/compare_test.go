@@ -231,6 +231,7 @@ func main() {
 	git(t, dir, "add", "RELEASES")
 	git(t, dir, "commit", "-qm", "releases")
 	git(t, dir, "branch", "side", commit)
+	git(t, dir, "branch", "cmd", commit)
 	return dir, commit
 }
 
@@ -246,14 +247,21 @@ func TestResolveCompare(t *testing.T) {
 	if err != nil || tgt.binary != binary || tgt.commit != "" {
 		t.Errorf("the built binary %s: %+v, %v; want it run as it is", binary, tgt, err)
 	}
+	// A relative path is taken from the working directory.
+	tgt, err = resolveCompare(ctx, filepath.Base(binary), filepath.Dir(binary))
+	if err != nil || tgt.binary != binary {
+		t.Errorf("%s in %s: %+v, %v; want %s", filepath.Base(binary), filepath.Dir(binary), tgt, err, binary)
+	}
 	head := git(t, repo, "rev-parse", "HEAD")
-	for _, tc := range []struct{ ref, commit, release string }{
-		{"HEAD", head, ""},
-		{"side", commit, "v9.9.9"},
-		{commit[:10], commit, "v9.9.9"},
-		{"v9.9.9", commit, "v9.9.9"},
+	for _, tc := range []struct{ ref, dir, commit, release string }{
+		{"HEAD", sub, head, ""},
+		{"side", sub, commit, "v9.9.9"},
+		{commit[:10], sub, commit, "v9.9.9"},
+		// The directory cmd does not hide the branch cmd.
+		{"cmd", repo, commit, "v9.9.9"},
+		{"v9.9.9", sub, commit, "v9.9.9"},
 	} {
-		tgt, err := resolveCompare(ctx, tc.ref, sub)
+		tgt, err := resolveCompare(ctx, tc.ref, tc.dir)
 		if err != nil {
 			t.Errorf("%s: %v", tc.ref, err)
 			continue
@@ -271,7 +279,7 @@ func TestResolveCompare(t *testing.T) {
 	for _, tc := range []struct{ given, dir, want string }{
 		{"nosuchref", sub, `-compare "nosuchref": no such file, and not a commit, branch or tag of ` + repo},
 		{"v9.9.8", sub, `-compare "v9.9.8": RELEASES gives commit abababab`},
-		{repo, sub, `-compare "` + repo + `": a directory`},
+		{repo, sub, `-compare "` + repo + `": a directory, not a dispatcher binary, and not a commit`},
 		{plain, sub, `-compare "` + plain + `": not executable`},
 		{"HEAD", t.TempDir(), `-compare "HEAD": no such file, and no git repository here`},
 	} {

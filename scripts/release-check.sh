@@ -84,3 +84,21 @@ info="$(go version -m "$bin")"
 grep -q 'CGO_ENABLED=0' <<<"$info" || fail "$bin is not built with CGO_ENABLED=0"
 grep -q -- '-trimpath=true' <<<"$info" || fail "$bin is not built with -trimpath"
 log "snapshot $bin: $got"
+
+# 5. Report only, asked for with RELEASE_CHECK_COMPARE=1 (CI's run stays
+# short without it): the snapshot against the newest release, built from
+# git by `dispatcher bench -compare`, one short pair of rate runs on the
+# servers of DISPATCHER_REDIS_URL and DISPATCHER_AMQP_URL (default: local
+# ones); RELEASE_CHECK_COMPARE_ARGS replaces the bench's flags. Its figures
+# and its failures are printed, never judged: the check has passed above.
+if [ "${RELEASE_CHECK_COMPARE:-0}" = 1 ]; then
+	read -r -a compare_args <<<"${RELEASE_CHECK_COMPARE_ARGS:--mode rate -rate 1000 -shards 8 -duration 5s -compare-pairs 1}"
+	log "comparison against $newest (report only): dispatcher bench -compare $newest ${compare_args[*]}"
+	if "$bin" bench -compare "$newest" "${compare_args[@]}" 2>build/compare.log; then
+		log "comparison against $newest done (progress in build/compare.log)"
+	else
+		code=$?
+		tail -n 20 build/compare.log >&2
+		log "comparison against $newest did not complete (exit $code, see build/compare.log): report only, the check passes"
+	fi
+fi
