@@ -92,35 +92,109 @@ func (p *progress) unacked() []string {
 	return p.acked[p.ackSent:]
 }
 
-// ackEarly acks, on a goroutine of their own, the confirmed tasks of the
-// batches still publishing that have waited long enough (takeAcks).
-func (s *Scanner) ackEarly(tasks []heldTask) {
-	now := time.Now()
-	var last *progress
-	for _, t := range tasks {
-		if t.batch == last {
-			continue
-		}
-		last = t.batch
-		es := t.batch.takeAcks(now)
-		if len(es) == 0 {
-			continue
-		}
-		i := t.batch.b.shard
-		s.acking.Add(1)
-		go func() {
-			defer s.acking.Done()
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(s.work), 15*time.Second)
-			defer cancel()
-			if err := s.settle(ctx, func(ctx context.Context) error { _, err := s.st.ack(ctx, i, es); return err }); err != nil {
-				s.met.error("ack", 1)
-				s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", i, "tasks", len(es), "err", err)
-				return
-			}
-			s.met.dispatched(len(es))
-			s.lastAcked.Store(time.Now().UnixNano())
-		}()
+// waitAck is when p's oldest confirmed task not yet acked is due an early
+// ack, and whether p has one at all (a complete batch has none: settling
+// acks the rest).
+func (p *progress) waitAck() (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.left == 0 || len(p.acked) == p.ackSent {
+		return time.Time{}, false
 	}
+	return p.ackSince.Add(partialAckAfter), true
+}
+
+// earlyAcks gathers the batches still publishing that hold confirmed
+// tasks, and acks those tasks once they waited partialAckAfter, on a
+// timer of its own: not at the batch's next publish, which for a batch
+// claimed ahead may be most of the look-ahead away. The timer runs only
+// while such a batch exists, so an idle queue pays nothing for it.
+type earlyAcks struct {
+	mu      sync.Mutex
+	batches map[*progress]struct{}
+	timer   *time.Timer // armed while batches is not empty
+	stopped bool
+}
+
+// ackEarly notes the batches of tasks just confirmed for an early ack.
+func (s *Scanner) ackEarly(tasks []heldTask) {
+	e := &s.early
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped {
+		return
+	}
+	if e.batches == nil {
+		e.batches = map[*progress]struct{}{}
+	}
+	for _, t := range tasks {
+		e.batches[t.batch] = struct{}{}
+	}
+	if e.timer == nil {
+		e.timer = time.AfterFunc(partialAckAfter, s.flushEarly)
+	}
+}
+
+// flushEarly acks the confirmed tasks that waited partialAckAfter, one
+// call per batch, and sets the timer for the next ones.
+func (s *Scanner) flushEarly() {
+	e := &s.early
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.timer = nil
+	if e.stopped {
+		return
+	}
+	now := time.Now()
+	var next time.Time
+	for p := range e.batches {
+		if es := p.takeAcks(now); len(es) > 0 {
+			s.ackConfirmed(p.b.shard, es) // under e.mu: before stopEarly's Wait
+		}
+		at, ok := p.waitAck()
+		if !ok {
+			delete(e.batches, p)
+			continue
+		}
+		if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	if len(e.batches) > 0 {
+		e.timer = time.AfterFunc(max(time.Until(next), time.Millisecond), s.flushEarly)
+	}
+}
+
+// stopEarly ends early acks: those under way finish (Run waits for them),
+// no new one starts; settling acks what is left.
+func (s *Scanner) stopEarly() {
+	e := &s.early
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stopped = true
+	if e.timer != nil {
+		e.timer.Stop()
+		e.timer = nil
+	}
+	e.batches = nil
+}
+
+// ackConfirmed forgets confirmed entries of shard i on a goroutine of its
+// own (s.acking).
+func (s *Scanner) ackConfirmed(i int, es []string) {
+	s.acking.Add(1)
+	go func() {
+		defer s.acking.Done()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.work), 15*time.Second)
+		defer cancel()
+		if err := s.settle(ctx, func(ctx context.Context) error { _, err := s.st.ack(ctx, i, es); return err }); err != nil {
+			s.met.error("ack", 1)
+			s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", i, "tasks", len(es), "err", err)
+			return
+		}
+		s.met.dispatched(len(es))
+		s.lastAcked.Store(time.Now().UnixNano())
+	}()
 }
 
 // dispatch publishes the tasks of one claimed batch that are due, hands

@@ -153,7 +153,8 @@ type Scanner struct {
 	// (see reserveAhead).
 	reservedAhead atomic.Int64
 	lastAcked     atomic.Int64   // unix ns of the last batch that left Redis confirmed
-	acking        sync.WaitGroup // early acks under way (ackEarly)
+	acking        sync.WaitGroup // early acks under way (ackConfirmed)
+	early         earlyAcks      // batches with confirmed tasks to ack early
 	layoutM       atomic.Int64   // Options.Layout, changed by Queue
 }
 
@@ -256,6 +257,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 			s.log.Warn("abandoning publishes stuck in the broker connection; their leases will return them")
 		}
 	}
+	s.stopEarly()
 	s.acking.Wait() // early acks, each bounded by its own deadline
 	return nil
 }
