@@ -58,6 +58,19 @@ func (s *Scanner) mine(i, at, n int) bool {
 	return i%n == at
 }
 
+// shareHolder is a liveness that can leave a queue out of the instance's record
+// (internal/liveness's Hold).
+type shareHolder interface{ Hold(queue string, held bool) }
+
+// holdShare leaves the queue out of this instance's liveness record while
+// it cannot publish (held), so that the others sweep its share of the
+// shards, or puts it back.
+func (s *Scanner) holdShare(held bool) {
+	if h, ok := s.opt.Liveness.(shareHolder); ok {
+		h.Hold(s.opt.Queue, held)
+	}
+}
+
 // livenessPoll is how often a publish held by a lapsed liveness looks
 // again.
 const livenessPoll = 10 * time.Millisecond

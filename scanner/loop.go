@@ -95,7 +95,9 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			// Claim nothing until the broker takes publishes again (a lost
 			// connection, connection.blocked), but keep taking in the
 			// claims that were running: publishing them fails fast and
-			// hands their tasks back to any instance.
+			// hands their tasks back to any instance. Meanwhile its share
+			// of the shards goes to the others.
+			s.holdShare(true)
 			wait, stop := context.WithCancel(ctx)
 			ready := make(chan struct{})
 			go func() { _ = s.pub.WaitReady(wait); close(ready) }()
@@ -108,6 +110,9 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			}
 			stop()
 			<-ready
+			if s.brokerReady() {
+				s.holdShare(false)
+			}
 			continue
 		}
 		s.takeNotes(ctx, &busy)

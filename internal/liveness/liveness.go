@@ -125,7 +125,11 @@ type Liveness struct {
 	// draining: the instance is stopping; its record names no queue, so
 	// the others take its shards over while it finishes.
 	draining atomic.Bool
-	onDead   sync.WaitGroup
+	// held: queues left out of the record for now (Hold); under mu.
+	held map[string]bool
+	// kick asks Run for a heartbeat now (a change of the queues served).
+	kick   chan struct{}
+	onDead sync.WaitGroup
 }
 
 // Key is the hash of liveness records.
@@ -145,7 +149,7 @@ func New(rdb redis.UniversalClient, opt Options) *Liveness {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	l := &Liveness{rdb: rdb, opt: opt, log: opt.Logger, seen: map[string]bool{}}
+	l := &Liveness{rdb: rdb, opt: opt, log: opt.Logger, seen: map[string]bool{}, held: map[string]bool{}, kick: make(chan struct{}, 1)}
 	_, l.cluster = rdb.(*redis.ClusterClient)
 	l.base = time.Now()
 	l.id = l.idOf(0)
@@ -334,6 +338,7 @@ func (l *Liveness) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		case <-l.kick:
 		}
 	}
 }
@@ -512,9 +517,14 @@ func (l *Liveness) beat(ctx context.Context) {
 		}()
 	}
 	members := map[string][]string{}
+	l.mu.Lock()
 	for _, q := range l.opt.Queues {
-		members[q] = []string{id}
+		members[q] = []string{}
+		if !l.held[q] {
+			members[q] = []string{id}
+		}
 	}
+	l.mu.Unlock()
 	var silent [][2]string // records of others to judge off this path
 	for i := 2; i+1 < len(vals); i += 2 {
 		other, _ := vals[i].(string)
@@ -555,12 +565,42 @@ func (l *Liveness) beat(ctx context.Context) {
 	l.mu.Unlock()
 }
 
-// queuesField is the record's list of queues served: none once draining.
+// queuesField is the record's list of queues served: none once draining,
+// and none held (Hold).
 func (l *Liveness) queuesField() string {
 	if l.draining.Load() {
 		return ""
 	}
-	return strings.Join(l.opt.Queues, ",")
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	qs := make([]string, 0, len(l.opt.Queues))
+	for _, q := range l.opt.Queues {
+		if !l.held[q] {
+			qs = append(qs, q)
+		}
+	}
+	return strings.Join(qs, ",")
+}
+
+// Hold leaves queue out of (held) or puts it back into the instance's
+// record, at once (a heartbeat is sent now): an instance that cannot
+// publish (its broker is out of reach) must not keep a share of the
+// queue's shards, which no one else would sweep meanwhile.
+func (l *Liveness) Hold(queue string, held bool) {
+	l.mu.Lock()
+	changed := l.held[queue] != held
+	if held {
+		l.held[queue] = true
+	} else {
+		delete(l.held, queue)
+	}
+	l.mu.Unlock()
+	if changed {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Drain says the instance is stopping: from its next heartbeat on its
