@@ -79,23 +79,26 @@ const livenessPoll = 10 * time.Millisecond
 // heartbeat is too old: another instance may soon declare it dead), and
 // returns those it may publish and the batches it completed: tasks claimed
 // under a liveness id declared dead are given up, never published, since
-// their claims were handed out to other instances. A task given up is
-// left in Redis as it is: only the hand-back touches it.
+// their claims were handed out to other instances. Such a task is
+// released (lease 0, only while its lease is still its claim's): a claim
+// answered after the one hand-back of the dead id would otherwise wait out
+// its lease, and one the hand-back reached is left as it is.
 func (s *Scanner) gate(work context.Context, tasks []heldTask) (keep []heldTask, done []*progress) {
 	lv := s.opt.Liveness
 	if lv == nil || s.allLive(tasks) {
 		return tasks, nil // the usual case: no copy
 	}
-	abandon := func(t heldTask) {
-		if t.batch.record(outcome{entry: t.task.Entry, mode: outAbandoned}) {
+	record := func(t heldTask, mode string) {
+		if t.batch.record(outcome{entry: t.task.Entry, mode: mode}) {
 			done = append(done, t.batch)
 		}
 	}
+	abandon := func(t heldTask) { record(t, outAbandoned) }
 	given := 0
 	defer func() {
 		if given > 0 {
 			s.met.error("fenced", given)
-			s.lim.Warn("fenced", "this instance was declared dead: its claimed tasks were handed to other instances and are not published here", "tasks", given)
+			s.lim.Warn("fenced", "this instance was declared dead: its claimed tasks are handed to other instances and not published here", "tasks", given)
 		}
 	}()
 	for {
@@ -105,7 +108,7 @@ func (s *Scanner) gate(work context.Context, tasks []heldTask) (keep []heldTask,
 			case ok:
 				keep = append(keep, t)
 			case fenced:
-				abandon(t)
+				record(t, outReleased)
 				given++
 			default:
 				wait = append(wait, t)
