@@ -192,6 +192,16 @@ func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	if !s.sweeps() {
 		return
 	}
+	// Shared work: a wake-up is heard by every instance, but only the one
+	// whose share holds the shard claims it; the others would claim
+	// nothing (or steal a task from the claim ahead of its owner).
+	if at, n := s.share(); n >= 2 {
+		for i := range soon {
+			if !s.mine(i, at, n) {
+				delete(soon, i)
+			}
+		}
+	}
 	s.due.heard(soon)
 }
 
