@@ -400,7 +400,7 @@ func (l *Liveness) receive(ps *redis.PubSub) {
 		msg, err := ps.Receive(context.Background())
 		now := time.Now()
 		l.mu.Lock()
-		current := l.ps == ps
+		current, closed := l.ps == ps, l.closed
 		switch m := msg.(type) {
 		case nil:
 			if current {
@@ -419,8 +419,8 @@ func (l *Liveness) receive(ps *redis.PubSub) {
 			}
 		}
 		l.mu.Unlock()
-		if errors.Is(err, redis.ErrClosed) {
-			return
+		if errors.Is(err, redis.ErrClosed) || err != nil && closed {
+			return // closed, or Run ended and is closing it
 		}
 		if err != nil {
 			time.Sleep(l.opt.Timeout / 8) // go-redis reconnects on the next read
@@ -565,21 +565,43 @@ func (l *Liveness) beat(ctx context.Context) {
 	l.mu.Unlock()
 }
 
-// queuesField is the record's list of queues served: none once draining,
-// and none held (Hold).
+// timeoutMark starts the element of a record's queue list that gives the
+// instance's own timeout in ms ("~1500"): no queue name has it, so a
+// version that does not know it takes it for a queue no one serves.
+const timeoutMark = "~"
+
+// queuesField is the record's list of queues served (none once draining,
+// and none held: Hold), then the instance's own timeout: a judge declares
+// it dead by that, the one it fences itself by, not by the judge's own
+// (instances may differ during a rolling change of it).
 func (l *Liveness) queuesField() string {
+	own := timeoutMark + strconv.FormatInt(l.opt.Timeout.Milliseconds(), 10)
 	if l.draining.Load() {
-		return ""
+		return own
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	qs := make([]string, 0, len(l.opt.Queues))
+	qs := make([]string, 0, len(l.opt.Queues)+1)
 	for _, q := range l.opt.Queues {
 		if !l.held[q] {
 			qs = append(qs, q)
 		}
 	}
-	return strings.Join(qs, ",")
+	return strings.Join(append(qs, own), ",")
+}
+
+// timeoutOf is the timeout a record's instance fences itself by: the one
+// it gives, or this instance's own if it gives none (an older version).
+func (l *Liveness) timeoutOf(v string) int64 {
+	_, queues, _ := strings.Cut(v, "|")
+	for q := range strings.SplitSeq(queues, ",") {
+		if ms, ok := strings.CutPrefix(q, timeoutMark); ok {
+			if n, err := strconv.ParseInt(ms, 10, 64); err == nil && n > 0 {
+				return n
+			}
+		}
+	}
+	return l.opt.Timeout.Milliseconds()
 }
 
 // Hold leaves queue out of (held) or puts it back into the instance's
@@ -630,7 +652,7 @@ func (l *Liveness) Members(queue string) []string {
 func (l *Liveness) fresh(now int64, v string) bool {
 	ms, _, _ := strings.Cut(v, "|")
 	seen, err := strconv.ParseInt(ms, 10, 64)
-	return err == nil && now-seen <= l.opt.Timeout.Milliseconds()
+	return err == nil && now-seen <= l.timeoutOf(v)
 }
 
 // judge looks at another instance's record that is not fresh: declared
@@ -654,7 +676,7 @@ func (l *Liveness) judge(ctx, run context.Context, now int64, id, v string) bool
 	if n > 0 {
 		return false // stopped or cut off, not dead: its leases decide
 	}
-	ok, err := declareScript.Run(ctx, l.rdb, []string{Key(l.opt.Prefix)}, id, v, l.opt.Timeout.Milliseconds()).Int()
+	ok, err := declareScript.Run(ctx, l.rdb, []string{Key(l.opt.Prefix)}, id, v, l.timeoutOf(v)).Int()
 	if err != nil {
 		l.log.Warn("cannot declare a dead instance dead", "instance", id, "err", err)
 		return false
