@@ -506,3 +506,37 @@ func TestClientPropertiesTable(t *testing.T) {
 		}
 	}
 }
+
+// TestClientPythonInstallsWithoutWheel: the Python package installs with
+// an interpreter whose environment has pip and setuptools but no `wheel`
+// (a pyenv or python.org Python's fresh venv), offline, both as the
+// README's line has it (--no-build-isolation) and with pip's default
+// isolated build: neither may need anything from a package index.
+func TestClientPythonInstallsWithoutWheel(t *testing.T) {
+	t.Parallel()
+	requireClientPython(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	runIn(t, ".", nil, nil, time.Minute, "cp", "-r", clientPython, src)
+	for _, isolation := range []bool{false, true} {
+		venv := filepath.Join(dir, fmt.Sprintf("venv-%v", isolation))
+		// Its own site-packages only: pip and the setuptools ensurepip
+		// brings, no wheel.
+		runIn(t, dir, nil, nil, 2*time.Minute, systemPython, "-m", "venv", venv)
+		py := filepath.Join(venv, "bin", "python")
+		if out, err := exec.Command(py, "-c", "import wheel").CombinedOutput(); err == nil {
+			t.Fatalf("the venv has wheel: the test proves nothing (%s)", out)
+		}
+		args := []string{"-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check"}
+		if !isolation {
+			args = append(args, "--no-build-isolation")
+		}
+		runIn(t, dir, nil, nil, 3*time.Minute, py, append(args, src)...)
+		out := runIn(t, dir, nil, nil, time.Minute, py, "-c",
+			"import importlib.metadata as m, pathlib; d = m.distribution('dispatcher-producer'); "+
+				"print(d.version, any(str(f).endswith('dispatcher_producer/producer.py') for f in d.files))")
+		if strings.TrimSpace(out) != "0.1.0 True" {
+			t.Fatalf("isolation %v: installed %q, want version 0.1.0 with dispatcher_producer/producer.py", isolation, out)
+		}
+	}
+}
