@@ -479,7 +479,11 @@ func (l *Liveness) beat(ctx context.Context) {
 			first := !l.failed
 			l.failed = true
 			l.mu.Unlock()
-			if first {
+			if first && errors.Is(err, context.DeadlineExceeded) {
+				// No heartbeat answered within half the timeout proves
+				// anything: with round trips that slow, no instance publishes.
+				l.log.Warn("liveness heartbeat not answered within half of DISPATCHER_LIVENESS_TIMEOUT: publishing waits for one that is; if Redis round trips are this slow, raise the timeout", "key", key, "timeout", l.opt.Timeout, "err", err)
+			} else if first {
 				l.log.Warn("liveness heartbeat failed: publishing waits for the next one", "key", key, "err", err)
 			}
 		}
@@ -526,9 +530,11 @@ func (l *Liveness) beat(ctx context.Context) {
 	}
 	l.mu.Unlock()
 	var silent [][2]string // records of others to judge off this path
+	listed := make(map[string]bool, len(vals)/2)
 	for i := 2; i+1 < len(vals); i += 2 {
 		other, _ := vals[i].(string)
 		v, _ := vals[i+1].(string)
+		listed[other] = true
 		if l.fresh(now, v) {
 			ms, queues, _ := strings.Cut(v, "|")
 			for _, q := range strings.Split(queues, ",") {
@@ -561,6 +567,16 @@ func (l *Liveness) beat(ctx context.Context) {
 	l.mu.Lock()
 	if l.id == id {
 		l.members = members
+	}
+	// A dead id is remembered while its record is kept (the heartbeat
+	// prunes it after the keep time): over a long run with restarts the
+	// memory would otherwise grow with every id that ever died, and an id
+	// whose record was pruned may come back (an instance stopped that
+	// long) and must be handed out again if it dies again.
+	for dead := range l.seen {
+		if !listed[dead] {
+			delete(l.seen, dead)
+		}
 	}
 	l.mu.Unlock()
 }
