@@ -427,16 +427,24 @@ func (p *Producer) rescheduleBy(ctx context.Context, l Layout, member []byte, du
 //
 // While the queue's shard count changes, the task is removed from its
 // shards by both counts.
+//
+// Its properties (a recurring occurrence's, say) go with it, in the same
+// MULTI: left behind, a later task with the same member would carry them.
 func (p *Producer) Cancel(ctx context.Context, member []byte) (bool, error) {
 	removed := false
 	err := p.settled(ctx, func(l Layout) error {
 		for _, i := range l.Indexes(member) {
 			key := p.keys.Pending(i)
-			n, err := p.rdb.ZRem(ctx, key, member).Result()
+			var n *redis.IntCmd
+			_, err := p.rdb.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+				n = tx.ZRem(ctx, key, member)
+				tx.HDel(ctx, p.keys.Props(i), string(member))
+				return nil
+			})
 			if err != nil {
 				return fmt.Errorf("cancel on %s: %w", key, err)
 			}
-			removed = removed || n > 0
+			removed = removed || n.Val() > 0
 		}
 		return nil
 	})

@@ -416,3 +416,26 @@ func TestWakeRidesTheZAddPipeline(t *testing.T) {
 		t.Errorf("ScheduleMany of 2 shards due soon sent %q, want one pipeline of 2 zadd and 2 publish", got)
 	}
 }
+
+// TestCancelRemovesProperties: a plain member with properties (as a
+// recurring schedule's occurrences have) cancelled by its body leaves no
+// properties behind, which a later plain task with the same body, scheduled
+// without any, would otherwise go out with.
+func TestCancelRemovesProperties(t *testing.T) {
+	ctx := context.Background()
+	const m = 4
+	rdb, prefix, p := setup(t, m)
+	member := []byte("report")
+	key := pendingKey(prefix, "orders", member, m)
+	props := key + ":props"
+	rdb.HSet(ctx, props, string(member), `{"routing_key":"cron","headers":{"src":"cron"}}`)
+	if err := p.Schedule(ctx, member, time.UnixMilli(1767225600000)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := p.Cancel(ctx, member); err != nil || !ok {
+		t.Fatalf("Cancel = %v, %v; want true, nil", ok, err)
+	}
+	if n := rdb.HLen(ctx, props).Val(); n != 0 {
+		t.Fatalf("%d properties left in %s after the cancel: a later task with this body would carry them", n, props)
+	}
+}

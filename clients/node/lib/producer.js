@@ -360,18 +360,13 @@ class Producer {
     let removed = false;
     await this.settled(async (l) => {
       const idx = indexes(hashing, l, m);
-      const pipe = this.redis.pipeline();
-      for (const i of idx) pipe.zrem(this.keys.pending(i), m);
-      let results;
-      try {
-        results = await pipe.exec();
-        const failed = results.find(([err]) => err);
-        if (failed) throw failed[0];
-      } catch (err) {
-        throw new ProducerError(`cancel on ${idx.map((i) => this.keys.pending(i)).join(', ')}: ${err.message}`,
-          { cause: err });
+      for (const i of idx) {
+        // Its properties (a recurring occurrence's) go with it, in the same
+        // MULTI: left behind, a later task with this member would carry them.
+        const results = await execTx(this.redis.multi().zrem(this.keys.pending(i), m).hdel(this.keys.props(i), m),
+          `cancel on ${this.keys.pending(i)}`);
+        removed = removed || Number(results[0]) > 0;
       }
-      removed = removed || results.some(([, n]) => Number(n) > 0);
     });
     return removed;
   }

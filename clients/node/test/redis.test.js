@@ -36,7 +36,7 @@ function slowClient(redis, clock) {
   };
   const proxy = new Proxy(redis, {
     get(target, prop) {
-      if (prop === 'pipeline') {
+      if (prop === 'pipeline' || prop === 'multi') { // a transaction is a pipeline too
         return (...args) => {
           const pipe = target.pipeline(...args);
           pipe.exec = timed(pipe.exec.bind(pipe));
@@ -113,6 +113,18 @@ test('schedule, reschedule, cancel', async (t) => {
   assert.equal(await r.exists(k.pending(4)), 0);
   assert.equal(await p.cancel('order:42'), false, 'second cancel');
   assert.equal(await p.reschedule('order:42', due), false, 'reschedule after cancel');
+});
+
+test('cancel removes the properties of a plain member', async (t) => {
+  // As a recurring occurrence has them: left behind, a later task with the
+  // same body would carry them.
+  const { r, k, setLayout, producer } = await setup(t);
+  await setLayout(16);
+  const p = producer();
+  await r.hset(k.props(4), 'order:42', '{"routing_key":"cron"}');
+  await p.schedule('order:42', Date.now() + HOUR_MS);
+  assert.equal(await p.cancel('order:42'), true);
+  assert.equal(await r.hlen(k.props(4)), 0, 'properties left behind by the cancel');
 });
 
 test('scheduleMany', async (t) => {

@@ -331,14 +331,18 @@ class Producer:
         def write(layout: Layout) -> None:
             nonlocal removed
             idx = layout.indexes(m)
-            pipe = self._r.pipeline(transaction=False)
             for i in idx:
+                # Its properties (a recurring occurrence's) go with it, in
+                # the same MULTI: left behind, a later task with this
+                # member would carry them.
+                pipe = self._r.pipeline(transaction=True)
                 pipe.zrem(self.keys.pending(i), m)
-            try:
-                counts = pipe.execute()
-            except RedisError as e:
-                raise ProducerError(f"cancel on {', '.join(self.keys.pending(i) for i in idx)}: {e}") from e
-            removed = removed or any(int(n) > 0 for n in counts)
+                pipe.hdel(self.keys.props(i), m)
+                try:
+                    n, _ = pipe.execute()
+                except RedisError as e:
+                    raise ProducerError(f"cancel on {self.keys.pending(i)}: {e}") from e
+                removed = removed or int(n) > 0
 
         self._settled(write)
         return removed

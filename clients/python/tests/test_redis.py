@@ -126,6 +126,17 @@ class ScheduleTest(RedisTestCase):
         self.assertFalse(p.cancel("order:42"), "second cancel")
         self.assertFalse(p.reschedule("order:42", due), "reschedule after cancel")
 
+    def test_cancel_removes_properties(self):
+        # A plain member with properties, as a recurring occurrence has:
+        # cancelled by its body, its properties go too, or a later task
+        # with that body would carry them.
+        self.set_layout(16)
+        p = self.producer()
+        self.r.hset(self.k.props(4), "order:42", '{"routing_key":"cron"}')
+        p.schedule("order:42", now_ms() + HOUR_MS)
+        self.assertTrue(p.cancel("order:42"))
+        self.assertEqual(self.r.hlen(self.k.props(4)), 0, "properties left behind by the cancel")
+
     def test_schedule_many(self):
         self.set_layout(8)
         p = self.producer()
