@@ -120,6 +120,10 @@ type Liveness struct {
 	// heartbeat's records (this instance's included while it is live).
 	members map[string][]string
 	failed  bool // the last heartbeat failed (logged once)
+	// streak: when the current run of heartbeats that went through began
+	// (zero after one failed): others are judged only once it is a
+	// timeout old (see judgeable).
+	streak time.Time
 	// judging: silent instances are being judged (one round at a time).
 	judging atomic.Bool
 	// draining: the instance is stopping; its record names no queue, so
@@ -478,6 +482,7 @@ func (l *Liveness) beat(ctx context.Context) {
 			l.mu.Lock()
 			first := !l.failed
 			l.failed = true
+			l.streak = time.Time{}
 			l.mu.Unlock()
 			if first && errors.Is(err, context.DeadlineExceeded) {
 				// No heartbeat answered within half the timeout proves
@@ -498,6 +503,10 @@ func (l *Liveness) beat(ctx context.Context) {
 	if l.id == id {
 		l.okSent = sent
 	}
+	if l.streak.IsZero() {
+		l.streak = sent
+	}
+	streak := l.streak
 	if l.failed {
 		l.failed = false
 		l.log.Info("liveness heartbeat works again")
@@ -535,7 +544,7 @@ func (l *Liveness) beat(ctx context.Context) {
 		other, _ := vals[i].(string)
 		v, _ := vals[i+1].(string)
 		listed[other] = true
-		if l.fresh(now, v) {
+		if l.fresh(now, v) || !strings.HasPrefix(v, "dead ") && !judgeable(streak, l.timeoutOf(v)) {
 			ms, queues, _ := strings.Cut(v, "|")
 			for _, q := range strings.Split(queues, ",") {
 				if m, ok := members[q]; ok && ms != "" {
@@ -661,6 +670,17 @@ func (l *Liveness) Members(queue string) []string {
 	// would overwrite the last claim of shards whose claim another
 	// instance is waiting to retry, and that batch would wait its lease.
 	return l.members[queue]
+}
+
+// judgeable reports whether others may be judged by a record with timeout
+// ms: only once this instance's own heartbeats have gone through for that
+// long. After an outage of Redis (a restart, a failover) every record is
+// stale and every instance is reconnecting; the first one back would
+// otherwise find the others unsubscribed and declare them dead, and what
+// they had published unconfirmed would go out twice. A record of another
+// not yet judgeable counts as a member's (its share stays) until then.
+func judgeable(streak time.Time, ms int64) bool {
+	return !streak.IsZero() && time.Since(streak) >= time.Duration(ms)*time.Millisecond
 }
 
 // fresh reports whether a record is of a live instance: its heartbeat is

@@ -40,6 +40,18 @@ func TestJudgeUsesTheJudgedInstancesTimeout(t *testing.T) {
 	defer cancel()
 	slow := recordOf(t, prefix, 4*time.Second)
 	fast := recordOf(t, prefix, 400*time.Millisecond)
+	var short, long deaths
+	judges := []*Liveness{
+		New(rdb, Options{Prefix: prefix, ID: "short", Timeout: 400 * time.Millisecond, OnDead: short.add}),
+		New(rdb, Options{Prefix: prefix + "-long", ID: "long", Timeout: 20 * time.Second, OnDead: long.add}),
+	}
+	done := make(chan struct{}, len(judges))
+	for _, l := range judges {
+		go func() { defer func() { done <- struct{}{} }(); _ = l.Run(ctx) }()
+	}
+	// Judges judge once their own heartbeats went through for the judged
+	// instance's timeout (4 s at most here).
+	time.Sleep(4500 * time.Millisecond)
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -50,15 +62,6 @@ func TestJudgeUsesTheJudgedInstancesTimeout(t *testing.T) {
 		"slow-young#0", ms(time.Second)+slow, // under half its 4 s: may publish
 		"slow-old#0", ms(6*time.Second)+slow)
 	rdb.HSet(ctx, Key(prefix+"-long"), "fast#0", ms(time.Second)+fast) // over its 400 ms
-	var short, long deaths
-	judges := []*Liveness{
-		New(rdb, Options{Prefix: prefix, ID: "short", Timeout: 400 * time.Millisecond, OnDead: short.add}),
-		New(rdb, Options{Prefix: prefix + "-long", ID: "long", Timeout: 20 * time.Second, OnDead: long.add}),
-	}
-	done := make(chan struct{}, len(judges))
-	for _, l := range judges {
-		go func() { defer func() { done <- struct{}{} }(); _ = l.Run(ctx) }()
-	}
 	waitFor(t, "the old record of the slow instance declared dead", 3*time.Second, func() bool { return short.has("slow-old#0") })
 	// The long judge's heartbeat comes every 5 s; it must find the fast
 	// instance dead at its first one, not 20 s after that one's heartbeat.
