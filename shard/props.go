@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"reflect"
 	"sort"
 	"strings"
 )
@@ -38,8 +40,10 @@ type Properties struct {
 	// exchange stays the queue's).
 	RoutingKey string `json:"routing_key,omitempty"`
 	// Headers are added to the message's AMQP headers: values are strings,
-	// integers (int64) or booleans. x-dispatcher-*, x-task-id and x-due-ms
-	// are reserved. W3C trace context travels as traceparent/tracestate.
+	// booleans, integers of any Go integer type within int64's range, or
+	// floats that are whole numbers within ±(2^53-1) (stored as integers;
+	// CONTRACT.md's header vectors). Any name but x-dispatcher-*, x-task-id
+	// and x-due-ms. W3C trace context travels as traceparent/tracestate.
 	Headers map[string]any `json:"headers,omitempty"`
 
 	ContentType     string `json:"content_type,omitempty"`
@@ -93,26 +97,66 @@ func (p *Properties) Validate() error {
 		if ReservedHeader(k) {
 			return fmt.Errorf("properties: headers: %q is reserved for the dispatcher", k)
 		}
-		switch v := p.Headers[k].(type) {
-		case string, bool, int64:
-		case int:
-			p.Headers[k] = int64(v)
-		case json.Number:
-			n, err := v.Int64()
-			if err != nil {
-				return fmt.Errorf("properties: headers: %q: %s is not an integer (strings, integers and booleans only)", k, v)
-			}
-			p.Headers[k] = n
-		case float64:
-			if v != float64(int64(v)) {
-				return fmt.Errorf("properties: headers: %q: %v is not an integer (strings, integers and booleans only)", k, v)
-			}
-			p.Headers[k] = int64(v)
-		default:
-			return fmt.Errorf("properties: headers: %q: %s (strings, integers and booleans only)", k, jsonKind(v))
+		v, err := headerValue(p.Headers[k])
+		if err != nil {
+			return fmt.Errorf("properties: headers: %q: %w", k, err)
 		}
+		p.Headers[k] = v
 	}
 	return nil
+}
+
+// maxWholeFloat is the largest whole number a float header value may be
+// (2^53-1): beyond it a float no longer holds every integer, and Node's
+// producer, where 2.0 and 2 are one number, refuses such numbers too.
+const maxWholeFloat = 1<<53 - 1
+
+// headerValue is a header value as stored (string, bool or int64) by the
+// contract's one rule for all producers: integers of any integer type in
+// int64's range, and a float (or a JSON number written with a fraction or
+// an exponent) only if it is a whole number within ±(2^53-1).
+func headerValue(v any) (any, error) {
+	const only = "(strings, integers and booleans only)"
+	switch v := v.(type) {
+	case string, bool, int64:
+		return v, nil
+	case int:
+		return int64(v), nil
+	case int8:
+		return int64(v), nil
+	case int16:
+		return int64(v), nil
+	case int32:
+		return int64(v), nil
+	case uint, uint8, uint16, uint32, uint64, uintptr:
+		u := reflect.ValueOf(v).Uint()
+		if u > math.MaxInt64 {
+			return nil, fmt.Errorf("%d is over the 64-bit integers' %d", u, int64(math.MaxInt64))
+		}
+		return int64(u), nil
+	case float32:
+		return wholeFloat(float64(v), fmt.Sprint(v))
+	case float64:
+		return wholeFloat(v, fmt.Sprint(v))
+	case json.Number:
+		if n, err := v.Int64(); err == nil {
+			return n, nil
+		}
+		if strings.ContainsAny(string(v), ".eE") {
+			if f, err := v.Float64(); err == nil {
+				return wholeFloat(f, string(v))
+			}
+		}
+		return nil, fmt.Errorf("%s is not a 64-bit integer %s", v, only)
+	}
+	return nil, fmt.Errorf("%s %s", jsonKind(v), only)
+}
+
+func wholeFloat(f float64, text string) (any, error) {
+	if f != math.Trunc(f) || math.Abs(f) > maxWholeFloat { // NaN and ±Inf fail one or the other
+		return nil, fmt.Errorf("%s is not an integer within ±(2^53-1) (strings, integers and booleans only)", text)
+	}
+	return int64(f), nil
 }
 
 func jsonKind(v any) string {

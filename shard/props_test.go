@@ -2,6 +2,7 @@ package shard_test
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -150,5 +151,93 @@ func TestPropertiesAMQPLimits(t *testing.T) {
 	big := shard.Properties{Headers: map[string]any{"big": strings.Repeat("b", shard.MaxPropertiesBytes)}}
 	if _, err := big.Marshal(); err == nil {
 		t.Error("Marshal of properties over the limit: no error")
+	}
+}
+
+// TestHeaderVectors: CONTRACT.md's header test vectors, written out here
+// as Go values (the Python and Node packages' tests have them in theirs):
+// any header name but the reserved ones, integers of every Go integer type
+// in int64's range, and a float only if it is a whole number within
+// ±(2^53-1), stored as that integer.
+func TestHeaderVectors(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		value any
+		want  string // the stored JSON; "" for refused
+	}{
+		{"__proto__", "x", `{"headers":{"__proto__":"x"}}`},
+		{"constructor", "y", `{"headers":{"constructor":"y"}}`},
+		{"s", "", `{"headers":{"s":""}}`},
+		{"b", true, `{"headers":{"b":true}}`},
+		{"n", int(2), `{"headers":{"n":2}}`},
+		{"n", int8(-128), `{"headers":{"n":-128}}`},
+		{"n", int16(2), `{"headers":{"n":2}}`},
+		{"n", int32(2), `{"headers":{"n":2}}`},
+		{"n", int64(2), `{"headers":{"n":2}}`},
+		{"n", uint(2), `{"headers":{"n":2}}`},
+		{"n", uint8(255), `{"headers":{"n":255}}`},
+		{"n", uint16(2), `{"headers":{"n":2}}`},
+		{"n", uint32(4294967295), `{"headers":{"n":4294967295}}`},
+		{"n", uint64(2), `{"headers":{"n":2}}`},
+		{"n", uintptr(2), `{"headers":{"n":2}}`},
+		{"max", int64(9223372036854775807), `{"headers":{"max":9223372036854775807}}`},
+		{"min", int64(-9223372036854775808), `{"headers":{"min":-9223372036854775808}}`},
+		{"over", uint64(9223372036854775808), ""},
+		{"f", 2.0, `{"headers":{"f":2}}`},
+		{"f", float32(2), `{"headers":{"f":2}}`},
+		{"f", -9007199254740991.0, `{"headers":{"f":-9007199254740991}}`},
+		{"f", 9007199254740992.0, ""},
+		{"f", 2.5, ""},
+		{"f", math.NaN(), ""},
+		{"f", math.Inf(1), ""},
+		{"x-due-ms", int64(1), ""},
+		{"", "a", ""},
+		{"l", []any{"a"}, ""},
+		{"z", nil, ""},
+	} {
+		p := shard.Properties{Headers: map[string]any{tc.name: tc.value}}
+		got, err := p.Marshal()
+		switch {
+		case tc.want == "" && err == nil:
+			t.Errorf("header %q = %#v: stored as %s; want refused", tc.name, tc.value, got)
+		case tc.want == "":
+			if tc.name != "" && !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.name)) {
+				t.Errorf("header %q = %#v: the error %q does not name it", tc.name, tc.value, err)
+			}
+		case err != nil:
+			t.Errorf("header %q = %#v: %v; want stored as %s", tc.name, tc.value, err, tc.want)
+		case string(got) != tc.want:
+			t.Errorf("header %q = %#v: stored as %s; want %s", tc.name, tc.value, got, tc.want)
+		}
+	}
+	// The dispatcher reads stored JSON by the same rule: a whole number
+	// written with a fraction or an exponent is that integer.
+	for in, want := range map[string]any{
+		`{"headers":{"__proto__":"x"}}`:         "x",
+		`{"headers":{"n":2.0}}`:                 int64(2),
+		`{"headers":{"n":2e3}}`:                 int64(2000),
+		`{"headers":{"n":-9007199254740991.0}}`: int64(-9007199254740991),
+		`{"headers":{"n":9223372036854775807}}`: int64(9223372036854775807),
+		`{"headers":{"n":9007199254740992.0}}`:  nil,
+		`{"headers":{"n":2.5}}`:                 nil,
+		`{"headers":{"n":1e400}}`:               nil,
+		`{"headers":{"n":9223372036854775808}}`: nil,
+	} {
+		p, err := shard.ParseProperties([]byte(in))
+		if want == nil {
+			if err == nil {
+				t.Errorf("ParseProperties(%s) = %+v; want refused", in, p)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("ParseProperties(%s): %v", in, err)
+			continue
+		}
+		for _, v := range p.Headers {
+			if v != want {
+				t.Errorf("ParseProperties(%s): header %#v, want %#v", in, v, want)
+			}
+		}
 	}
 }
