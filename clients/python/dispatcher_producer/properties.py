@@ -9,12 +9,14 @@ that into an error at the call instead."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Mapping
 
 MAX_ID_BYTES = 1024
 MAX_PROPERTIES_BYTES = 32 << 10  # the stored JSON; AMQP's header frame must hold it
 MAX_SHORT_STRING = 255  # AMQP: routing key, basic properties, header names
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_WHOLE_FLOAT = (1 << 53) - 1  # beyond it a float no longer holds every integer
 
 _STRING_FIELDS = ("routing_key", "content_type", "content_encoding", "correlation_id", "reply_to", "type")
 _INT_FIELDS = ("priority", "expiration_ms", "deadline_ms")
@@ -51,7 +53,8 @@ def validate_properties(props: Mapping[str, Any] | None) -> dict:
     an unknown field, a non-string where a string goes, priority outside
     0..255, a negative expiration_ms, a header named x-dispatcher-*,
     x-task-id or x-due-ms, or a header value that is not a string, an
-    integer (64-bit) or a bool."""
+    integer (64-bit), a float that is a whole number within +-(2^53-1)
+    (stored as that integer) or a bool."""
     if props is None:
         return {}
     if not isinstance(props, Mapping):
@@ -95,6 +98,13 @@ def _validate_headers(headers: Any) -> dict:
             raise ValueError(f"properties: headers: {name!r} is reserved for the dispatcher")
         if len(name.encode("utf-8")) > MAX_SHORT_STRING:
             raise ValueError(f"properties: headers: a name of {len(name.encode('utf-8'))} bytes, over AMQP's {MAX_SHORT_STRING}")
+        if isinstance(value, float):
+            # Whole floats are integers, as in the Go and Node producers
+            # (where 2.0 and 2 are one number): CONTRACT.md's header vectors.
+            if not (math.isfinite(value) and value.is_integer() and abs(value) <= MAX_WHOLE_FLOAT):
+                raise ValueError(f"properties: headers: {name!r}: {value!r} is not an integer within +-(2^53-1) "
+                                 "(strings, 64-bit integers and booleans only)")
+            value = int(value)
         ok = isinstance(value, (str, bool)) or (_is_int(value) and INT64_MIN <= value <= INT64_MAX)
         if not ok:
             raise TypeError(f"properties: headers: {name!r}: {value!r} is a {type(value).__name__} "

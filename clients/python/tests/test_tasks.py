@@ -31,7 +31,7 @@ class PropertiesTest(unittest.TestCase):
     def test_python_values(self):
         limits = {"headers": {"min": -(1 << 63), "max": (1 << 63) - 1}}
         self.assertEqual(dp.validate_properties(limits), limits)
-        for bad, field in [({"headers": {"n": 1 << 63}}, "'n'"), ({"headers": {"f": 1.0}}, "'f'"),
+        for bad, field in [({"headers": {"n": 1 << 63}}, "'n'"), ({"headers": {"f": 1.5}}, "'f'"),
                            ({"headers": {"b": b"x"}}, "'b'"), ({"headers": {1: "x"}}, "1"),
                            ({"priority": True}, "priority"), ({"priority": 5.0}, "priority"),
                            ({"deadline_ms": 1 << 63}, "deadline_ms")]:
@@ -41,6 +41,44 @@ class PropertiesTest(unittest.TestCase):
                 self.assertIn(field, str(cm.exception))
         with self.assertRaises(TypeError):
             dp.validate_properties([("routing_key", "x")])
+
+    def test_header_vectors(self):
+        # CONTRACT.md's header test vectors, written out here as Python
+        # values (the Go and Node producers' tests have them in theirs): any
+        # name but the reserved ones, integers in int64's range, and a float
+        # only if it is a whole number within +-(2^53-1), stored as that
+        # integer. None: refused, with an error naming the header.
+        for name, value, want in [
+            ("__proto__", "x", '{"headers":{"__proto__":"x"}}'),
+            ("constructor", "y", '{"headers":{"constructor":"y"}}'),
+            ("s", "", '{"headers":{"s":""}}'),
+            ("b", True, '{"headers":{"b":true}}'),
+            ("n", 2, '{"headers":{"n":2}}'),
+            ("n", -128, '{"headers":{"n":-128}}'),
+            ("n", 4294967295, '{"headers":{"n":4294967295}}'),
+            ("max", (1 << 63) - 1, '{"headers":{"max":9223372036854775807}}'),
+            ("min", -(1 << 63), '{"headers":{"min":-9223372036854775808}}'),
+            ("over", 1 << 63, None),
+            ("f", 2.0, '{"headers":{"f":2}}'),
+            ("f", -9007199254740991.0, '{"headers":{"f":-9007199254740991}}'),
+            ("f", 9007199254740992.0, None),
+            ("f", 2.5, None),
+            ("f", float("nan"), None),
+            ("f", float("inf"), None),
+            ("x-due-ms", 1, None),
+            ("", "a", None),
+            ("l", ["a"], None),
+            ("z", None, None),
+        ]:
+            with self.subTest(name=name, value=value):
+                props = {"headers": {name: value}}
+                if want is None:
+                    with self.assertRaises((ValueError, TypeError)) as cm:
+                        dp.properties_json(props)
+                    if name:
+                        self.assertIn(repr(name), str(cm.exception))
+                else:
+                    self.assertEqual(dp.properties_json(props), want.encode("utf-8"))
 
     def test_json(self):
         self.assertIsNone(dp.properties_json(None))
