@@ -5,7 +5,7 @@ export type Member = Buffer | Uint8Array | string;
 export type Due = Date | number;
 export type Task = [Member, Due] | { member: Member; due: Due };
 
-/** A header value: a string, a boolean, or an integer (a safe-integer number or a 64-bit bigint). */
+/** A header value: a string, a boolean, or an integer (a safe-integer number, 2.0 being 2, or a 64-bit bigint). */
 export type HeaderValue = string | boolean | number | bigint;
 
 /** Message properties of a task (CONTRACT.md); every field is optional, null or undefined is absent. */

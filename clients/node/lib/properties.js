@@ -78,7 +78,9 @@ function validateHeaders(headers) {
       throw new TypeError(`properties: headers: "${name}": ${show(value)} is a ${kind(value)} ` +
         '(strings, 64-bit integers and booleans only)');
     }
-    out[name] = value;
+    // Any name is a header, __proto__ too: assigned, it would set the
+    // object's prototype and vanish from the headers.
+    Object.defineProperty(out, name, { value, enumerable: true, writable: true, configurable: true });
   }
   return out;
 }

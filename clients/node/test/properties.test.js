@@ -44,6 +44,50 @@ test('JavaScript values', () => {
   assert.throws(() => dp.validateProperties('routing_key'), TypeError);
 });
 
+test('header vectors', () => {
+  // CONTRACT.md's header test vectors, written out here as JavaScript
+  // values (the Go and Python producers' tests have them in theirs): any
+  // name but the reserved ones, __proto__ too (a computed key makes it an
+  // own property), 64-bit integers as safe-integer numbers or bigints, and
+  // a number only if it is a whole number within +-(2^53-1). null: refused,
+  // with an error naming the header.
+  for (const [name, value, want] of [
+    ['__proto__', 'x', '{"headers":{"__proto__":"x"}}'],
+    ['constructor', 'y', '{"headers":{"constructor":"y"}}'],
+    ['s', '', '{"headers":{"s":""}}'],
+    ['b', true, '{"headers":{"b":true}}'],
+    ['n', 2, '{"headers":{"n":2}}'],
+    ['n', -128, '{"headers":{"n":-128}}'],
+    ['n', 4294967295, '{"headers":{"n":4294967295}}'],
+    ['max', 2n ** 63n - 1n, '{"headers":{"max":9223372036854775807}}'],
+    ['min', -(2n ** 63n), '{"headers":{"min":-9223372036854775808}}'],
+    ['over', 2n ** 63n, null],
+    ['f', 2.0, '{"headers":{"f":2}}'],
+    ['f', -9007199254740991.0, '{"headers":{"f":-9007199254740991}}'],
+    ['f', 9007199254740992.0, null],
+    ['f', 2.5, null],
+    ['f', NaN, null],
+    ['f', Infinity, null],
+    ['x-due-ms', 1, null],
+    ['', 'a', null],
+    ['l', ['a'], null],
+    ['z', null, null],
+  ]) {
+    const props = { headers: { [name]: value } };
+    const label = `${name} = ${String(value)}`;
+    if (want === null) {
+      assert.throws(() => dp.propertiesJson(props), (err) => name === '' || err.message.includes(`"${name}"`), label);
+    } else {
+      assert.equal(dp.propertiesJson(props), want, label);
+    }
+  }
+  // As JSON.parse gives it, and as validateProperties returns it: an own
+  // property, not the object's prototype.
+  const parsed = dp.validateProperties(JSON.parse('{"headers":{"__proto__":"x"}}'));
+  assert.deepEqual(Object.keys(parsed.headers), ['__proto__']);
+  assert.equal(Object.getPrototypeOf(parsed.headers), Object.prototype);
+});
+
 test('properties as JSON', () => {
   assert.equal(dp.propertiesJson(undefined), null);
   assert.equal(dp.propertiesJson({ routing_key: '', headers: {}, type: undefined, priority: null }), null,
