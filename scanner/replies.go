@@ -27,6 +27,9 @@ const (
 // authentication problem) rather than trouble with one shard's keys: the
 // loop backs off and logs it once, instead of blaming every shard.
 func serverRefuses(err error) bool {
+	if scriptNoPerm(err) {
+		return true
+	}
 	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "BUSY ", "NOPERM", "NOAUTH", "WRONGPASS", "OOM"} {
 		if redis.HasErrorPrefix(err, p) {
 			return true
@@ -43,12 +46,24 @@ var redisHints = map[string]string{
 	"NOPERM":   "the Redis ACL user lacks a key, channel or command the dispatcher needs",
 }
 
+// scriptNoPerm reports whether err is Redis refusing a script's call that
+// the ACL user may not run: Redis 7 answers that with this ERR text, not
+// NOPERM, but it is the same refusal.
+func scriptNoPerm(err error) bool {
+	// (HasErrorPrefix reads past the "ERR ".)
+	return redis.HasErrorPrefix(err, "The user executing the script can't run this command")
+}
+
 // redisErrorClass is the error code of a Redis reply error (LOADING,
-// READONLY, OOM, ...) or "conn" for anything else (network, timeout).
+// READONLY, OOM, ...; a script's refused call counts as NOPERM) or "conn"
+// for anything else (network, timeout).
 func redisErrorClass(err error) string {
 	var re redis.Error
 	if !errors.As(err, &re) {
 		return "conn"
+	}
+	if scriptNoPerm(err) {
+		return "NOPERM"
 	}
 	code, _, _ := strings.Cut(re.Error(), " ")
 	return code

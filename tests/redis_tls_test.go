@@ -16,8 +16,8 @@ import (
 // dispatcherCommands is what the daemon runs on Redis, scripts' own calls
 // included (ACLs check those too): nothing else is granted to its user.
 const dispatcherCommands = "+ping +evalsha +eval +script|load +time +type " +
-	"+zadd +zrem +zrange +zrangebyscore +zremrangebyrank +zremrangebyscore +zscore +zmscore +zcard +zcount +hmget +hlen " +
-	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +get +set +setnx +del +pexpire +incrby " +
+	"+zadd +zrem +zrange +zrangebyscore +zrevrangebyscore +zrank +zremrangebyrank +zremrangebyscore +zscore +zmscore +zcard +zcount +hmget +hlen " +
+	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +get +set +setnx +del +pexpire +incr +incrby " +
 	"+publish +subscribe +unsubscribe +psubscribe +punsubscribe " +
 	"+ssubscribe +sunsubscribe +pubsub|numsub +pubsub|shardnumsub"
 
