@@ -193,6 +193,7 @@ func TestHeaderVectors(t *testing.T) {
 		{"x-due-ms", int64(1), ""},
 		{"", "a", ""},
 		{"l", []any{"a"}, ""},
+		{"o", map[string]any{"a": 1}, ""},
 		{"z", nil, ""},
 	} {
 		p := shard.Properties{Headers: map[string]any{tc.name: tc.value}}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -504,6 +505,67 @@ func TestClientPropertiesTable(t *testing.T) {
 		case !c.OK && !strings.Contains(err.Error(), c.Field):
 			t.Errorf("%s: the dispatcher's error %q does not name %q", c.Props, err, c.Field)
 		}
+	}
+}
+
+// TestContractHeaderVectors: CONTRACT.md's header test vectors, each
+// value written as JSON, read by the dispatcher (shard.ParseProperties)
+// as the table says; the Go, Python and Node producers' own tests check
+// the same vectors as values of their language.
+func TestContractHeaderVectors(t *testing.T) {
+	b, err := os.ReadFile("../CONTRACT.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const marker = "<!-- header-vectors:"
+	_, table, ok := strings.Cut(string(b), marker)
+	if !ok {
+		t.Fatalf("CONTRACT.md has no %q table", marker)
+	}
+	code := regexp.MustCompile("`([^`]*)`")
+	rows := 0
+	for _, line := range strings.Split(table, "\n")[1:] {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "|"), " | ")
+		if len(cells) != 3 || strings.HasPrefix(cells[0], " ---") || strings.HasPrefix(cells[0], " header name") {
+			continue
+		}
+		rows++
+		name := code.FindStringSubmatch(cells[0])
+		value := code.FindStringSubmatch(cells[1])
+		if name == nil || value == nil {
+			t.Fatalf("CONTRACT.md: header vector %q: no `name` or `value`", line)
+		}
+		literal := value[1]
+		if strings.HasPrefix(strings.TrimSpace(cells[1]), "string") {
+			q, _ := json.Marshal(literal)
+			literal = string(q)
+		}
+		in := fmt.Sprintf(`{"headers":{%s:%s}}`, strconv.Quote(name[1]), literal)
+		p, err := shard.ParseProperties([]byte(in))
+		want := strings.TrimSpace(cells[2])
+		if strings.HasPrefix(want, "refused") {
+			if err == nil {
+				t.Errorf("CONTRACT.md says %s is refused; the dispatcher reads %+v", in, p.Headers)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("CONTRACT.md says %s is stored as %s; the dispatcher refuses it: %v", in, want, err)
+			continue
+		}
+		got, err := p.Marshal()
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if stored := code.FindStringSubmatch(want); stored == nil || string(got) != `{"headers":{`+stored[1]+`}}` {
+			t.Errorf("CONTRACT.md says %s is stored as %s; the dispatcher stores %s", in, want, got)
+		}
+	}
+	if rows < 10 {
+		t.Fatalf("CONTRACT.md's header vectors: %d rows read", rows)
 	}
 }
 

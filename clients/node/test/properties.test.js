@@ -71,6 +71,7 @@ test('header vectors', () => {
     ['x-due-ms', 1, null],
     ['', 'a', null],
     ['l', ['a'], null],
+    ['o', { a: 1 }, null],
     ['z', null, null],
   ]) {
     const props = { headers: { [name]: value } };

@@ -68,6 +68,7 @@ class PropertiesTest(unittest.TestCase):
             ("x-due-ms", 1, None),
             ("", "a", None),
             ("l", ["a"], None),
+            ("o", {"a": 1}, None),
             ("z", None, None),
         ]:
             with self.subTest(name=name, value=value):
