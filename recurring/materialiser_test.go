@@ -110,6 +110,38 @@ func TestRetireScript(t *testing.T) {
 	}
 }
 
+// TestRetireRemovesLeftProperties: an occurrence cancelled with a bare
+// ZREM (a producer of its own, not the packages' MULTI) leaves its
+// properties behind; retiring the schedule removes them, or a later
+// one-off task with the same body would go out with them. A pending
+// member with that body keeps its own.
+func TestRetireRemovesLeftProperties(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	keys := newKeys(t, rdb, 1)
+	k := []string{keys.Pending(0), keys.RecurringState(0), keys.Tasks(0), keys.Props(0)}
+	rdb.HSet(ctx, k[1], "s", "3:5000:")
+	rdb.HSet(ctx, k[3], "body", `{"routing_key":"cron","headers":{"src":"cron"}}`) // its ZREM left them
+	res, err := retireScript.Run(ctx, rdb, k, "s", "body", "3:5000:", 4).Slice()
+	if err != nil || res[0] != int64(1) || res[1] != int64(0) {
+		t.Fatalf("retire: %v %v", res, err)
+	}
+	if n := rdb.HLen(ctx, k[3]).Val(); n != 0 {
+		t.Fatalf("%d properties left in %s after the schedule's retirement", n, k[3])
+	}
+	// Pending at another score (a reschedule by ZADD): not removed, and
+	// neither are its properties.
+	rdb.HSet(ctx, k[1], "s", "4:6000:")
+	rdb.ZAdd(ctx, k[0], redis.Z{Score: 9999, Member: "body"})
+	rdb.HSet(ctx, k[3], "body", `{"type":"tick"}`)
+	if _, err := retireScript.Run(ctx, rdb, k, "s", "body", "4:6000:", 5).Slice(); err != nil {
+		t.Fatal(err)
+	}
+	if rdb.HGet(ctx, k[3], "body").Val() != `{"type":"tick"}` {
+		t.Fatal("a pending member's properties were removed")
+	}
+}
+
 // claimer stands in for the dispatchers: it takes what is due within the
 // look-ahead out of pending, as the claim script does, and records each
 // scheduling it took.

@@ -77,7 +77,9 @@ return {1}
 
 // retireScript ends a state: the occurrence materialised under it is
 // cancelled if it has not left pending yet (its body is pending at its due
-// time), with its properties (and any body field, as a cancel), and the state becomes a retired one at rev ARGV[4] whose cursor
+// time), with its properties (and any body field, as a cancel); a body not
+// pending loses any properties field left for it (by a bare ZREM); and the
+// state becomes a retired one at rev ARGV[4] whose cursor
 // is the floor a fresh start must stay after: the occurrence's due time if
 // it left pending (it is delivered), 0 if it was cancelled here.
 //
@@ -107,6 +109,10 @@ if flag == '' and cursor ~= '0' and s and tonumber(s) == tonumber(cursor) then
   redis.call('HDEL', KEYS[4], ARGV[2])
   cancelled = 1
   floor = '0'
+elseif not s then
+  -- Not pending: a claim took its properties along, so any left here are
+  -- a bare ZREM's leftovers, which a later task with this body would carry.
+  redis.call('HDEL', KEYS[4], ARGV[2])
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[4] .. ':' .. floor .. ':r')
 return {1, cancelled, floor}
