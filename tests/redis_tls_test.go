@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // dispatcherCommands is what the daemon runs on Redis, scripts' own calls
@@ -69,6 +70,22 @@ func TestRedisTLSAndACL(t *testing.T) {
 	p := h.start()
 	f := newFeeder(t, h.producer("tls"), "t", 3*time.Second, 10, "").start()
 	verifyWhile(h, "tls", f.want, 30*time.Second, 0, f.wait)
+	// Tasks with an id and properties under the same ACL: their claim
+	// moves bodies and properties, their ack reads with ZMSCORE; a refused
+	// call would leave them in flight, to go out again every lease.
+	due := h.redisNow().Add(2 * time.Second)
+	idWant := map[string]int64{}
+	var idTasks []shard.IDTask
+	for i := range 20 {
+		id := []byte(fmt.Sprintf("acl-id-%d", i))
+		idTasks = append(idTasks, shard.IDTask{ID: id, Body: []byte("body"), Props: &shard.Properties{ContentType: "text/plain"}, Due: due})
+		idWant[shard.MessageID(id, due.UnixMilli())] = due.UnixMilli()
+	}
+	if err := h.producer("tls").ScheduleIDs(ctx, idTasks); err != nil {
+		t.Fatal(err)
+	}
+	verifyWhile(h, "tls", idWant, 30*time.Second, 0, func() {})
+	h.emptyAtEnd(h.queues[0])
 	metrics := get(t, "http://"+addr+"/metrics")
 	// Stopping gives up the sweeper role (a script with DEL and PUBLISH).
 	p.signal(syscall.SIGTERM)
