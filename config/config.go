@@ -98,7 +98,18 @@ type Queue struct {
 	RoutingKey string  `env:"ROUTING_KEY" default:"" defaultText:"the queue name" desc:"routing key of the published messages (at most 255 bytes); empty or unset means the queue name"`
 	MaxRate    float64 `env:"MAX_RATE" default:"0" defaultText:"0 (no limit)" desc:"most tasks a second the queue's instances dispatch together (a token bucket in Redis holding a tenth of a second's worth), so that a backlog after an outage drains at a pace the consumers survive, oldest first in each shard; with a limit, claims take due tasks only (no look-ahead), and instances that cannot reach the bucket claim nothing meanwhile; 0 means no limit, else at least 0.001" see:"docs/steering.md#steering-schedule-cancel-list-dead-letters-pause-rate-limit"`
 	DrainRate  float64 `env:"DRAIN_RATE" default:"1000" desc:"tasks a second the queue's consumers are taken to handle, for the thundering-herd warning only (at least 0.001): more tasks due in one second of the next minute than the queue drains in 10 s at the lower of this and MAX_RATE are warned of ahead (log, status page, dispatcher_queue_herd_ahead); changes nothing in how tasks are dispatched" see:"docs/monitoring.md#forecast-and-thundering-herds"`
+	// The AMQP ingress (docs/migrating-from-delayed-plugin.md).
+	IngressExchange  string        `env:"INGRESS_EXCHANGE" default:"" defaultText:"none (ingress off)" desc:"exchange producers publish to with x-delay, as to the delayed-message plugin (at most 255 bytes); set, every instance serving the queue declares it (durable topic) if missing, and a durable queue dispatcher.ingress.<name> bound to it with #, and writes each message into the queue's shards as a task with an id; an exchange of another type stops the start" see:"docs/migrating-from-delayed-plugin.md"`
+	IngressPrefetch  int           `env:"INGRESS_PREFETCH" default:"256" desc:"ingress deliveries held unacked by one instance, 1 to 65535: the most written to Redis in one pipelined round trip before their ack" see:"docs/migrating-from-delayed-plugin.md"`
+	IngressQueueType string        `env:"INGRESS_QUEUE_TYPE" default:"quorum" desc:"type of the ingress queue dispatcher.ingress.<name>: quorum (replicated; RabbitMQ 3.8 and later) or classic" see:"docs/migrating-from-delayed-plugin.md"`
+	IngressMaxDelay  time.Duration `env:"INGRESS_MAX_DELAY" default:"87600h" desc:"longest delay an ingress message may ask for (x-delay, or x-due-ms from its base time), at least 1s; beyond it the message is rejected to the ingress queue's dead-letter exchange with the reason logged" see:"docs/migrating-from-delayed-plugin.md"`
 }
+
+// Ingress defaults.
+const (
+	DefaultIngressPrefetch = 256
+	DefaultIngressMaxDelay = 87600 * time.Hour
+)
 
 // DefaultDrainRate is DRAIN_RATE when it is not set (DrainRate 0).
 const DefaultDrainRate = 1000
@@ -296,7 +307,42 @@ func loadQueue(name string, env map[string]string, tool bool) (Queue, error) {
 	if q.RoutingKey == "" {
 		q.RoutingKey = name
 	}
+	if err := loadIngress(&q, p, env); err != nil {
+		return q, err
+	}
 	return q, nil
+}
+
+// loadIngress reads a queue's INGRESS_* variables.
+func loadIngress(q *Queue, p string, env map[string]string) error {
+	q.IngressExchange = env[p+"INGRESS_EXCHANGE"]
+	if len(q.IngressExchange) > 255 {
+		return &Error{Var: p + "INGRESS_EXCHANGE", Value: q.IngressExchange, Reason: "over AMQP's 255 bytes"}
+	}
+	// Unset stays zero: the ingress applies the defaults (as DrainRate).
+	if v, ok := env[p+"INGRESS_PREFETCH"]; ok && strings.TrimSpace(v) != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 || n > 65535 {
+			return &Error{Var: p + "INGRESS_PREFETCH", Value: v, Reason: "want an integer, 1 to 65535"}
+		}
+		q.IngressPrefetch = n
+	}
+	if v, ok := env[p+"INGRESS_QUEUE_TYPE"]; ok && strings.TrimSpace(v) != "" {
+		switch t := strings.TrimSpace(v); t {
+		case "quorum", "classic":
+			q.IngressQueueType = t
+		default:
+			return &Error{Var: p + "INGRESS_QUEUE_TYPE", Value: v, Reason: "want quorum or classic"}
+		}
+	}
+	if v, ok := env[p+"INGRESS_MAX_DELAY"]; ok && strings.TrimSpace(v) != "" {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < time.Second {
+			return &Error{Var: p + "INGRESS_MAX_DELAY", Value: v, Reason: "want a duration of at least 1s (Go syntax, such as 720h)"}
+		}
+		q.IngressMaxDelay = d
+	}
+	return nil
 }
 
 // translate turns envconfig's errors into one line naming variable and value.

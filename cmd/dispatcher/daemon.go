@@ -233,6 +233,14 @@ func runDaemon(stderr io.Writer) int {
 		log.Error("cannot start", "err", err)
 		return exitFailure
 	}
+	ingresses, err := setupIngress(rdb, cfg, reg, log)
+	if err != nil {
+		if httpSrv != nil {
+			httpSrv.stop()
+		}
+		log.Error("cannot start", "err", err)
+		return exitFailure
+	}
 	boot.started()
 	for n, sc := range scs {
 		sc.SetLayout(layouts[n])
@@ -269,6 +277,7 @@ func runDaemon(stderr io.Writer) int {
 	scanners.Add(1)
 	go func() { defer scanners.Done(); records.Run(ctx) }()
 	startRecurring(ctx, &scanners, rdb, cfg, byQueue, reg, log, coalescer)
+	runIngress(ctx, &scanners, ingresses)
 	// One line when Redis is lost and one when it is back, for the process.
 	outages := &redisconn.Watcher{Client: rdb, Logger: log.With("component", "redis")}
 	scanners.Add(1)

@@ -1,0 +1,490 @@
+// Package ingress takes messages published to an AMQP exchange with the
+// delayed-message plugin's x-delay header and writes each one into the
+// queue's Redis shards as a task with an id, so that producers that only
+// speak AMQP need no change but the exchange's name
+// (docs/migrating-from-delayed-plugin.md).
+package ingress
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// Queue types of the ingress queue.
+const (
+	QuorumQueue  = "quorum"
+	ClassicQueue = "classic"
+)
+
+// Options configure one queue's ingress.
+type Options struct {
+	Queue    string // the dispatcher's queue NAME
+	Exchange string // E, the exchange producers publish to
+	// Prefetch bounds the deliveries held unacked, and so the batch written
+	// to Redis in one round trip.
+	Prefetch  int
+	QueueType string        // QuorumQueue or ClassicQueue
+	MaxDelay  time.Duration // a due time further than this from the base is refused
+	// MaxBodyBytes refuses larger bodies (0: no limit).
+	MaxBodyBytes int
+	Dial         func() (*amqp.Connection, error)
+	Logger       *slog.Logger
+	Metrics      *Metrics
+}
+
+// QueueName is the durable queue the ingress of queue NAME consumes.
+func QueueName(queue string) string { return "dispatcher.ingress." + queue }
+
+// Ingress consumes one queue's ingress queue.
+type Ingress struct {
+	opt  Options
+	rdb  redis.UniversalClient
+	prod *shard.Producer
+	log  *slog.Logger
+}
+
+// New makes the ingress of one queue; rdb and prod are the queue's Redis
+// and producer.
+func New(rdb redis.UniversalClient, prod *shard.Producer, opt Options) *Ingress {
+	if opt.Prefetch <= 0 {
+		opt.Prefetch = 256
+	}
+	if opt.QueueType == "" {
+		opt.QueueType = QuorumQueue
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	return &Ingress{opt: opt, rdb: rdb, prod: prod, log: opt.Logger.With("queue", opt.Queue, "ingress_exchange", opt.Exchange)}
+}
+
+// ErrSetup is a declaration the broker refused: retrying does not help.
+var ErrSetup = errors.New("ingress setup refused")
+
+// Declare declares E (durable topic if missing), the ingress queue and
+// the binding `#`. A refusal by the broker (E of another type, the queue
+// declared with other arguments) is an ErrSetup naming the thing.
+func (g *Ingress) Declare(ch *amqp.Channel) error {
+	if err := ch.ExchangeDeclare(g.opt.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("%w: declaring ingress exchange %q as a durable topic exchange (an exchange of another type, such as x-delayed-message, cannot be bound with #: delete it or set another DISPATCHER_QUEUE_%s_INGRESS_EXCHANGE): %v",
+			ErrSetup, g.opt.Exchange, envName(g.opt.Queue), err)
+	}
+	args := amqp.Table{}
+	if g.opt.QueueType == QuorumQueue {
+		args["x-queue-type"] = QuorumQueue
+	}
+	q := QueueName(g.opt.Queue)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
+		return fmt.Errorf("%w: declaring ingress queue %q (type %s): %v", ErrSetup, q, g.opt.QueueType, err)
+	}
+	if err := ch.QueueBind(q, "#", g.opt.Exchange, false, nil); err != nil {
+		return fmt.Errorf("%w: binding ingress queue %q to %q with #: %v", ErrSetup, q, g.opt.Exchange, err)
+	}
+	return nil
+}
+
+func envName(queue string) string {
+	b := []byte(strings.ToUpper(queue))
+	for i, c := range b {
+		if (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+// Setup connects once and declares; a broker that cannot be reached is no
+// error (Run keeps trying), a refused declaration is.
+func (g *Ingress) Setup() error {
+	conn, err := g.opt.Dial()
+	if err != nil {
+		g.log.Warn("ingress: broker not reachable at start; retrying", "err", err)
+		return nil
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil
+	}
+	return g.Declare(ch)
+}
+
+// Run consumes until ctx ends, reconnecting after a lost connection.
+func (g *Ingress) Run(ctx context.Context) {
+	wait := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := g.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		g.log.Warn("ingress: consuming stopped; reconnecting", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+func (g *Ingress) session(ctx context.Context) error {
+	conn, err := g.opt.Dial()
+	if err != nil {
+		return fmt.Errorf("connecting: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening a channel: %w", err)
+	}
+	if err := g.Declare(ch); err != nil {
+		return err
+	}
+	if err := ch.Qos(g.opt.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("setting prefetch %d: %w", g.opt.Prefetch, err)
+	}
+	ds, err := ch.Consume(QueueName(g.opt.Queue), "", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consuming %q: %w", QueueName(g.opt.Queue), err)
+	}
+	g.log.Info("ingress: consuming", "ingress_queue", QueueName(g.opt.Queue), "prefetch", g.opt.Prefetch)
+	var batch []amqp.Delivery
+	for {
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-ds:
+			if !ok {
+				return errors.New("delivery channel closed")
+			}
+			batch = append(batch, d)
+		}
+		// What has arrived meanwhile goes in the same round trip.
+	more:
+		for len(batch) < g.opt.Prefetch {
+			select {
+			case d, ok := <-ds:
+				if !ok {
+					break more
+				}
+				batch = append(batch, d)
+			default:
+				break more
+			}
+		}
+		if err := g.handle(ctx, ch, batch); err != nil {
+			return err
+		}
+	}
+}
+
+// item is one delivery's outcome.
+type item struct {
+	d      amqp.Delivery
+	task   *shard.IDTask
+	cancel []byte // an id to cancel
+	reason string // refused: why
+	cause  string
+}
+
+// handle writes one batch to Redis and then settles it: refused
+// deliveries are rejected (to the ingress queue's dead-letter exchange, if
+// any), the rest acked in one multiple ack once Redis has them. While
+// Redis fails nothing is acked and, the prefetch window being full,
+// consuming pauses.
+func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery) error {
+	nowMs, err := g.redisNow(ctx)
+	for err != nil {
+		if ctx.Err() != nil {
+			return nil // unacked: the broker gives them to another instance
+		}
+		g.opt.Metrics.errors(g.opt.Queue, "redis", len(batch))
+		g.log.Warn("ingress: Redis unavailable; nothing acked, consuming paused", "err", err)
+		sleep(ctx, time.Second)
+		nowMs, err = g.redisNow(ctx)
+	}
+	items := make([]item, len(batch))
+	for n, d := range batch {
+		items[n] = g.convert(d, nowMs)
+	}
+	// Schedules and cancels in delivery order: a cancel after its task's
+	// scheduling in the same batch must win.
+	var run []shard.IDTask
+	flush := func() error {
+		for len(run) > 0 {
+			err := g.prod.ScheduleIDs(ctx, run)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			g.opt.Metrics.errors(g.opt.Queue, "redis", len(run))
+			g.log.Warn("ingress: writing tasks to Redis failed; nothing acked, retrying", "tasks", len(run), "err", err)
+			sleep(ctx, time.Second)
+		}
+		run = run[:0]
+		return nil
+	}
+	for _, it := range items {
+		switch {
+		case it.reason != "":
+			g.opt.Metrics.errors(g.opt.Queue, it.cause, 1)
+			g.log.Error("ingress: message refused, rejected to the ingress queue's dead-letter exchange", "reason", it.reason,
+				"message_id", it.d.MessageId, "routing_key", it.d.RoutingKey)
+		case it.task != nil:
+			run = append(run, *it.task)
+		case it.cancel != nil:
+			if err := flush(); err != nil {
+				return nil
+			}
+			for {
+				_, err := g.prod.CancelID(ctx, it.cancel)
+				if err == nil {
+					break
+				}
+				if ctx.Err() != nil {
+					return nil
+				}
+				g.log.Warn("ingress: cancel failed; retrying", "id", string(it.cancel), "err", err)
+				sleep(ctx, time.Second)
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return nil
+	}
+	// Refusals first, then one ack for all the rest: an ack with multiple
+	// settles every earlier tag still outstanding, which are ours.
+	var last uint64
+	ingested := 0
+	for _, it := range items {
+		if it.reason != "" {
+			if err := ch.Nack(it.d.DeliveryTag, false, false); err != nil {
+				return fmt.Errorf("rejecting: %w", err)
+			}
+			continue
+		}
+		last = it.d.DeliveryTag
+		if it.task != nil {
+			ingested++
+		}
+	}
+	if last != 0 {
+		if err := ch.Ack(last, true); err != nil {
+			return fmt.Errorf("acking: %w", err)
+		}
+	}
+	g.opt.Metrics.ingested(g.opt.Queue, ingested)
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func (g *Ingress) redisNow(ctx context.Context) (int64, error) {
+	t, err := g.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("reading the Redis clock: %w", err)
+	}
+	return t.UnixMilli(), nil
+}
+
+// Headers the ingress reads.
+const (
+	HeaderDelay    = "x-delay"
+	HeaderDueMs    = "x-due-ms"
+	HeaderCancel   = "x-dispatcher-cancel"
+	HeaderReceived = "timestamp_in_ms"
+)
+
+// convert turns one delivery into a task, a cancel or a refusal.
+func (g *Ingress) convert(d amqp.Delivery, nowMs int64) item {
+	it := item{d: d}
+	refuse := func(cause, format string, a ...any) item {
+		it.cause, it.reason = cause, fmt.Sprintf(format, a...)
+		return it
+	}
+	if c, ok := d.Headers[HeaderCancel]; ok {
+		if b, ok := c.(bool); !ok || !b {
+			return refuse("bad_header", "header %s is %v (%T): want the boolean true", HeaderCancel, c, c)
+		}
+		if d.MessageId == "" {
+			return refuse("bad_header", "header %s without a message_id: nothing names the task to cancel", HeaderCancel)
+		}
+		it.cancel = []byte(d.MessageId)
+		return it
+	}
+	if g.opt.MaxBodyBytes > 0 && len(d.Body) > g.opt.MaxBodyBytes {
+		return refuse("too_large", "body is %d bytes, over DISPATCHER_MAX_MESSAGE_BYTES=%d", len(d.Body), g.opt.MaxBodyBytes)
+	}
+	base := nowMs
+	if v, ok := d.Headers[HeaderReceived]; ok {
+		if ms, ok := integer(v); ok && ms > 0 {
+			base = ms
+		}
+	}
+	due := base
+	if v, ok := d.Headers[HeaderDueMs]; ok {
+		ms, ok := integer(v)
+		if !ok {
+			return refuse("bad_header", "header %s is %v (%T): not an integer", HeaderDueMs, v, v)
+		}
+		if ms > base {
+			due = ms
+		}
+	} else if v, ok := d.Headers[HeaderDelay]; ok {
+		ms, ok := integer(v)
+		if !ok {
+			return refuse("bad_header", "header %s is %v (%T): not an integer", HeaderDelay, v, v)
+		}
+		if ms > 0 {
+			due = base + ms
+		}
+	}
+	if g.opt.MaxDelay > 0 && due-base > g.opt.MaxDelay.Milliseconds() {
+		return refuse("too_late", "due time %d is %d ms after %d, beyond DISPATCHER_QUEUE_%s_INGRESS_MAX_DELAY=%s",
+			due, due-base, base, envName(g.opt.Queue), g.opt.MaxDelay)
+	}
+	props, err := properties(d)
+	if err != nil {
+		return refuse("bad_header", "%v", err)
+	}
+	id := []byte(d.MessageId)
+	if len(id) == 0 {
+		// No id to keep a redelivery to one task: a fresh one, so a
+		// message redelivered after a crash before its ack may become a
+		// second task (documented).
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		id = []byte("ingress-" + hex.EncodeToString(b[:]))
+	}
+	if err := shard.ValidID(id); err != nil {
+		return refuse("bad_header", "message_id: %v", err)
+	}
+	it.task = &shard.IDTask{ID: id, Body: d.Body, Props: props, Due: time.UnixMilli(due)}
+	return it
+}
+
+// integer reads an AMQP integer of any width, as the plugin reads x-delay.
+func integer(v any) (int64, bool) {
+	switch v := v.(type) {
+	case int8:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int32:
+		return int64(v), true
+	case int64:
+		return v, true
+	case int:
+		return int64(v), true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	case uint64:
+		if v > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(v), true
+	}
+	return 0, false
+}
+
+// properties are the delivery's properties as the task stores them. The
+// stored format holds headers of strings, integers and booleans; a header
+// of another AMQP type is refused by name rather than changed.
+func properties(d amqp.Delivery) (*shard.Properties, error) {
+	p := &shard.Properties{
+		RoutingKey: d.RoutingKey, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Type: d.Type,
+	}
+	// An empty routing key is stored as none: the queue's own key is used.
+	if d.Priority != 0 {
+		pr := int(d.Priority)
+		p.Priority = &pr
+	}
+	if d.Expiration != "" {
+		ms, err := strconv.ParseInt(d.Expiration, 10, 64)
+		if err != nil || ms < 0 {
+			return nil, fmt.Errorf("expiration %q: not a whole number of ms", d.Expiration)
+		}
+		p.ExpirationMs = &ms
+	}
+	for k, v := range d.Headers {
+		if shard.ReservedHeader(k) {
+			continue // the dispatcher's own: x-due-ms is set again at the due time
+		}
+		var sv any
+		switch v := v.(type) {
+		case string, bool:
+			sv = v
+		default:
+			n, ok := integer(v)
+			if !ok {
+				return nil, fmt.Errorf("header %q is %v (%T): the stored properties hold strings, integers and booleans only", k, v, v)
+			}
+			sv = n
+		}
+		if p.Headers == nil {
+			p.Headers = map[string]any{}
+		}
+		p.Headers[k] = sv
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Metrics count what the ingress does.
+type Metrics struct {
+	in   *prometheus.CounterVec
+	errs *prometheus.CounterVec
+}
+
+// NewMetrics registers the ingress metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		in: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dispatcher_ingress_ingested_total",
+			Help: "Messages taken from a queue's ingress queue and written to Redis as tasks."}, []string{"queue"}),
+		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dispatcher_ingress_errors_total",
+			Help: "Ingress messages refused (bad_header, too_large, too_late) or Redis failures while ingesting (redis), by cause."}, []string{"queue", "cause"}),
+	}
+	reg.MustRegister(m.in, m.errs)
+	return m
+}
+
+func (m *Metrics) ingested(queue string, n int) {
+	if m != nil && n > 0 {
+		m.in.WithLabelValues(queue).Add(float64(n))
+	}
+}
+
+func (m *Metrics) errors(queue, cause string, n int) {
+	if m != nil && n > 0 {
+		m.errs.WithLabelValues(queue, cause).Add(float64(n))
+	}
+}

@@ -1,0 +1,306 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/ingress"
+	"github.com/dispatcher/dispatcher/internal/testenv"
+)
+
+// ingressWorld is a queue with its AMQP ingress on, a consumer on the
+// queue's exchange bound with the producers' keys, and a channel to E.
+type ingressWorld struct {
+	h        *harness
+	queue, e string
+	got      <-chan amqp.Delivery
+	pub      *amqp.Channel
+	proc     *proc
+}
+
+func newIngressWorld(t *testing.T, keys []string, extra func(queuePrefix string) map[string]string) *ingressWorld {
+	t.Helper()
+	// The ingress queue is named after the queue, not the key prefix: a
+	// name of this test's own.
+	queue := fmt.Sprintf("ing-%d", time.Now().UnixNano()%1_000_000_000)
+	h := newHarness(t, queueSpec{Name: queue, Shards: 4})
+	w := &ingressWorld{h: h, queue: queue, e: h.prefix + ".ingress"}
+	h.extra[config.QueuePrefix(queue)+"_INGRESS_EXCHANGE"] = w.e
+	if extra != nil {
+		for k, v := range extra(config.QueuePrefix(queue)) {
+			h.extra[k] = v
+		}
+	}
+	ch, err := h.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if err := ch.QueueBind(q.Name, k, h.queues[0].Exchange, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.got, err = ch.Consume(q.Name, "", true, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := h.conn.Channel(); err == nil {
+			_, _ = c.QueueDelete(ingress.QueueName(queue), false, false, false)
+			_ = c.ExchangeDelete(w.e, false, false)
+			c.Close()
+		}
+	})
+	w.proc = h.start()
+	waitStarted(t, w.proc)
+	if w.pub, err = h.conn.Channel(); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func (w *ingressWorld) publish(t *testing.T, key string, m amqp.Publishing) {
+	t.Helper()
+	if err := w.pub.PublishWithContext(context.Background(), w.e, key, false, false, m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// receive waits for n messages.
+func (w *ingressWorld) receive(t *testing.T, n int, timeout time.Duration) []received {
+	t.Helper()
+	var out []received
+	end := time.After(timeout)
+	for len(out) < n {
+		select {
+		case d := <-w.got:
+			out = append(out, received{at: time.Now(), d: d})
+		case <-end:
+			t.Fatalf("received %d of %d messages within %v; dispatcher log:\n%s", len(out), n, timeout, tail(w.proc.out.String(), 3000))
+		}
+	}
+	return out
+}
+
+// TestIngressGoProducer: a Go producer publishes to E as to the plugin
+// (x-delay of several integer types), and the consumer on the queue's
+// exchange gets each message with its routing key, body, properties and
+// headers, x-task-id = its message_id, x-due-ms = base + delay, never early.
+func TestIngressGoProducer(t *testing.T) {
+	w := newIngressWorld(t, []string{"orders.created", "billing"}, nil)
+	type sent struct {
+		key   string
+		delay int64
+		at    int64 // ms, before the publish
+		m     amqp.Publishing
+	}
+	delays := []any{int32(1500), int64(800), int16(300), int8(0), int32(-5), uint16(1200)}
+	var all []sent
+	for n, dl := range delays {
+		key := "orders.created"
+		if n%2 == 1 {
+			key = "billing"
+		}
+		m := amqp.Publishing{
+			MessageId: fmt.Sprintf("go-%d", n), Body: []byte(fmt.Sprintf(`{"n":%d}`, n)),
+			ContentType: "application/json", ContentEncoding: "identity", CorrelationId: fmt.Sprintf("corr-%d", n),
+			ReplyTo: "replies", Type: "order", Priority: 3, Expiration: "600000", DeliveryMode: amqp.Persistent,
+			Headers: amqp.Table{"x-delay": dl, "tenant": "acme", "i8": int8(-7), "i16": int16(1234), "i32": int32(-99999),
+				"i64": int64(1) << 40, "flag": true},
+		}
+		di, _ := dl.(int8)
+		var d64 int64
+		switch v := dl.(type) {
+		case int32:
+			d64 = int64(v)
+		case int64:
+			d64 = v
+		case int16:
+			d64 = int64(v)
+		case int8:
+			d64 = int64(di)
+		case uint16:
+			d64 = int64(v)
+		}
+		all = append(all, sent{key: key, delay: max(d64, 0), at: w.h.redisNow().UnixMilli(), m: m})
+		w.publish(t, key, m)
+	}
+	got := w.receive(t, len(all), 20*time.Second)
+	byID := map[string]received{}
+	for _, r := range got {
+		byID[r.d.MessageId] = r
+		if id, _ := r.d.Headers["x-task-id"].(string); id != "" {
+			byID[id] = r
+		}
+	}
+	for _, s := range all {
+		r, ok := byID[s.m.MessageId]
+		if !ok {
+			t.Errorf("%s: not delivered with x-task-id = its message_id (got %v)", s.m.MessageId, got)
+			continue
+		}
+		d := r.d
+		if string(d.Body) != string(s.m.Body) || d.RoutingKey != s.key {
+			t.Errorf("%s: body %q key %q, want %q %q", s.m.MessageId, d.Body, d.RoutingKey, s.m.Body, s.key)
+		}
+		if d.ContentType != s.m.ContentType || d.ContentEncoding != s.m.ContentEncoding || d.CorrelationId != s.m.CorrelationId ||
+			d.ReplyTo != s.m.ReplyTo || d.Type != s.m.Type || d.Priority != s.m.Priority || d.Expiration != s.m.Expiration {
+			t.Errorf("%s: properties %+v, want those of %+v", s.m.MessageId, d, s.m)
+		}
+		for k, v := range s.m.Headers {
+			want, _ := toInt64(v)
+			if g, ok := toInt64(d.Headers[k]); ok && g == want {
+				continue
+			}
+			if d.Headers[k] != v {
+				t.Errorf("%s: header %s = %v (%T), want %v (%T)", s.m.MessageId, k, d.Headers[k], d.Headers[k], v, v)
+			}
+		}
+		due, ok := d.Headers["x-due-ms"].(int64)
+		if !ok {
+			t.Errorf("%s: no x-due-ms: %v", s.m.MessageId, d.Headers)
+			continue
+		}
+		if due < s.at+s.delay {
+			t.Errorf("%s: due at %d, before its publish (%d) + delay %d", s.m.MessageId, due, s.at, s.delay)
+		}
+		if r.at.UnixMilli() < due-2 { // the clocks are one machine's; 2 ms for rounding
+			t.Errorf("%s: received at %d, before its due time %d", s.m.MessageId, r.at.UnixMilli(), due)
+		}
+	}
+}
+
+func toInt64(v any) (int64, bool) {
+	switch v := v.(type) {
+	case int8:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int32:
+		return int64(v), true
+	case int64:
+		return v, true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	}
+	return 0, false
+}
+
+// TestIngressPikaProducer: a Python producer written as a plugin user
+// writes it (pika, x-delay an int), with a routing key and headers.
+func TestIngressPikaProducer(t *testing.T) {
+	w := newIngressWorld(t, []string{"py.key"}, nil)
+	script := `
+import pika, sys
+conn = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+ch = conn.channel()
+for n in range(3):
+    ch.basic_publish(exchange=sys.argv[2], routing_key="py.key", body=("py-%d" % n).encode(),
+        properties=pika.BasicProperties(message_id="py-%d" % n, content_type="text/plain",
+            headers={"x-delay": 700, "lang": "python", "n": n, "ok": True}))
+conn.close()
+`
+	out, err := exec.Command("/usr/bin/python3", "-c", script, testenv.AMQPURL(t), w.e).CombinedOutput()
+	if err != nil {
+		t.Fatalf("pika producer: %v\n%s", err, out)
+	}
+	got := w.receive(t, 3, 20*time.Second)
+	seen := map[string]bool{}
+	for _, r := range got {
+		id, _ := r.d.Headers["x-task-id"].(string)
+		seen[id] = true
+		if string(r.d.Body) != id || r.d.RoutingKey != "py.key" || r.d.ContentType != "text/plain" || r.d.Headers["lang"] != "python" {
+			t.Errorf("message %s: body %q key %q content_type %q headers %v", id, r.d.Body, r.d.RoutingKey, r.d.ContentType, r.d.Headers)
+		}
+		if due, _ := r.d.Headers["x-due-ms"].(int64); r.at.UnixMilli() < due-2 {
+			t.Errorf("message %s received at %d, before its due time %d", id, r.at.UnixMilli(), due)
+		}
+	}
+	for n := range 3 {
+		if !seen[fmt.Sprintf("py-%d", n)] {
+			t.Errorf("py-%d not delivered: %v", n, seen)
+		}
+	}
+}
+
+// TestIngressBadInput: each bad message is refused (not redelivered, not
+// scheduled) with a log line naming the header and the value, and the
+// good message after them still gets through: nothing blocks the queue.
+func TestIngressBadInput(t *testing.T) {
+	w := newIngressWorld(t, []string{"k"}, func(qp string) map[string]string {
+		return map[string]string{"DISPATCHER_MAX_MESSAGE_BYTES": "1000", qp + "_INGRESS_MAX_DELAY": "1h"}
+	})
+	bad := []struct {
+		name string
+		m    amqp.Publishing
+		log  string // in the log line
+	}{
+		{"string delay", amqp.Publishing{MessageId: "bad-1", Headers: amqp.Table{"x-delay": "5000"}}, `header x-delay is 5000 (string): not an integer`},
+		{"float delay", amqp.Publishing{MessageId: "bad-2", Headers: amqp.Table{"x-delay": 1.5}}, `header x-delay is 1.5 (float64): not an integer`},
+		{"beyond max delay", amqp.Publishing{MessageId: "bad-3", Headers: amqp.Table{"x-delay": int64(2 * 3600 * 1000)}}, `beyond ` + config.QueuePrefix(w.queue) + `_INGRESS_MAX_DELAY=1h0m0s`},
+		{"body too large", amqp.Publishing{MessageId: "bad-4", Body: make([]byte, 1001)}, `body is 1001 bytes, over DISPATCHER_MAX_MESSAGE_BYTES=1000`},
+		{"nested table", amqp.Publishing{MessageId: "bad-5", Headers: amqp.Table{"nested": amqp.Table{"a": int32(1)}}}, `header \"nested\" is map[a:1] (amqp091.Table)`},
+		{"cancel not true", amqp.Publishing{MessageId: "bad-6", Headers: amqp.Table{"x-dispatcher-cancel": "yes"}}, `header x-dispatcher-cancel is yes (string): want the boolean true`},
+	}
+	for _, b := range bad {
+		w.publish(t, "k", b.m)
+	}
+	w.publish(t, "k", amqp.Publishing{MessageId: "good", Body: []byte("good"), Headers: amqp.Table{"x-delay": int32(100)}})
+	got := w.receive(t, 1, 15*time.Second)
+	if id, _ := got[0].d.Headers["x-task-id"].(string); id != "good" {
+		t.Fatalf("first delivery is %q, want the good message", id)
+	}
+	for _, b := range bad {
+		if !strings.Contains(w.proc.out.String(), b.log) {
+			t.Errorf("%s: no log line with %q; log:\n%s", b.name, b.log, tail(w.proc.out.String(), 3000))
+		}
+	}
+	// Refused, not requeued: the ingress queue is empty, no task is left.
+	ch, err := w.h.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(ingress.QueueName(w.queue), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Messages != 0 {
+		t.Errorf("ingress queue holds %d messages after the bad ones were refused", q.Messages)
+	}
+	select {
+	case d := <-w.got:
+		t.Errorf("a refused message was delivered: %v", d.Headers)
+	case <-time.After(time.Second):
+	}
+}
+
+// TestIngressCancel: a message with x-dispatcher-cancel = true and the
+// task's message_id cancels the task it names.
+func TestIngressCancel(t *testing.T) {
+	w := newIngressWorld(t, []string{"k"}, nil)
+	w.publish(t, "k", amqp.Publishing{MessageId: "c-1", Body: []byte("cancelled"), Headers: amqp.Table{"x-delay": int32(2000)}})
+	w.publish(t, "k", amqp.Publishing{MessageId: "c-2", Body: []byte("kept"), Headers: amqp.Table{"x-delay": int32(2000)}})
+	w.publish(t, "k", amqp.Publishing{MessageId: "c-1", Headers: amqp.Table{"x-dispatcher-cancel": true}})
+	got := w.receive(t, 1, 15*time.Second)
+	if id, _ := got[0].d.Headers["x-task-id"].(string); id != "c-2" {
+		t.Fatalf("delivered %q, want c-2 only", id)
+	}
+	select {
+	case d := <-w.got:
+		t.Errorf("the cancelled task was delivered: %v", d.Headers)
+	case <-time.After(2 * time.Second):
+	}
+}
