@@ -21,6 +21,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/amqptable"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -413,9 +414,7 @@ func integer(v any) (int64, bool) {
 	return 0, false
 }
 
-// properties are the delivery's properties as the task stores them. The
-// stored format holds headers of strings, integers and booleans; a header
-// of another AMQP type is refused by name rather than changed.
+// properties are the delivery's properties as the task stores them.
 func properties(d amqp.Delivery) (*shard.Properties, error) {
 	p := &shard.Properties{
 		RoutingKey: d.RoutingKey, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
@@ -433,27 +432,25 @@ func properties(d amqp.Delivery) (*shard.Properties, error) {
 		}
 		p.ExpirationMs = &ms
 	}
+	// Headers keep their AMQP types in amqp_headers (CONTRACT.md), all but
+	// the dispatcher's own: x-due-ms is set again at the due time.
+	h := amqp.Table{}
 	for k, v := range d.Headers {
-		if shard.ReservedHeader(k) {
-			continue // the dispatcher's own: x-due-ms is set again at the due time
+		if !shard.ReservedHeader(k) {
+			h[k] = v
 		}
-		var sv any
-		switch v := v.(type) {
-		case string, bool:
-			sv = v
-		default:
-			n, ok := integer(v)
-			if !ok {
-				return nil, fmt.Errorf("header %q is %v (%T): the stored properties hold strings, integers and booleans only", k, v, v)
-			}
-			sv = n
-		}
-		if p.Headers == nil {
-			p.Headers = map[string]any{}
-		}
-		p.Headers[k] = sv
 	}
-	if err := p.Validate(); err != nil {
+	if len(h) > 0 {
+		b, err := amqptable.Encode(h)
+		if err != nil {
+			return nil, err
+		}
+		p.AMQPHeaders = b
+	}
+	p.MessageID = d.MessageId
+	// Marshal checks what ScheduleIDs will: a task it would refuse must be
+	// refused here, alone, not fail its whole batch again and again.
+	if _, err := p.Marshal(); err != nil {
 		return nil, err
 	}
 	return p, nil

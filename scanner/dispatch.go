@@ -472,6 +472,7 @@ func (s *Scanner) message(t Task, hash uint64) publisher.Message {
 		}
 		m.ContentType, m.ContentEncoding, m.CorrelationID = p.ContentType, p.ContentEncoding, p.CorrelationID
 		m.ReplyTo, m.Type = p.ReplyTo, p.Type
+		s.withAMQPProps(&m, p)
 		if p.Priority != nil {
 			m.Priority = uint8(*p.Priority)
 		}

@@ -60,6 +60,13 @@ type Properties struct {
 	// published by then is dead-lettered ("deadline passed") instead of
 	// being published late.
 	DeadlineMs *int64 `json:"deadline_ms,omitempty"`
+	// MessageID, when set, is the published message_id instead of the
+	// dispatcher's own (the AMQP ingress keeps the producer's).
+	MessageID string `json:"message_id,omitempty"`
+	// AMQPHeaders are headers of every AMQP table type as typed JSON
+	// (CONTRACT.md; written and read by internal/amqptable); they are
+	// added to the message's headers at publish time.
+	AMQPHeaders json.RawMessage `json:"amqp_headers,omitempty"`
 }
 
 // ReservedHeader reports whether a header name is the dispatcher's own.
@@ -71,7 +78,7 @@ func ReservedHeader(name string) bool {
 // Validate reports the first field that breaks the contract's rules.
 func (p *Properties) Validate() error {
 	for _, f := range []struct{ name, v string }{{"routing_key", p.RoutingKey}, {"content_type", p.ContentType},
-		{"content_encoding", p.ContentEncoding}, {"correlation_id", p.CorrelationID}, {"reply_to", p.ReplyTo}, {"type", p.Type}} {
+		{"content_encoding", p.ContentEncoding}, {"correlation_id", p.CorrelationID}, {"reply_to", p.ReplyTo}, {"type", p.Type}, {"message_id", p.MessageID}} {
 		if len(f.v) > maxShortString {
 			return fmt.Errorf("properties: %s is %d bytes, over AMQP's %d", f.name, len(f.v), maxShortString)
 		}
@@ -102,6 +109,11 @@ func (p *Properties) Validate() error {
 			return fmt.Errorf("properties: headers: %q: %w", k, err)
 		}
 		p.Headers[k] = v
+	}
+	if len(p.AMQPHeaders) > 0 {
+		if t := bytes.TrimSpace(p.AMQPHeaders); len(t) == 0 || t[0] != '{' || !json.Valid(t) {
+			return fmt.Errorf("properties: amqp_headers is not a JSON object: %.40q", p.AMQPHeaders)
+		}
 	}
 	return nil
 }
@@ -214,7 +226,7 @@ func ParseProperties(b []byte) (Properties, error) {
 
 var knownProperty = map[string]bool{"routing_key": true, "headers": true, "content_type": true,
 	"content_encoding": true, "correlation_id": true, "reply_to": true, "type": true, "priority": true,
-	"expiration_ms": true, "deadline_ms": true}
+	"expiration_ms": true, "deadline_ms": true, "message_id": true, "amqp_headers": true}
 
 func sortedKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
@@ -241,7 +253,7 @@ func (p Properties) Marshal() ([]byte, error) {
 func (p Properties) IsZero() bool {
 	return p.RoutingKey == "" && len(p.Headers) == 0 && p.ContentType == "" && p.ContentEncoding == "" &&
 		p.CorrelationID == "" && p.ReplyTo == "" && p.Type == "" && p.Priority == nil &&
-		p.ExpirationMs == nil && p.DeadlineMs == nil
+		p.ExpirationMs == nil && p.DeadlineMs == nil && p.MessageID == "" && len(p.AMQPHeaders) == 0
 }
 
 // HeaderCarrier lets a trace propagator write into the headers: it has
