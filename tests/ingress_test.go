@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -318,5 +319,98 @@ func TestIngressCancel(t *testing.T) {
 	case d := <-w.got:
 		t.Errorf("the cancelled task was delivered: %v", d.Headers)
 	case <-time.After(2 * time.Second):
+	}
+}
+
+// TestIngressKillMidIngest: an instance killed (SIGKILL) while it ingests
+// 2,000 messages leaves its unacked deliveries to the next one; every
+// message arrives, and a message_id makes one task however often its
+// message was delivered to the ingress.
+func TestIngressKillMidIngest(t *testing.T) {
+	w := newIngressWorld(t, []string{"k"}, func(qp string) map[string]string {
+		return map[string]string{qp + "_INGRESS_PREFETCH": "100"}
+	})
+	if err := w.pub.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	confirms := w.pub.NotifyPublish(make(chan amqp.Confirmation, n))
+	killed := false
+	for i := range n {
+		w.publish(t, "k", amqp.Publishing{MessageId: fmt.Sprintf("kill-%d", i), Body: []byte(fmt.Sprint(i)),
+			Headers: amqp.Table{"x-delay": int32(6000)}})
+		if i == n/3 {
+			w.proc.signal(syscall.SIGKILL) // mid-ingest: it holds deliveries unacked
+			killed = true
+		}
+		if i%200 == 0 {
+			time.Sleep(20 * time.Millisecond) // about 2,000 a second... at most
+		}
+	}
+	for range n {
+		if c := <-confirms; !c.Ack {
+			t.Fatalf("publish %d nacked by the broker", c.DeliveryTag)
+		}
+	}
+	if !killed || w.proc.wait(5*time.Second) == 0 {
+		t.Fatal("the first instance was not killed")
+	}
+	b := w.h.start()
+	waitStarted(t, b)
+	got := w.receive(t, n, 30*time.Second)
+	// A quiet second to catch late duplicates.
+	extra := 0
+	for end := time.After(time.Second); ; {
+		select {
+		case <-w.got:
+			extra++
+			continue
+		case <-end:
+		}
+		break
+	}
+	ids := map[string]int{}
+	for _, r := range got {
+		ids[r.d.MessageId]++
+	}
+	var missing []string
+	for i := range n {
+		if ids[fmt.Sprintf("kill-%d", i)] == 0 {
+			missing = append(missing, fmt.Sprintf("kill-%d", i))
+		}
+	}
+	if len(missing) > 0 || len(got)+extra != n {
+		t.Fatalf("%d missing (%.5v), %d deliveries for %d messages", len(missing), missing, len(got)+extra, n)
+	}
+}
+
+// TestIngressExchangeOfAnotherType: an ingress exchange that exists as
+// another type (here direct, as for the plugin's x-delayed-message) stops
+// the start with an error naming it.
+func TestIngressExchangeOfAnotherType(t *testing.T) {
+	queue := fmt.Sprintf("ingt-%d", time.Now().UnixNano()%1_000_000_000)
+	h := newHarness(t, queueSpec{Name: queue, Shards: 1})
+	e := h.prefix + ".direct"
+	ch, err := h.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(e, "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := h.conn.Channel(); err == nil {
+			_ = c.ExchangeDelete(e, false, false)
+			_, _ = c.QueueDelete(ingress.QueueName(queue), false, false, false)
+			c.Close()
+		}
+	})
+	h.extra[config.QueuePrefix(queue)+"_INGRESS_EXCHANGE"] = e
+	p := h.start()
+	if code := p.wait(20 * time.Second); code != 1 {
+		t.Fatalf("exit code %d, want 1; output:\n%s", code, tail(p.out.String(), 2000))
+	}
+	if want := fmt.Sprintf("declaring ingress exchange %q as a durable topic exchange", e); !strings.Contains(p.out.String(), strings.ReplaceAll(want, `"`, `\"`)) {
+		t.Fatalf("no error naming the exchange (%s); output:\n%s", want, tail(p.out.String(), 2000))
 	}
 }
