@@ -355,6 +355,18 @@ func TestIngressKillMidIngest(t *testing.T) {
 	if !killed || w.proc.wait(5*time.Second) == 0 {
 		t.Fatal("the first instance was not killed")
 	}
+	// How many were in Redis when the next instance started, and how many
+	// the broker holds again (ready): what it re-ingests.
+	var inRedis int64
+	for i := range 4 {
+		inRedis += w.h.rdb.ZCard(context.Background(), fmt.Sprintf("%s:{%s:%d}", w.h.prefix, w.queue, i)).Val()
+	}
+	if c, err := w.h.conn.Channel(); err == nil {
+		if q, err := c.QueueDeclarePassive(ingress.QueueName(w.queue), true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err == nil {
+			t.Logf("after the kill: %d tasks in Redis, %d messages in the ingress queue (%d re-ingested)", inRedis, q.Messages, int64(q.Messages)+inRedis-n)
+		}
+		c.Close()
+	}
 	b := w.h.start()
 	waitStarted(t, b)
 	got := w.receive(t, n, 30*time.Second)
