@@ -50,6 +50,7 @@ type Settings struct {
 	Queues           []string      `envconfig:"DISPATCHER_QUEUES" required:"daemon" desc:"comma-separated queue names this instance serves, each 1 to 64 ASCII letters, digits, underscores, dots or hyphens (two names may not map to the same <NAME>)"`
 	Lease            time.Duration `envconfig:"DISPATCHER_LEASE" default:"30s" desc:"how long a claimed task may stay unconfirmed before any instance hands it out again (at least 1s); give every instance of a queue the same value: a shard's lease deadlines never go back, so a shorter lease claimed after a longer one gets the longer one's deadline" see:"docs/how-it-works.md#process-death"`
 	HTTPAddr         string        `envconfig:"DISPATCHER_HTTP_ADDR" default:"" desc:"address of the status page (/) and of /healthz, /readyz and /metrics, e.g. 127.0.0.1:9090; a port alone (:9090) binds 127.0.0.1 only, give a host (0.0.0.0:9090, [::]:9090) to serve other interfaces; empty turns it off" see:"docs/monitoring.md#http-endpoint"`
+	HTTPAuthToken    string        `envconfig:"DISPATCHER_HTTP_AUTH_TOKEN" default:"" desc:"a secret (16 to 4096 printable characters): when set, the status page (/) and /metrics answer only requests with the header Authorization: Bearer <token> (or basic auth with the token as the password) and 401 otherwise; /healthz and /readyz stay open for probes; never logged; empty: no check" see:"docs/monitoring.md#http-endpoint"`
 	BatchSize        int           `envconfig:"DISPATCHER_BATCH_SIZE" default:"500" desc:"most tasks taken from one shard in one claim; a claim also stops at 1 MiB of bodies; 1 to 10000 is accepted, and more than 1000 is taken as 1000 with a warning (a claim holds Redis for its whole run)" see:"docs/performance.md#a-million-due-in-the-same-second"`
 	Pipeline         int           `envconfig:"DISPATCHER_PIPELINE" default:"4" desc:"claimed batches per queue being published at once (1 to 64)"`
 	PollInterval     time.Duration `envconfig:"DISPATCHER_POLL_INTERVAL" default:"50ms" desc:"how often the queue's sweeping instance looks at every shard for newly scheduled tasks while the queue is in use (any positive duration); known due times are waited for exactly" see:"docs/how-it-works.md#scan-loop"`
@@ -393,6 +394,10 @@ func (s *Settings) validate(tool bool) error {
 	if reason := httpAddrReason(s.HTTPAddr); reason != "" {
 		return &Error{Var: v("HTTP_ADDR"), Value: s.HTTPAddr, Reason: reason}
 	}
+	if reason := authTokenReason(s.HTTPAuthToken); reason != "" {
+		// The value is a secret: the error names its length only.
+		return &Error{Var: v("HTTP_AUTH_TOKEN"), Value: fmt.Sprintf("(%d characters, not shown)", len(s.HTTPAuthToken)), Reason: reason}
+	}
 	if !validPrefix(s.KeyPrefix) {
 		return &Error{Var: v("KEY_PREFIX"), Value: s.KeyPrefix, Reason: "want 1 to 64 characters without {, } or whitespace"}
 	}
@@ -722,6 +727,24 @@ func httpAddrReason(addr string) string {
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 		return "want a port 0 to 65535 after the colon"
+	}
+	return ""
+}
+
+// authTokenReason says what is wrong with a DISPATCHER_HTTP_AUTH_TOKEN, or
+// "" if it is fine (empty: no check). A short token is guessable; a
+// character outside printable ASCII cannot be sent in a header as is.
+func authTokenReason(tok string) string {
+	if tok == "" {
+		return ""
+	}
+	if len(tok) < 16 || len(tok) > 4096 {
+		return "want 16 to 4096 characters"
+	}
+	for _, r := range tok {
+		if r <= ' ' || r > '~' {
+			return "want printable ASCII characters without spaces"
+		}
 	}
 	return ""
 }

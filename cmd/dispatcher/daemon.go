@@ -202,7 +202,7 @@ func runDaemon(stderr io.Writer) int {
 	counts := newCountSampler(smet.Totals())
 	var httpSrv *httpServer
 	if cfg.HTTPAddr != "" {
-		httpSrv, err = startHTTP(cfg.HTTPAddr, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot, counts: counts, failures: publishFailures(scs),
+		httpSrv, err = startHTTP(cfg.HTTPAddr, cfg.HTTPAuthToken, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot, counts: counts, failures: publishFailures(scs),
 			recurring: recurringView(rdb, cfg),
 			fleet:     &fleet{rdb: rdb, prefix: cfg.KeyPrefix, queues: names, self: records, id: instance},
 			page: statuspage.Data{

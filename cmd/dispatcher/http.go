@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,7 +65,10 @@ type status struct {
 // consumer-side cause, so failing readiness at once would take them all
 // out of service together, and flap with a consumer redeploying its
 // queue, while none is more ready than another.
-func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
+//
+// With token set, the status page and /metrics require it (protect);
+// the probes stay open.
+func startHTTP(addr, token string, st status, log *slog.Logger) (*httpServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -131,7 +135,7 @@ func startHTTP(addr string, st status, log *slog.Logger) (*httpServer, error) {
 		log.Info("DISPATCHER_HTTP_ADDR names no host: serving on 127.0.0.1 only; give one, e.g. 0.0.0.0, to serve other machines",
 			"DISPATCHER_HTTP_ADDR", addr)
 	}
-	h := &httpServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, done: make(chan struct{})}
+	h := &httpServer{srv: &http.Server{Handler: protect(token, mux), ReadHeaderTimeout: 5 * time.Second}, done: make(chan struct{})}
 	go func() {
 		defer close(h.done)
 		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -318,4 +322,39 @@ func lateness(reg *prometheus.Registry) map[string][]statuspage.Bucket {
 		}
 	}
 	return out
+}
+
+// openPaths answer without the token: the probes, which the kubelet and
+// load balancers call without credentials, and which say nothing beyond
+// ready or not and why.
+var openPaths = map[string]bool{"/healthz": true, "/readyz": true}
+
+// protect requires token (DISPATCHER_HTTP_AUTH_TOKEN) for every path but
+// the probes: as "Authorization: Bearer <token>", as Prometheus sends it,
+// or as the password of basic auth (any user), as a browser asks for it.
+// Empty token: no check. The comparison takes the same time whatever the
+// guess, and the token is never logged.
+func protect(token string, next http.Handler) http.Handler {
+	if token == "" {
+		return next
+	}
+	want := []byte(token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if openPaths[r.URL.Path] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		var got string
+		if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			got = b
+		} else if _, pw, ok := r.BasicAuth(); ok {
+			got = pw
+		}
+		if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="dispatcher", Basic realm="dispatcher"`)
+			http.Error(w, "this instance requires DISPATCHER_HTTP_AUTH_TOKEN (Authorization: Bearer <token>) for all but /healthz and /readyz", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
