@@ -32,7 +32,13 @@ func newIngressWorld(t *testing.T, keys []string, extra func(queuePrefix string)
 	// The ingress queue is named after the queue, not the key prefix: a
 	// name of this test's own.
 	queue := fmt.Sprintf("ing-%d", time.Now().UnixNano()%1_000_000_000)
-	h := newHarness(t, queueSpec{Name: queue, Shards: 4})
+	return newIngressWorldOn(t, newHarness(t, queueSpec{Name: queue, Shards: 4}), keys, extra)
+}
+
+// newIngressWorldOn is newIngressWorld on a harness of one queue.
+func newIngressWorldOn(t *testing.T, h *harness, keys []string, extra func(queuePrefix string) map[string]string) *ingressWorld {
+	t.Helper()
+	queue := h.queues[0].Name
 	w := &ingressWorld{h: h, queue: queue, e: h.prefix + ".ingress"}
 	h.extra[config.QueuePrefix(queue)+"_INGRESS_EXCHANGE"] = w.e
 	if extra != nil {
@@ -424,5 +430,41 @@ func TestIngressExchangeOfAnotherType(t *testing.T) {
 	}
 	if want := fmt.Sprintf("declaring ingress exchange %q as a durable topic exchange", e); !strings.Contains(p.out.String(), strings.ReplaceAll(want, `"`, `\"`)) {
 		t.Fatalf("no error naming the exchange (%s); output:\n%s", want, tail(p.out.String(), 2000))
+	}
+}
+
+// TestIngressRedisDown: while Redis is down nothing is acked and the
+// messages wait in RabbitMQ; once it is back every one arrives.
+func TestIngressRedisDown(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisOptions{AOF: true, AppendFsync: "always"})
+	queue := fmt.Sprintf("ingr-%d", time.Now().UnixNano()%1_000_000_000)
+	h := newHarnessOn(t, srv.Client(), queueSpec{Name: queue, Shards: 4})
+	h.extra["DISPATCHER_REDIS_URL"] = srv.URL()
+	w := newIngressWorldOn(t, h, []string{"k"}, nil)
+	const n = 300
+	for i := range n {
+		if i == 100 {
+			srv.Kill()
+		}
+		w.publish(t, "k", amqp.Publishing{MessageId: fmt.Sprintf("rd-%d", i), Headers: amqp.Table{"x-delay": int32(1000)}})
+		if i%10 == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	time.Sleep(3 * time.Second)
+	if !strings.Contains(w.proc.out.String(), "nothing acked") {
+		t.Errorf("no log line saying nothing is acked while Redis is down")
+	}
+	srv.Restart()
+	srv.WaitLoaded(10 * time.Second)
+	got := w.receive(t, n, 30*time.Second)
+	ids := map[string]bool{}
+	for _, r := range got {
+		ids[r.d.MessageId] = true
+	}
+	for i := range n {
+		if !ids[fmt.Sprintf("rd-%d", i)] {
+			t.Errorf("rd-%d missing", i)
+		}
 	}
 }
