@@ -24,6 +24,7 @@ type claimDone struct {
 	vals          [][]any // nil where errs says why
 	errs          []error
 	before, after []time.Time // local clock around the round trip that answered
+	sentTo        []string    // the primary each shard's commands were sent to (clockCheck.note)
 }
 
 // NewCoalescer returns the Coalescer that the scanners of one instance
@@ -45,7 +46,7 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	d := claimDone{job: j, owner: s.owner(), vals: make([][]any, len(j.shards)), errs: make([]error, len(j.shards)),
-		before: make([]time.Time, len(j.shards)), after: make([]time.Time, len(j.shards))}
+		before: make([]time.Time, len(j.shards)), after: make([]time.Time, len(j.shards)), sentTo: make([]string, len(j.shards))}
 	todo := make([]int, len(j.shards)) // indexes into j.shards
 	for n := range todo {
 		todo[n] = n
@@ -61,6 +62,9 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 				}
 				cmds[n] = s.st.claimCmd(ctx, pipe, j.shards[at], j.limit, j.tokens[at], j.aheadAt(at), d.owner)
 			}
+		}
+		for _, at := range todo {
+			d.sentTo[at] = s.check.primaryOf(j.shards[at])
 		}
 		before, after, err := s.roundTrip(ctx, j.node, j.limit == 0 || j.ahead, fill)
 		if err != nil { // the round trip is left unread: it may still be writing the results
@@ -171,7 +175,11 @@ func (s *Scanner) absorb(d claimDone) (out []batch, full bool, trouble error) {
 		}
 		if c.now > 0 { // a sweep's plain reads carry no clock when its script failed
 			s.clock.observe(i, c.nowUs, d.before[n], d.after[n])
-			s.check.note(i, c.nowUs, d.before[n])
+			var sentTo string // "" with one server
+			if n < len(d.sentTo) {
+				sentTo = d.sentTo[n]
+			}
+			s.check.note(i, c.nowUs, d.before[n], sentTo)
 		}
 		s.due.noteAnswer(i, c.nextPending, c.nextLease, d.job.sent, d.job.limit > 0)
 		if s.prim.lost(i) {

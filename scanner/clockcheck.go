@@ -84,11 +84,24 @@ func (c *clockCheck) due(i int, dueUs, heldUs int64) bool {
 	return false
 }
 
-// note takes a reading of shard i's clock that another request made (a
-// claim or a sweep sent at before).
-func (c *clockCheck) note(i int, serverUs int64, before time.Time) {
+// primaryOf names the primary of shard i now ("" if not known), for note.
+func (c *clockCheck) primaryOf(i int) string {
 	addr, _, err := c.node(context.Background(), i)
 	if err != nil {
+		return ""
+	}
+	return addr
+}
+
+// note takes a reading of shard i's clock that another request made (a
+// claim or a sweep sent at before to sentTo, named by primaryOf before it
+// was sent).
+func (c *clockCheck) note(i int, serverUs int64, before time.Time, sentTo string) {
+	addr, _, err := c.node(context.Background(), i)
+	if err != nil || addr != sentTo {
+		// The shard moved to another primary while the request was out
+		// (a failover): whose clock it read is not known. Left out; the
+		// holder sends a TIME of its own if it needs one.
 		return
 	}
 	sent := c.clock.local(before)
