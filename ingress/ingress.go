@@ -90,7 +90,8 @@ func (g *Ingress) Declare(ch *amqp.Channel) error {
 	}
 	q := QueueName(g.opt.Queue)
 	if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
-		return fmt.Errorf("%w: declaring ingress queue %q (type %s): %v", ErrSetup, q, g.opt.QueueType, err)
+		return fmt.Errorf("%w: declaring ingress queue %q (type %s; DISPATCHER_QUEUE_%s_INGRESS_QUEUE_TYPE must match an existing queue's type, and a broker without quorum queues needs classic): %v",
+			ErrSetup, q, g.opt.QueueType, envName(g.opt.Queue), err)
 	}
 	if err := ch.QueueBind(q, "#", g.opt.Exchange, false, nil); err != nil {
 		return fmt.Errorf("%w: binding ingress queue %q to %q with #: %v", ErrSetup, q, g.opt.Exchange, err)
@@ -255,7 +256,13 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 				return nil
 			}
 			for {
-				_, err := g.prod.CancelID(ctx, it.cancel)
+				// The mark first, then the cancel: a task ingested
+				// meanwhile elsewhere either is pending for the cancel or
+				// finds the mark after its own write (cancelMarked).
+				err := g.rdb.Set(ctx, g.cancelKey(it.cancel), "1", CancelWindow).Err()
+				if err == nil {
+					_, err = g.prod.CancelID(ctx, it.cancel)
+				}
 				if err == nil {
 					break
 				}
@@ -268,6 +275,9 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 		}
 	}
 	if err := flush(); err != nil {
+		return nil
+	}
+	if err := g.cancelMarked(ctx, items); err != nil {
 		return nil
 	}
 	// Refusals first, then one ack for all the rest: an ack with multiple
@@ -293,6 +303,49 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 	}
 	g.opt.Metrics.ingested(g.opt.Queue, ingested)
 	return nil
+}
+
+// CancelWindow is how long a cancel over AMQP also cancels a task of its
+// id ingested after it (on another instance, from a backlog).
+const CancelWindow = 10 * time.Minute
+
+func (g *Ingress) cancelKey(id []byte) string {
+	k := g.prod.Keys()
+	return k.Prefix + ":{" + k.Queue + "}:ingress-cancelled:" + string(id)
+}
+
+// cancelMarked cancels the tasks just written whose id a cancel marked
+// within CancelWindow: one MGET (one slot, the {Q} tag) per batch. It
+// retries until Redis answers; the batch is not acked before.
+func (g *Ingress) cancelMarked(ctx context.Context, items []item) error {
+	var ids [][]byte
+	var keys []string
+	for _, it := range items {
+		if it.task != nil {
+			ids, keys = append(ids, it.task.ID), append(keys, g.cancelKey(it.task.ID))
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	for {
+		vs, err := g.rdb.MGet(ctx, keys...).Result()
+		for n := 0; err == nil && n < len(vs); n++ {
+			if vs[n] != nil {
+				if _, err = g.prod.CancelID(ctx, ids[n]); err == nil {
+					g.log.Info("ingress: task cancelled by a cancel ingested before it", "id", string(ids[n]))
+				}
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		g.log.Warn("ingress: checking cancels failed; nothing acked, retrying", "err", err)
+		sleep(ctx, time.Second)
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -84,20 +84,24 @@ func (w *ingressWorld) publish(t *testing.T, key string, m amqp.Publishing) {
 	}
 }
 
-// receive waits for n messages.
+// receive waits for n distinct message ids and returns every delivery,
+// duplicates included (a Redis outage may make the dispatcher publish a
+// task again: at least once).
 func (w *ingressWorld) receive(t *testing.T, n int, timeout time.Duration) []received {
 	t.Helper()
 	var out []received
+	ids := map[string]bool{}
 	end := time.After(timeout)
-	for len(out) < n {
+	for len(ids) < n {
 		select {
 		case d, ok := <-w.got:
 			if !ok {
 				t.Fatalf("the consumer's channel closed after %d of %d messages", len(out), n)
 			}
 			out = append(out, received{at: time.Now(), d: d})
+			ids[d.MessageId] = true
 		case <-end:
-			t.Fatalf("received %d of %d messages within %v; dispatcher log:\n%s", len(out), n, timeout, tail(w.proc.out.String(), 3000))
+			t.Fatalf("received %d of %d messages within %v; dispatcher log:\n%s", len(ids), n, timeout, tail(w.proc.out.String(), 3000))
 		}
 	}
 	return out
@@ -458,6 +462,7 @@ func TestIngressRedisDown(t *testing.T) {
 	srv.Restart()
 	srv.WaitLoaded(10 * time.Second)
 	got := w.receive(t, n, 30*time.Second)
+	t.Logf("%d deliveries for %d messages", len(got), n)
 	ids := map[string]bool{}
 	for _, r := range got {
 		ids[r.d.MessageId] = true
@@ -466,5 +471,24 @@ func TestIngressRedisDown(t *testing.T) {
 		if !ids[fmt.Sprintf("rd-%d", i)] {
 			t.Errorf("rd-%d missing", i)
 		}
+	}
+}
+
+// TestIngressCancelBeforeTask: a cancel ingested before its task (here
+// published first) still cancels it.
+func TestIngressCancelBeforeTask(t *testing.T) {
+	w := newIngressWorld(t, []string{"k"}, nil)
+	w.publish(t, "k", amqp.Publishing{MessageId: "early-cancel", Headers: amqp.Table{"x-dispatcher-cancel": true}})
+	time.Sleep(300 * time.Millisecond) // ingested in a batch of its own
+	w.publish(t, "k", amqp.Publishing{MessageId: "early-cancel", Body: []byte("cancelled"), Headers: amqp.Table{"x-delay": int32(1000)}})
+	w.publish(t, "k", amqp.Publishing{MessageId: "kept", Body: []byte("kept"), Headers: amqp.Table{"x-delay": int32(1000)}})
+	got := w.receive(t, 1, 15*time.Second)
+	if id := got[0].d.MessageId; id != "kept" {
+		t.Fatalf("delivered %q, want kept only", id)
+	}
+	select {
+	case d := <-w.got:
+		t.Errorf("the task cancelled ahead was delivered: %s", d.MessageId)
+	case <-time.After(2 * time.Second):
 	}
 }
