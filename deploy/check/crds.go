@@ -9,6 +9,7 @@ package main
 
 import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -35,14 +36,22 @@ type NamespaceSelector struct {
 }
 
 type Endpoint struct {
-	Port              string          `json:"port,omitempty"`
-	Path              string          `json:"path,omitempty"`
-	Scheme            string          `json:"scheme,omitempty"`
-	Interval          string          `json:"interval,omitempty"`
-	ScrapeTimeout     string          `json:"scrapeTimeout,omitempty"`
-	HonorLabels       bool            `json:"honorLabels,omitempty"`
-	Relabelings       []RelabelConfig `json:"relabelings,omitempty"`
-	MetricRelabelings []RelabelConfig `json:"metricRelabelings,omitempty"`
+	Port              string             `json:"port,omitempty"`
+	Path              string             `json:"path,omitempty"`
+	Scheme            string             `json:"scheme,omitempty"`
+	Interval          string             `json:"interval,omitempty"`
+	ScrapeTimeout     string             `json:"scrapeTimeout,omitempty"`
+	HonorLabels       bool               `json:"honorLabels,omitempty"`
+	Relabelings       []RelabelConfig    `json:"relabelings,omitempty"`
+	MetricRelabelings []RelabelConfig    `json:"metricRelabelings,omitempty"`
+	Authorization     *SafeAuthorization `json:"authorization,omitempty"`
+}
+
+// SafeAuthorization is the endpoint's Authorization header, its
+// credentials read from a Secret's key.
+type SafeAuthorization struct {
+	Type        string                    `json:"type,omitempty"`
+	Credentials *corev1.SecretKeySelector `json:"credentials,omitempty"`
 }
 
 type RelabelConfig struct {

@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	kjson "sigs.k8s.io/json"
@@ -39,6 +40,7 @@ var kinds = map[string]func() any{
 	"v1/ConfigMap":                            func() any { return &corev1.ConfigMap{} },
 	"v1/ServiceAccount":                       func() any { return &corev1.ServiceAccount{} },
 	"policy/v1/PodDisruptionBudget":           func() any { return &policyv1.PodDisruptionBudget{} },
+	"networking.k8s.io/v1/NetworkPolicy":      func() any { return &networkingv1.NetworkPolicy{} },
 	"monitoring.coreos.com/v1/ServiceMonitor": func() any { return &ServiceMonitor{} },
 	"monitoring.coreos.com/v1/PrometheusRule": func() any { return &PrometheusRule{} },
 	"keda.sh/v1alpha1/ScaledObject":           func() any { return &ScaledObject{} },
