@@ -373,6 +373,15 @@ func (p *Publisher) declare(conn *amqp.Connection) error {
 // the channel (see confirmDeadline). errs[i] is nil only when the broker
 // confirmed msgs[i] and did not return it.
 func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
+	return p.PublishGated(ctx, msgs, nil)
+}
+
+// PublishGated is Publish, asking still(i) before msgs[i] is written
+// whenever it had to wait for room among the unconfirmed publishes (up to
+// the confirm timeout): what the caller checked before calling may no
+// longer hold. If still returns an error, msgs[i] and the rest are not
+// written and fail with it. still may be nil.
+func (p *Publisher) PublishGated(ctx context.Context, msgs []Message, still func(i int) error) []error {
 	errs := make([]error, len(msgs))
 	s, _ := p.session()
 	if s == nil {
@@ -386,7 +395,14 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 	var unsent error // once no slot frees up, the rest is not tried
 	for i, m := range msgs {
 		if unsent == nil {
-			unsent = s.acquire(ctx, p.opt.ConfirmTimeout)
+			var waited bool
+			waited, unsent = s.acquire(ctx, p.opt.ConfirmTimeout)
+			if unsent == nil && waited && still != nil {
+				if err := still(i); err != nil {
+					s.release()
+					unsent = err
+				}
+			}
 		}
 		if unsent != nil {
 			ws[i] = newWaiter()

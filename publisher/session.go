@@ -114,23 +114,23 @@ func (s *session) start() {
 
 // acquire takes a slot for one publish, waiting at most timeout for an
 // answer to free one up.
-func (s *session) acquire(ctx context.Context, timeout time.Duration) error {
+func (s *session) acquire(ctx context.Context, timeout time.Duration) (waited bool, err error) {
 	select {
 	case s.slots <- struct{}{}:
-		return nil
+		return false, nil
 	default:
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case s.slots <- struct{}{}:
-		return nil
+		return true, nil
 	case <-t.C:
-		return ErrTimeout
+		return true, ErrTimeout
 	case <-ctx.Done():
-		return ErrStopped
+		return true, ErrStopped
 	case <-s.closing:
-		return s.deadErr()
+		return true, s.deadErr()
 	}
 }
 

@@ -266,7 +266,7 @@ func TestDeadSessionBlamesNoLaterMessage(t *testing.T) {
 		t.Errorf("publishAlone on the ended session: %v (%s), want lost", err, k)
 	}
 	// A slot free: acquire gives it, and the publish finds the end.
-	if err := s.acquire(context.Background(), time.Second); err != nil {
+	if _, err := s.acquire(context.Background(), time.Second); err != nil {
 		t.Fatal(err)
 	}
 	w := s.publish(context.Background(), "ex", "key", amqp.Publishing{})
@@ -277,7 +277,8 @@ func TestDeadSessionBlamesNoLaterMessage(t *testing.T) {
 	for range maxOutstanding {
 		s.slots <- struct{}{} // no slot free: acquire waits for the end
 	}
-	if k := Kind(s.acquire(context.Background(), time.Second)); k != "lost" {
+	if _, err := s.acquire(context.Background(), time.Second); Kind(err) != "lost" {
+		k := Kind(err)
 		t.Errorf("acquire on the ended session: %s, want lost", k)
 	}
 }

@@ -339,8 +339,9 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 	}
 	leased, cancel := context.WithTimeout(work, leaseLeft)
 	defer cancel()
-	errs := s.pub.Publish(leased, msgs)
-	s.isolateRefused(leased, msgs, errs)
+	still := s.stillLive(tasks)
+	errs := s.pub.PublishGated(leased, msgs, still)
+	s.isolateRefused(leased, msgs, errs, still)
 	for n, end := range ends {
 		if end != nil {
 			end(errs[n])
@@ -354,7 +355,7 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		}
 	}
 
-	var confirmed int
+	var confirmed, lapsed int
 	var failed []error // the task's fault, or the broker's view of it: retried
 	for n, err := range errs {
 		t := tasks[n]
@@ -380,6 +381,11 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		case kind == "nack" || kind == "returned" || kind == "timeout" || kind == "channel":
 			last = t.batch.record(outcome{t.task.Entry, "retry", err.Error()})
 			failed = append(failed, err)
+		case errors.Is(err, errLapsed):
+			// Not published: handed back (a no-op if another instance
+			// took the claim over already).
+			last = t.batch.record(outcome{entry: t.task.Entry, mode: outReleased})
+			lapsed++
 		default: // lost, not_connected, stopped: not the task's fault
 			last = t.batch.record(outcome{entry: t.task.Entry, mode: outReleased})
 			if kind != "stopped" {
@@ -392,6 +398,10 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		if last {
 			out = append(out, t.batch)
 		}
+	}
+	if lapsed > 0 {
+		s.met.error("fenced", lapsed)
+		s.lim.Warn("lapsed", "liveness lapsed while a publish waited for the broker: the tasks not yet written are handed back, not published", "tasks", lapsed)
 	}
 	s.causes.published(time.Now(), confirmed, failed)
 	if confirmed > 0 {
@@ -522,7 +532,7 @@ func (s *Scanner) pastDeadline(tasks []heldTask) ([]heldTask, []*progress) {
 // flight on that channel, and only a message refused on its own channel
 // is surely the poison. It stops when ctx (the batch's lease) ends: what
 // is not isolated by then is retried later.
-func (s *Scanner) isolateRefused(ctx context.Context, msgs []publisher.Message, errs []error) {
+func (s *Scanner) isolateRefused(ctx context.Context, msgs []publisher.Message, errs []error, still func(int) error) {
 	for n, err := range errs {
 		if publisher.Kind(err) != "refused" {
 			continue
@@ -538,7 +548,34 @@ func (s *Scanner) isolateRefused(ctx context.Context, msgs []publisher.Message, 
 			errs[n] = publisher.ErrNotConnected
 			continue
 		}
+		if still != nil {
+			if err := still(n); err != nil { // the wait may have outlasted the liveness gate
+				errs[n] = err
+				continue
+			}
+		}
 		errs[n] = s.pub.PublishAlone(ctx, msgs[n])
+	}
+}
+
+// errLapsed: the liveness gate, passed before a publish, no longer held
+// after the publish waited (for room among the unconfirmed publishes, or
+// for the broker): the task was not written.
+var errLapsed = errors.New("liveness lapsed while the publish waited: not published")
+
+// stillLive re-checks the liveness gate for tasks[n] after a wait, nil
+// without liveness. Past the gate, nothing stops a claim from being handed
+// to another instance once this one's heartbeats are too old (see gate).
+func (s *Scanner) stillLive(tasks []heldTask) func(int) error {
+	lv := s.opt.Liveness
+	if lv == nil {
+		return nil
+	}
+	return func(n int) error {
+		if ok, _ := lv.Check(tasks[n].batch.b.owner); !ok {
+			return errLapsed
+		}
+		return nil
 	}
 }
 

@@ -22,7 +22,9 @@ import (
 
 // Publisher is what the scanner needs of the broker side.
 type Publisher interface {
-	Publish(ctx context.Context, msgs []publisher.Message) []error
+	// PublishGated is a publish that asks still(i) before writing msgs[i]
+	// after a wait (see publisher.Publisher.PublishGated).
+	PublishGated(ctx context.Context, msgs []publisher.Message, still func(i int) error) []error
 	PublishAlone(ctx context.Context, msg publisher.Message) error
 	WaitReady(ctx context.Context) error
 }
