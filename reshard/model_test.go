@@ -1,7 +1,7 @@
 package reshard
 
 // TestModel is a randomized, model-based test of the move of pending tasks
-// and dead letters between shards (the three steps in scripts.go), on the
+// and dead letters between shards (the steps in scripts.go), on the
 // real Redis, against a pure-Go mirror of the queue's shards. One seed
 // changes a queue's shard count from F to T (2..4 to 2..8, growing or
 // shrinking) with Start. Its first phase is the settle window (reshard
@@ -14,7 +14,7 @@ package reshard
 // started LayoutSettle earlier, and settle must let the moves start. Then
 // it interleaves, one Redis call at a time:
 //
-//   - the mover's three steps for batches it reads (add, take, undo:
+//   - the mover's steps for batches it reads (mark, add, take, undo:
 //     batchMove, one step per operation), and the mover dying between
 //     steps (its batch is abandoned; a later full Pass finishes the job);
 //   - the mover losing its lock (paused past its TTL) with a batch in
@@ -107,31 +107,18 @@ package reshard
 //	    says (a Cancel: cancelled if either write removed a copy), and
 //	    is then checked as the layout-aware producer's, by (a) to (c).
 //
-// Known limits (counted and logged; fatal with -model.strict): a raw
-// producer that writes a member again with the same score after it was
-// cancelled, within one batch's steps, is indistinguishable in Redis from
-// the copy the batch read or added (no script can tell a ZADD of the same
-// score from none): a take or undo may then remove that write, losing the
-// schedule. The model flags a member when a take or undo removes a copy a
-// raw producer wrote after the batch read it; a violation of (a) or (c) on
-// a flagged member is this limit, on any other a failure. Likewise, a
-// mover that dies after its step 1 leaves the copies it added, so a task
-// cancelled between the batch's read and its step 1 stays pending in its
-// new shard (b is not checked for the members of abandoned batches). The
-// same holds for the batch of a mover that lost its lock: the next
-// holder's step 1 or undo may unlist what it added, which its undo then
-// leaves.
+// The mirror holds each copy's marker (a batch's score, due + 0.5 ms) and
+// each moving hash's tokens, and checks them exactly. A take may remove
+// only a copy no producer wrote since its batch's mark, an undo only the
+// copy its own step 1 added: anything else fails the run, as does any
+// violation of (a) or (c). No loss is tolerated.
 //
-// Two movers carry the first limit one step further: a batch A of a mover
-// that lost its lock finds the member gone at its take (cancelled), an
-// old-count producer writes it again with the score A read, the next
-// holder's batch B reads and adds it, listing the score A listed; A's undo
-// then removes B's copy (it cannot tell it from its own) and B's take
-// removes the source's: in neither shard (TestModel failed so on seed
-// 14098515862825334917 before it flagged this). The model flags a member
-// when an undo removes a copy another batch added after an old-count write
-// of that score since the undoing batch's read; a loss after such an undo
-// without that write is a failure.
+// Known limit (not a loss): a mover that dies after its step 1 leaves the
+// copies it added, so a task cancelled between the batch's read and its
+// step 1 stays pending in its new shard (b is not checked for the members
+// of abandoned batches). The same holds for the batch of a mover that
+// lost its lock: the next holder's step 1 may confirm what it added,
+// which its undo then leaves.
 //
 // With -model.stalemoves the settle rule is broken: the window lasts one
 // to three steps, settle is not asked, and the stale-layout producer goes
@@ -145,11 +132,15 @@ package reshard
 // TestMoveKeepsProducerSchedule. And a mover that lost its lock, running
 // its steps on between the next holder's (A1 B1 B2 A2 A3), undid the copy
 // the other's take relied on, losing the task (seed 18028281370699878225);
-// see TestMoveTwoMovers.
+// see TestMoveTwoMovers. And producers writing only ZADD and ZREM, with
+// the very score already there, lost a task before the mark and the
+// tokens: an undo removed a new-count producer's schedule, a take an
+// old-count producer's, and two movers' batches the next holder's copy
+// (seeds in modelSeeds); see TestMoveSameScoreAgain.
 //
-// Flags: -model.seed=N replays one seed; -model.duration (20 s) bounds the
-// seeds run; -model.steps (300) is the steps per seed; -model.strict;
-// -model.stalemoves.
+// Flags: -model.seed=N replays one seed (else modelSeeds run, then random
+// seeds); -model.duration (20 s) bounds the seeds run; -model.steps (300)
+// is the steps per seed; -model.stalemoves.
 
 import (
 	"context"
@@ -157,6 +148,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -174,10 +166,21 @@ var (
 	modelSeed     = flag.Uint64("model.seed", 0, "TestModel: replay this seed only")
 	modelDuration = flag.Duration("model.duration", 20*time.Second, "TestModel: total running time over seeds")
 	modelSteps    = flag.Int("model.steps", 300, "TestModel: steps per seed")
-	modelStrict   = flag.Bool("model.strict", false, "TestModel: fail on the known limits instead of counting them")
 	modelViolate  = flag.Bool("model.stalemoves", false,
 		"TestModel: break the settle rule: the stale-layout producer writes after moves began; the model must then report STALE LAYOUT")
 )
+
+// modelSeeds run first in every TestModel, before the random ones: seeds
+// that found a task lost. 14098515862825334917 (two movers: a lost-lock
+// batch's undo removed the next holder's add of the same score) and
+// 18028281370699878225 (two movers: A1 B1 B2 A2 A3) found theirs in
+// earlier versions of the model, whose steps drew other random numbers,
+// and no longer replay them (TestMoveSameScoreAgain and TestMoveTwoMovers
+// do); 4536624000409008727 (an undo removed a new-count producer's ZADD
+// of the score already there) and 3221184166855260179 (a take removed an
+// old-count producer's ZADD of the score already there) lose a task on the
+// moves before the mark and the batch tokens.
+var modelSeeds = []uint64{14098515862825334917, 18028281370699878225, 4536624000409008727, 3221184166855260179}
 
 const (
 	mHorizon  = 10 * time.Minute // the full passes' horizon during a run
@@ -219,6 +222,22 @@ type mCopy struct {
 	// Its fields in the shard's :tasks and :props ("": none; the model's
 	// bodies and properties are never empty).
 	body, props string
+	// marked: a batch's marker score, score + 0.5 in Redis.
+	marked bool
+}
+
+// real is the copy's score in Redis.
+func (c mCopy) real() float64 {
+	if c.marked {
+		return float64(c.score) + 0.5
+	}
+	return float64(c.score)
+}
+
+// dueOf is the whole due time of a score as a batch read it.
+func dueOf(score string) int64 {
+	f, _ := strconv.ParseFloat(score, 64)
+	return int64(math.Floor(f))
 }
 
 type mDead struct {
@@ -255,24 +274,19 @@ type mMember struct {
 	wonBy string
 	// wonBody, wonProps: the fields of the copy the conflict rule kept.
 	wonBody, wonProps string
-	// oldWrites: the last step at which a writer by the old count wrote
-	// each score to the member's shard by F.
-	oldWrites map[int64]int
 	// reserved: a slow producer's own member, which no other producer
 	// writes while its operation is under way (so that a move, not
 	// another producer, carries it to its new shard first).
 	reserved bool
 	// dispatched: the shard and step of its last dispatch.
 	dispatchedFrom, dispatchedAt int
-	// flagged: a take or undo removed a copy a raw producer wrote after
-	// the batch read it (the known limit), with what.
-	flagged string
 }
 
 type mBatch struct {
 	b    *batchMove
 	i, j int
 	read int // step at which it was read
+	mark int // step at which step 0 (the mark) ran
 	add  int // step at which step 1 ran
 	next int // step to run: 0 read the fields, 1 add, 2 take, 3 undo, 4 done
 	dead bool
@@ -298,7 +312,7 @@ type mRun struct {
 	layout   shard.Layout
 	prod     *shard.Producer
 	pending  []map[string]mCopy
-	moving   []map[string]int64 // the moving hashes
+	moving   []map[string]string // the moving hashes: member -> batch token
 	dead     []map[string]mDead
 	deadWant map[string]mDead // entry -> every dead letter made
 	members  []*mMember
@@ -348,6 +362,9 @@ func TestModel(t *testing.T) {
 	if *modelSeed != 0 {
 		runModel(t, rdb, *modelSeed, st, *modelViolate, false)
 		return
+	}
+	for _, seed := range modelSeeds {
+		runModel(t, rdb, seed, st, *modelViolate, false)
 	}
 	for time.Since(start) < total-time.Second {
 		runModel(t, rdb, rand.Uint64()|1, st, *modelViolate, false)
@@ -451,9 +468,9 @@ func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats, violate, c
 	r.span = max(r.from, r.to)
 	r.pending = make([]map[string]mCopy, r.span)
 	r.dead = make([]map[string]mDead, r.span)
-	r.moving = make([]map[string]int64, r.span)
+	r.moving = make([]map[string]string, r.span)
 	for i := range r.span {
-		r.pending[i], r.dead[i], r.moving[i] = map[string]mCopy{}, map[string]mDead{}, map[string]int64{}
+		r.pending[i], r.dead[i], r.moving[i] = map[string]mCopy{}, map[string]mDead{}, map[string]string{}
 	}
 	for k := range 6 + rng.IntN(10) {
 		name := "m" + strconv.Itoa(k)
@@ -462,7 +479,7 @@ func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats, violate, c
 		}
 		b := []byte(name)
 		r.members = append(r.members, &mMember{name: name, old: shard.Index(b, r.from), new: shard.Index(b, r.to),
-			scores: map[int64]bool{}, oldWrites: map[int64]int{}})
+			scores: map[int64]bool{}})
 	}
 	// Tasks with an id (a body in :tasks) and plain members with
 	// properties, which the raw producers write with MULTI.
@@ -476,7 +493,7 @@ func newRun(t *testing.T, rdb *redis.Client, seed uint64, st *mStats, violate, c
 		}
 		b := []byte(name)
 		r.members = append(r.members, &mMember{name: name, kind: kind, old: shard.Index(b, r.from), new: shard.Index(b, r.to),
-			scores: map[int64]bool{}, oldWrites: map[int64]int{}})
+			scores: map[int64]bool{}})
 	}
 	if err := rdb.Set(r.ctx, r.keys.ShardCount(), r.from, 0).Err(); err != nil {
 		t.Fatal(err)
@@ -657,9 +674,10 @@ func (r *mRun) mAdd(i int, m *mMember, score int64, writer string) {
 
 // goAdd mirrors a write of a layout-aware producer (writer) to shard i.
 func (r *mRun) goAdd(i int, m *mMember, score int64, writer string) {
-	if s, ok := r.moving[i][m.name]; ok {
+	if _, ok := r.moving[i][m.name]; ok {
+		c, had := r.pending[i][m.name]
 		if b := r.batch; b != nil && b.j == i && (b.next == 2 || b.next == 3) || r.stale != nil && r.stale.j == i && (r.stale.next == 2 || r.stale.next == 3) {
-			r.event(fmt.Sprintf("layout-aware write unlisted a member a live batch added (same score: %v)", s == score))
+			r.event(fmt.Sprintf("layout-aware write unlisted a member a live batch added (same score: %v)", had && c.score == score))
 		} else {
 			r.event("layout-aware write unlisted a member a dead mover's batch added")
 		}
@@ -669,7 +687,7 @@ func (r *mRun) goAdd(i int, m *mMember, score int64, writer string) {
 }
 
 func (r *mRun) scheduled(m *mMember, score int64, writer string) {
-	m.last, m.latest, m.latestBy, m.won, m.wonBy, m.flagged = "schedule", score, writer, 0, "", ""
+	m.last, m.latest, m.latestBy, m.won, m.wonBy = "schedule", score, writer, 0, ""
 	m.latestBody, m.latestProps, m.wonBody, m.wonProps = "", "", "", ""
 	m.scores[score] = true
 }
@@ -786,9 +804,6 @@ func (r *mRun) rawAdd(m *mMember, who string, score int64) {
 		r.fatalf("ZADD: %v", err)
 	}
 	r.mAdd(i, m, score, who)
-	if who == wOld {
-		m.oldWrites[score] = r.step
-	}
 	r.scheduled(m, score, who)
 }
 
@@ -848,9 +863,6 @@ func (r *mRun) keyedSchedule(m *mMember, who string, score int64, body, props st
 	c := r.pending[i][m.name]
 	c.body, c.props = body, props
 	r.pending[i][m.name] = c
-	if who == wOld {
-		m.oldWrites[score] = r.step
-	}
 	r.scheduled(m, score, who)
 	m.latestBody, m.latestProps = body, props
 }
@@ -886,18 +898,15 @@ func (r *mRun) opKeyedReschedule(who string) bool {
 		r.fatalf("ZADD XX CH: %v", err)
 	}
 	c, had := r.pending[i][m.name]
-	if want := had && c.score != score; (n == 1) != want {
+	if want := had && c.real() != float64(score); (n == 1) != want {
 		r.fatalf("ZADD XX CH %q on shard %d changed %d; the model has it: %v", m.name, i, n, r.copies(m))
 	}
 	if !had {
 		r.note("not pending there")
 		return true
 	}
-	c.score, c.writer, c.step = score, who, r.step
+	c.score, c.writer, c.step, c.marked = score, who, r.step, false
 	r.pending[i][m.name] = c
-	if who == wOld {
-		m.oldWrites[score] = r.step
-	}
 	r.scheduled(m, score, who)
 	m.latestBody, m.latestProps = c.body, c.props
 	return true
@@ -1080,7 +1089,7 @@ func (r *mRun) opRead() bool {
 		name := z.Member.(string)
 		if j := shard.Index([]byte(name), r.to); j != i && r.far(int64(z.Score)) {
 			if r.rng.IntN(4) > 0 {
-				groups[j] = append(groups[j], task{score: strconv.FormatInt(int64(z.Score), 10), member: name})
+				groups[j] = append(groups[j], task{score: strconv.FormatFloat(z.Score, 'f', -1, 64), member: name})
 			}
 		}
 	}
@@ -1112,7 +1121,7 @@ func (r *mRun) runStep(bp **mBatch) {
 	b := *bp
 	switch b.next {
 	case 0:
-		r.stepRead(b)
+		r.stepMark(b)
 	case 1:
 		r.stepAdd(b)
 	case 2:
@@ -1136,7 +1145,7 @@ func (r *mRun) opLoseLock() bool {
 	r.stale, r.batch = r.batch, nil
 	// Like a dead mover's batch, it stays "in progress" for (b): the next
 	// holder's batches unlist what it added, so its undo may leave a copy
-	// of a task cancelled meanwhile (see the known limits).
+	// of a task cancelled meanwhile (see the known limit).
 	r.deadB = append(r.deadB, r.stale)
 	return true
 }
@@ -1150,21 +1159,47 @@ func (r *mRun) opStaleStep() bool {
 	return true
 }
 
-// stepRead: the mover reads the batch's fields on the source (a producer
-// may have written the member since the batch's scores were read).
-func (r *mRun) stepRead(b *mBatch) {
-	if err := b.b.read(r.ctx); err != nil {
-		r.fatalf("read the fields: %v", err)
+// stepMark: the batch's step 0 on the source: the tasks still as read get
+// the marker score and the batch's token, and their fields are read; those
+// a producer wrote since the read are left out.
+func (r *mRun) stepMark(b *mBatch) {
+	read := b.b.ts
+	if err := b.b.mark(r.ctx); err != nil {
+		r.fatalf("mark: %v", err)
 	}
-	r.note("the mover reads the fields of %d tasks on shard %d", len(b.b.ts), b.i)
-	for k, t := range b.b.ts {
-		c := r.pending[b.i][t.member] // none: not pending there now, and no field
+	r.note("step 0 (mark) on shard %d: %v", b.i, b.b.marks)
+	b.mark = r.step
+	k := 0
+	for n, t := range read {
+		c, ok := r.pending[b.i][t.member]
+		f, _ := strconv.ParseFloat(t.score, 64)
+		var want int64
+		if ok && c.real() == f {
+			want = 1
+			c.marked = true
+			r.pending[b.i][t.member] = c
+			r.moving[b.i][t.member] = b.b.token
+		}
+		if b.b.marks[n] != want {
+			r.fatalf("mark flag of %q: %d, want %d (the model has %s)", t.member, b.b.marks[n], want, r.copies(r.member(t.member)))
+		}
+		if want == 0 {
+			r.event("mark left out a task written since the scan")
+			continue
+		}
+		if b.b.ts[k] != t {
+			r.fatalf("the batch after the mark: %v, want %v marked of %v", b.b.ts, t, read)
+		}
 		if f := b.b.f[k]; f.body != c.body || f.props != c.props || f.has != fieldsHas(c.body, c.props) {
 			r.fatalf("the fields read of %q on shard %d: %+v; the model has body %q, props %q", t.member, b.i, f, c.body, c.props)
 		}
 		if c.body != "" || c.props != "" {
 			r.event("a batch read a task with an id or properties")
 		}
+		k++
+	}
+	if k != len(b.b.ts) {
+		r.fatalf("the batch after the mark: %v, want %d of %v", b.b.ts, k, read)
 	}
 }
 
@@ -1187,16 +1222,20 @@ func (r *mRun) stepAdd(b *mBatch) {
 	b.add = r.step
 	for k, t := range b.b.ts {
 		var want int64
-		if _, ok := r.pending[b.j][t.member]; ok {
+		if c, ok := r.pending[b.j][t.member]; ok {
 			if _, ok := r.moving[b.j][t.member]; ok {
 				r.event("step 1 unlisted a member another batch added")
+			}
+			if c.marked {
+				r.event("step 1 confirmed a copy another batch added (its marker taken away)")
+				c.marked = false
+				r.pending[b.j][t.member] = c
 			}
 			delete(r.moving[b.j], t.member)
 		} else {
 			want = 1
-			s, _ := strconv.ParseInt(t.score, 10, 64)
-			r.pending[b.j][t.member] = mCopy{score: s, writer: wMover, step: r.step, body: b.b.f[k].body, props: b.b.f[k].props}
-			r.moving[b.j][t.member] = s
+			r.pending[b.j][t.member] = mCopy{score: dueOf(t.score), writer: wMover, step: r.step, body: b.b.f[k].body, props: b.b.f[k].props, marked: true}
+			r.moving[b.j][t.member] = b.b.token
 		}
 		if b.b.added[k] != want {
 			r.fatalf("add flag of %q: %d, want %d", t.member, b.b.added[k], want)
@@ -1210,13 +1249,17 @@ func (r *mRun) stepTake(b *mBatch) {
 	}
 	r.note("step 2 (take) on shard %d: %v", b.i, b.b.taken)
 	for k, t := range b.b.ts {
-		s, _ := strconv.ParseInt(t.score, 10, 64)
+		s := dueOf(t.score)
 		m := r.member(t.member)
 		c, ok := r.pending[b.i][t.member]
+		own := r.moving[b.i][t.member] == b.b.token
+		if own {
+			delete(r.moving[b.i], t.member)
+		}
 		var want int64
 		switch {
 		case !ok:
-		case c.score == s && c.body == b.b.f[k].body && c.props == b.b.f[k].props:
+		case own && c.marked && c.score == s && c.body == b.b.f[k].body && c.props == b.b.f[k].props:
 			want = 1
 			r.removed(b, m, c, "take")
 			delete(r.pending[b.i], t.member)
@@ -1233,8 +1276,11 @@ func (r *mRun) stepTake(b *mBatch) {
 				m.last = "dispatch"
 			}
 		default:
-			if c.score == s {
-				r.event("take left a task scheduled again with the same score and other fields")
+			switch {
+			case !own:
+				r.event("take left a task another batch marked since, or a producer unlisted")
+			case !c.marked && c.score == s:
+				r.event("take left a task a producer wrote again with the same score")
 			}
 			want = 2
 		}
@@ -1254,18 +1300,21 @@ func (r *mRun) stepUndo(b *mBatch) {
 	r.stats.events["batch outcome: kept the new count's copy"] += int(p.Kept)
 	r.stats.events["batch outcome: raced (undone or left)"] += int(p.Raced)
 	for k, t := range b.b.ts {
-		s, _ := strconv.ParseInt(t.score, 10, 64)
-		listed, ok := r.moving[b.j][t.member]
+		s := dueOf(t.score)
+		if r.moving[b.j][t.member] != b.b.token {
+			continue
+		}
 		delete(r.moving[b.j], t.member)
-		if b.b.added[k] != 1 || b.b.taken[k] == 1 || !ok || listed != s {
-			continue
-		}
 		c, ok := r.pending[b.j][t.member]
-		if !ok || c.score != s {
+		if !ok || !c.marked || c.score != s {
+			if ok && c.score == s {
+				r.event("undo left a copy a producer wrote again with the same score")
+			}
 			continue
 		}
-		if c.body != b.b.f[k].body || c.props != b.b.f[k].props {
-			r.event("undo left a copy a producer wrote with the same score and other fields")
+		if b.b.added[k] != 1 || b.b.taken[k] == 1 || c.body != b.b.f[k].body || c.props != b.b.f[k].props {
+			c.marked = false
+			r.pending[b.j][t.member] = c
 			continue
 		}
 		r.removed(b, r.member(t.member), c, "undo")
@@ -1273,32 +1322,18 @@ func (r *mRun) stepUndo(b *mBatch) {
 	}
 }
 
-// removed notes a take or undo removing copy c: one a raw producer wrote
-// after the batch read it is the known limit.
+// removed checks a take or undo removing copy c: an undo removes only the
+// copy its own step 1 added, a take only a copy no producer wrote since
+// the batch's mark (one written between the scan and the mark was marked
+// with the rest).
 func (r *mRun) removed(b *mBatch, m *mMember, c mCopy, how string) {
-	if how == "undo" && c.writer == wMover && c.step != b.add {
-		// Another batch's step 1 added this copy and listed the score this
-		// batch listed; this undo cannot tell the two apart. That batch
-		// read the score in the source after this one's take found it
-		// gone: a writer by the old count wrote it there again meanwhile
-		// (the known limit, two movers deep: the other batch's take then
-		// removes that write, and the task is in neither shard).
-		if st, ok := m.oldWrites[c.score]; ok && st > b.read {
-			r.event("undo removed a copy another batch added with the same score, after an old-count write of it again")
-			m.flagged = fmt.Sprintf("undo at step %d removed the copy %d another batch added at step %d, after the old-count write of %d at step %d, after %s",
-				r.step, c.score, c.step, c.score, st, b)
-		} else {
-			r.event("undo removed a copy another batch added")
-		}
-		return
-	}
-	if c.writer == wMover || c.step <= b.read {
-		return
-	}
-	r.event(fmt.Sprintf("%s removed a copy the %s wrote (same score) after the batch read it", how, c.writer))
-	if oldCount(c.writer) || c.writer == wNew {
-		m.flagged = fmt.Sprintf("%s at step %d removed the copy %d the %s wrote at step %d, after %s",
-			how, r.step, c.score, c.writer, c.step, b)
+	switch {
+	case how == "undo" && (c.writer != wMover || c.step != b.add):
+		r.fatalf("%q: the undo removed a copy it did not add (%d by the %s at step %d), after %s", m.name, c.score, c.writer, c.step, b)
+	case how == "take" && c.step > b.mark:
+		r.fatalf("%q: the take removed a copy written after the batch's mark (%d by the %s at step %d), after %s", m.name, c.score, c.writer, c.step, b)
+	case how == "take" && c.writer != wMover && c.step > b.read:
+		r.event(fmt.Sprintf("take removed a copy the %s wrote between the batch's scan and its mark", c.writer))
 	}
 }
 
@@ -1365,9 +1400,14 @@ func (r *mRun) pass(horizon time.Duration) {
 				want.Near++
 				continue
 			}
+			delete(r.moving[i], name) // listed by the mark, unlisted by the take
 			if nc, ok := r.pending[m.new][name]; ok {
 				want.Kept++
-				delete(r.moving[m.new], name) // unlisted by the undo step
+				delete(r.moving[m.new], name) // unlisted by step 1
+				if nc.marked {
+					nc.marked = false // confirmed by step 1
+					r.pending[m.new][name] = nc
+				}
 				if m.last == "schedule" && isLatest(m, c) && !isLatest(m, nc) {
 					r.won(m, nc)
 				}
@@ -1498,7 +1538,6 @@ func (r *mRun) oldWrite(m *mMember, score int64, writer string) {
 		}
 	}
 	r.mAdd(m.old, m, score, writer)
-	m.oldWrites[score] = r.step
 	r.scheduled(m, score, writer)
 }
 
@@ -1649,7 +1688,7 @@ func (r *mRun) launchSlow() {
 			name := fmt.Sprintf("slow%d-%d", s.id, n)
 			b := []byte(name)
 			if m := (&mMember{name: name, old: shard.Index(b, r.from), new: shard.Index(b, r.to)}); m.old != m.new {
-				m.scores, m.oldWrites, m.reserved = map[int64]bool{}, map[int64]int{}, true
+				m.scores, m.reserved = map[int64]bool{}, true
 				r.members = append(r.members, m)
 				r.rawAdd(m, wOld, r.base+time.Hour.Milliseconds()+int64(r.rng.IntN(8)))
 				s.m = m
@@ -1945,18 +1984,18 @@ func (r *mRun) check() {
 		r.fatalf("read the shards: %v", err)
 	}
 	for i := range r.span {
-		got := map[string]int64{}
+		got := map[string]float64{}
 		for _, z := range zs[i].Val() {
-			got[z.Member.(string)] = int64(z.Score)
+			got[z.Member.(string)] = z.Score
 		}
 		for name, c := range r.pending[i] {
-			if s, ok := got[name]; !ok || s != c.score {
-				r.fatalf("shard %d: %q pending with %d (present %v), the model has %d by %s at step %d", i, name, s, ok, c.score, c.writer, c.step)
+			if s, ok := got[name]; !ok || s != c.real() {
+				r.fatalf("shard %d: %q pending with %.1f (present %v), the model has %.1f by %s at step %d", i, name, s, ok, c.real(), c.writer, c.step)
 			}
 		}
 		for name, s := range got {
 			if _, ok := r.pending[i][name]; !ok {
-				r.fatalf("shard %d: %q pending with %d, not in the model", i, name, s)
+				r.fatalf("shard %d: %q pending with %.1f, not in the model", i, name, s)
 			}
 		}
 		dgot := map[string]int64{}
@@ -2013,8 +2052,8 @@ func (r *mRun) check() {
 		if len(listed) != len(r.moving[i]) {
 			r.fatalf("shard %d: moving hash %v, the model has %v", i, listed, r.moving[i])
 		}
-		for name, s := range r.moving[i] {
-			if listed[name] != strconv.FormatInt(s, 10) {
+		for name, token := range r.moving[i] {
+			if listed[name] != token {
 				r.fatalf("shard %d: moving hash %v, the model has %v", i, listed, r.moving[i])
 			}
 		}
@@ -2024,7 +2063,7 @@ func (r *mRun) check() {
 		switch m.last {
 		case "schedule":
 			if where == "pending nowhere" {
-				r.lost(m, "(a) LOST: its last operation was a schedule (%d), and it is pending nowhere", m.latest)
+				r.fatalf("(a) LOST: %q: its last operation was a schedule (%d by the %s), and it is pending nowhere", m.name, m.latest, m.latestBy)
 			}
 		case "go-cancel":
 			if where != "pending nowhere" && !r.inMove(m) {
@@ -2037,18 +2076,6 @@ func (r *mRun) check() {
 			}
 		}
 	}
-}
-
-// lost fails, or counts the known limit if m is flagged.
-func (r *mRun) lost(m *mMember, format string, args ...any) {
-	r.t.Helper()
-	msg := fmt.Sprintf("%q: ", m.name) + fmt.Sprintf(format, args...)
-	if m.flagged == "" || *modelStrict {
-		r.fatalf("%s (flagged: %q)", msg, m.flagged)
-	}
-	r.note("KNOWN LIMIT: %s: %s", msg, m.flagged)
-	r.event("KNOWN LIMIT: a raw producer's same-score write removed by a move")
-	m.last = "lost (known limit)"
 }
 
 // inMove reports whether a batch that read m is between its step 1 and
@@ -2105,7 +2132,7 @@ func (r *mRun) quiesce() {
 		}
 		if len(in) == 0 {
 			if m.last == "schedule" {
-				r.lost(m, "(c) pending nowhere after the final pass")
+				r.fatalf("(c) LOST: %q pending nowhere after the final pass; its last operation was a schedule (%d by the %s)", m.name, m.latest, m.latestBy)
 			}
 			continue
 		}
@@ -2121,21 +2148,11 @@ func (r *mRun) quiesce() {
 				want, wantBody, wantProps = m.won, m.wonBody, m.wonProps
 			}
 			if c.body != wantBody || c.props != wantProps {
-				if m.flagged != "" && !*modelStrict {
-					r.note("KNOWN LIMIT: %q has body %q props %q, not %q %q: %s", m.name, c.body, c.props, wantBody, wantProps, m.flagged)
-					r.event("KNOWN LIMIT: a raw producer's same-score write removed by a move")
-					continue
-				}
-				r.fatalf("(c) %q has body %q and props %q after the final pass; its latest schedule has %q and %q, the conflict rule's copy %q and %q (flagged: %q)",
-					m.name, c.body, c.props, m.latestBody, m.latestProps, m.wonBody, m.wonProps, m.flagged)
+				r.fatalf("(c) %q has body %q and props %q after the final pass; its latest schedule has %q and %q, the conflict rule's copy %q and %q",
+					m.name, c.body, c.props, m.latestBody, m.latestProps, m.wonBody, m.wonProps)
 			}
 			if s != want {
-				if m.flagged != "" && !*modelStrict {
-					r.note("KNOWN LIMIT: %q has %d, not %d: %s", m.name, s, want, m.flagged)
-					r.event("KNOWN LIMIT: a raw producer's same-score write removed by a move")
-					continue
-				}
-				r.fatalf("(c) %q has %d after the final pass; its latest schedule is %d, the conflict rule's copy %d (flagged: %q)", m.name, s, m.latest, m.won, m.flagged)
+				r.fatalf("(c) %q has %d after the final pass; its latest schedule is %d, the conflict rule's copy %d", m.name, s, m.latest, m.won)
 			}
 			if m.won != 0 {
 				r.event("final: deviates from the latest schedule by the conflict rule")

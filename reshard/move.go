@@ -2,6 +2,7 @@ package reshard
 
 import (
 	"context"
+	crand "crypto/rand"
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
@@ -162,8 +163,8 @@ func (m *Mover) horizon() time.Duration {
 // step for all destinations in one pipelined round trip: a page's tasks
 // spread over up to the shard count's destinations, and a round trip per
 // destination and step made moving a million tasks take minutes. The
-// read of the tasks' fields on the source goes first, in one round trip
-// too.
+// mark of the tasks on the source (which reads their fields) goes first,
+// in one round trip too.
 func (m *Mover) moveGroups(ctx context.Context, i int, groups map[int][]task, p *Progress) error {
 	if len(groups) == 0 {
 		return nil
@@ -182,12 +183,16 @@ func (m *Mover) moveGroups(ctx context.Context, i int, groups map[int][]task, p 
 	for j, ts := range groups {
 		bs = append(bs, m.batch(i, j, ts))
 	}
-	if err := readAll(ctx, m.RDB, bs, (*batchMove).readCmds, (*batchMove).readDone); err != nil {
+	if err := runSteps(ctx, m.RDB, []step[*batchMove]{markStep}, bs); err != nil {
 		return err
 	}
 	var parts []*batchMove
 	for _, b := range bs {
-		parts = append(parts, b.split()...)
+		p.add(b.p) // what the mark left out
+		b.p = Progress{}
+		if len(b.ts) > 0 {
+			parts = append(parts, b.split()...)
+		}
 	}
 	if err := runSteps(ctx, m.RDB, moveSteps, parts); err != nil {
 		return err
@@ -304,43 +309,87 @@ func parts(n int, size func(k int) int) []int {
 	return append(ends, n)
 }
 
-// batchMove is one batch's move from shard i to shard j: read the tasks'
-// fields on the source, then add, take, undo (scripts.go). A test
-// interleaves the steps with producers.
+// batchMove is one batch's move from shard i to shard j: mark the tasks
+// on the source (reading their fields), then add, take, undo
+// (scripts.go). A test interleaves the steps with producers.
 type batchMove struct {
 	rdb                redis.UniversalClient
 	src, dst           string
 	srcTasks, srcProps string
 	dstTasks, dstProps string
-	moving             string // the destination's moving hash
-	ts                 []task
-	f                  []fields // read on the source
-	added              []int64  // addScript's flags
-	taken              []int64  // takeScript's flags
-	p                  Progress // the batch's outcome, once taken
+	srcMoving, moving  string // the source's and the destination's moving hashes
+	// token names the batch in the moving hashes: its steps act only on
+	// what it listed itself, never on another batch's copy.
+	token string
+	ts    []task
+	f     []fields // read on the source by the mark
+	marks []int64  // markScript's flags, one per task read (before the cut)
+	added []int64  // addScript's flags
+	taken []int64  // takeScript's flags
+	p     Progress // the batch's outcome, once taken
 }
 
 func (m *Mover) batch(i, j int, ts []task) *batchMove {
-	return &batchMove{rdb: m.RDB, src: m.Keys.Pending(i), dst: m.Keys.Pending(j), moving: m.Keys.Moving(j), ts: ts,
-		srcTasks: m.Keys.Tasks(i), srcProps: m.Keys.Props(i), dstTasks: m.Keys.Tasks(j), dstProps: m.Keys.Props(j)}
+	return &batchMove{rdb: m.RDB, src: m.Keys.Pending(i), dst: m.Keys.Pending(j), srcMoving: m.Keys.Moving(i), moving: m.Keys.Moving(j),
+		token: newToken(), ts: ts, srcTasks: m.Keys.Tasks(i), srcProps: m.Keys.Props(i), dstTasks: m.Keys.Tasks(j), dstProps: m.Keys.Props(j)}
 }
 
-func (b *batchMove) readCmds(ctx context.Context, c redis.Cmdable) []*redis.SliceCmd {
-	ms := make([]string, len(b.ts))
+// newToken is a batch's name in the moving hashes: 128 random bits, so no
+// two batches share one.
+func newToken() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// markStep is a batch's first step, on the source: markScript. The tasks
+// it finds changed or gone since the scan are left out of the next steps
+// (counted raced: the next pass moves them as they are now).
+var markStep = step[*batchMove]{markScript, func(b *batchMove) ([]string, []any) {
+	args := make([]any, 0, 2+2*len(b.ts))
+	args = append(args, movingTTL.Milliseconds(), b.token)
+	for _, t := range b.ts {
+		args = append(args, t.score, t.member)
+	}
+	return []string{b.src, b.srcMoving, b.srcTasks, b.srcProps}, args
+}, func(b *batchMove, c *redis.Cmd) error {
+	vals, err := c.Slice()
+	if err == nil && len(vals) != 3*len(b.ts) {
+		err = fmt.Errorf("%d values for %d tasks", len(vals), len(b.ts))
+	}
+	if err != nil {
+		return fmt.Errorf("move %d tasks from %s: mark them: %w", len(b.ts), b.src, err)
+	}
+	b.marks = make([]int64, len(b.ts))
+	var ts []task
+	var fs []fields
 	for k, t := range b.ts {
-		ms[k] = t.member
+		if flag, _ := vals[3*k].(int64); flag != 1 {
+			b.p.Raced++
+			continue
+		}
+		b.marks[k] = 1
+		var f fields
+		for h, v := range vals[3*k+1 : 3*k+3] {
+			s, ok := v.(string)
+			if !ok {
+				continue
+			}
+			sum := sha1.Sum([]byte(s))
+			f.has |= 1 << h
+			if h == 0 {
+				f.body, f.bodySum = s, hex.EncodeToString(sum[:])
+			} else {
+				f.props, f.propsSum = s, hex.EncodeToString(sum[:])
+			}
+		}
+		ts, fs = append(ts, t), append(fs, f)
 	}
-	return []*redis.SliceCmd{c.HMGet(ctx, b.srcTasks, ms...), c.HMGet(ctx, b.srcProps, ms...)}
-}
-
-func (b *batchMove) readDone(cmds []*redis.SliceCmd) (err error) {
-	if b.f, err = readFields(cmds[0], cmds[1], len(b.ts)); err != nil {
-		return fmt.Errorf("move %d tasks from %s: %w", len(b.ts), b.src, err)
-	}
+	b.ts, b.f = ts, fs
 	return nil
-}
+}}
 
-// split cuts the batch, once read, into batches of at most moveBytes.
+// split cuts the batch, once marked, into batches of at most moveBytes.
 func (b *batchMove) split() []*batchMove {
 	ends := parts(len(b.ts), func(k int) int { return len(b.ts[k].member) + b.f[k].size() })
 	if len(ends) == 1 {
@@ -360,8 +409,8 @@ func (b *batchMove) split() []*batchMove {
 // them.
 var moveSteps = []step[*batchMove]{
 	{addScript, func(b *batchMove) ([]string, []any) {
-		args := make([]any, 0, 1+5*len(b.ts))
-		args = append(args, movingTTL.Milliseconds())
+		args := make([]any, 0, 2+5*len(b.ts))
+		args = append(args, movingTTL.Milliseconds(), b.token)
 		for k, t := range b.ts {
 			args = append(args, t.score, t.member, b.f[k].has, b.f[k].body, b.f[k].props)
 		}
@@ -373,11 +422,12 @@ var moveSteps = []step[*batchMove]{
 		return nil
 	}},
 	{takeScript, func(b *batchMove) ([]string, []any) {
-		args := make([]any, 0, 4*len(b.ts))
+		args := make([]any, 0, 1+4*len(b.ts))
+		args = append(args, b.token)
 		for k, t := range b.ts {
 			args = append(args, t.score, t.member, b.f[k].bodySum, b.f[k].propsSum)
 		}
-		return []string{b.src, b.srcTasks, b.srcProps}, args
+		return []string{b.src, b.srcMoving, b.srcTasks, b.srcProps}, args
 	}, func(b *batchMove, c *redis.Cmd) (err error) {
 		if b.taken, err = c.Int64Slice(); err != nil {
 			// Those added are in both shards now, with one score and
@@ -397,7 +447,8 @@ var moveSteps = []step[*batchMove]{
 		return nil
 	}},
 	{undoScript, func(b *batchMove) ([]string, []any) {
-		args := make([]any, 0, 5*len(b.ts))
+		args := make([]any, 0, 1+5*len(b.ts))
+		args = append(args, b.token)
 		for k, t := range b.ts {
 			undo := 0
 			if b.added[k] == 1 && b.taken[k] != 1 {
@@ -414,16 +465,15 @@ var moveSteps = []step[*batchMove]{
 	}},
 }
 
-// steps are the batch's steps, one Redis call each: read, add, take,
+// steps are the batch's steps, one Redis call each: mark, add, take,
 // undo (a test interleaves them with producers).
 func (b *batchMove) steps() []func(context.Context) error {
-	read := func(ctx context.Context) error { return b.readDone(b.readCmds(ctx, b.rdb)) }
-	return append([]func(context.Context) error{read}, stepsOf(b.rdb, moveSteps, b)...)
+	return stepsOf(b.rdb, append([]step[*batchMove]{markStep}, moveSteps...), b)
 }
 
-// read, add, take and undo are the batch's steps one by one; undo counts
-// the batch's outcome into p.
-func (b *batchMove) read(ctx context.Context) error { return b.steps()[0](ctx) }
+// mark, add, take and undo are the batch's steps one by one; undo counts
+// the batch's outcome (and the tasks the mark left out) into p.
+func (b *batchMove) mark(ctx context.Context) error { return b.steps()[0](ctx) }
 func (b *batchMove) add(ctx context.Context) error  { return b.steps()[1](ctx) }
 func (b *batchMove) take(ctx context.Context) error { return b.steps()[2](ctx) }
 func (b *batchMove) undo(ctx context.Context, p *Progress) error {

@@ -3,6 +3,7 @@ package reshard
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -114,7 +115,7 @@ func TestMoveKeepsProducerSchedule(t *testing.T) {
 			f := newMoveFixture(t)
 			m := &Mover{RDB: f.rdb, Keys: f.keys}
 			b := m.batch(f.i, f.j, []task{{score: strconv.FormatInt(f.due, 10), member: f.m}})
-			if err := b.read(ctx); err != nil {
+			if err := b.mark(ctx); err != nil {
 				t.Fatal(err)
 			}
 			if err := b.add(ctx); err != nil {
@@ -156,12 +157,21 @@ func TestMoveTwoMovers(t *testing.T) {
 			f := newMoveFixture(t)
 			m := &Mover{RDB: f.rdb, Keys: f.keys}
 			ts := []task{{score: strconv.FormatInt(f.due, 10), member: f.m}}
-			movers := map[byte]*batchMove{'A': m.batch(f.i, f.j, ts), 'B': m.batch(f.i, f.j, ts)}
+			movers := map[byte]*batchMove{'A': m.batch(f.i, f.j, ts)}
 			progress := map[byte]*Progress{'A': {}, 'B': {}}
-			for _, b := range movers {
-				if err := b.read(ctx); err != nil {
-					t.Fatal(err)
-				}
+			// A (the mover that lost its lock) scanned and marked the
+			// task first; B scans it after, with A's marker, and B's mark,
+			// listing it under B's token, supersedes A's at the source.
+			if err := movers['A'].mark(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s, err := f.rdb.ZScore(ctx, f.keys.Pending(f.i), f.m).Result()
+			if err != nil || s != float64(f.due)+0.5 {
+				t.Fatalf("after A's mark: %v, %v; want the marker %d.5", s, err, f.due)
+			}
+			movers['B'] = m.batch(f.i, f.j, []task{{score: strconv.FormatFloat(s, 'f', -1, 64), member: f.m}})
+			if err := movers['B'].mark(ctx); err != nil {
+				t.Fatal(err)
 			}
 			for _, st := range strings.Fields(order) {
 				b := movers[st[0]]
@@ -178,12 +188,139 @@ func TestMoveTwoMovers(t *testing.T) {
 					t.Fatalf("%s: %v", st, err)
 				}
 			}
-			if got := f.pending(t); len(got) != 1 || got[f.j] != f.due {
+			if got := f.exact(t); len(got) != 1 || got[f.j] != float64(f.due) {
 				t.Errorf("after %s (A added %v taken %v, B added %v taken %v): %q pending %v (shard: score), want only in shard %d with %d",
 					order, movers['A'].added, movers['A'].taken, movers['B'].added, movers['B'].taken, f.m, got, f.j, f.due)
 			}
 		})
 	}
+}
+
+// TestMoveSameScoreAgain interleaves a batch's steps with producers that
+// write only ZADD and ZREM (no layout, no unlisting) and schedule a task
+// again with the very due time it had, which Redis cannot tell from no
+// write: the task was scheduled last, so it must stay pending, and a pass
+// must then leave it once in its new shard with its due time (no marker
+// score left). All three lost the task before the mark and the batch
+// tokens (the model test found them: seeds 14098515862825334917,
+// 4536624000409008727 and 3221184166855260179).
+func TestMoveSameScoreAgain(t *testing.T) {
+	type step func(t *testing.T, f *moveFixture, a, b *batchMove)
+	ctx := context.Background()
+	zadd := func(shard func(f *moveFixture) int) step {
+		return func(t *testing.T, f *moveFixture, a, b *batchMove) {
+			if err := f.rdb.ZAdd(ctx, f.keys.Pending(shard(f)), redis.Z{Score: float64(f.due), Member: f.m}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	zrem := func(shard func(f *moveFixture) int) step {
+		return func(t *testing.T, f *moveFixture, a, b *batchMove) {
+			if err := f.rdb.ZRem(ctx, f.keys.Pending(shard(f)), f.m).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	old := func(f *moveFixture) int { return f.i }
+	nw := func(f *moveFixture) int { return f.j }
+	run := func(which byte, n int) step {
+		return func(t *testing.T, f *moveFixture, a, b *batchMove) {
+			bm := a
+			if which == 'B' {
+				bm = b
+			}
+			var err error
+			switch n {
+			case 0:
+				err = bm.mark(ctx)
+			case 1:
+				err = bm.add(ctx)
+			case 2:
+				err = bm.take(ctx)
+			case 3:
+				err = bm.undo(ctx, &Progress{})
+			}
+			if err != nil {
+				t.Fatalf("%c%d: %v", which, n, err)
+			}
+		}
+	}
+	cancel := func(t *testing.T, f *moveFixture, a, b *batchMove) {
+		if _, err := f.prod.Cancel(ctx, []byte(f.m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name   string
+		steps  []step
+		in     func(f *moveFixture) int // where the task must be pending after the steps
+		second bool                     // a second mover's batch B
+	}{
+		// A (a mover that lost its lock) adds; a layout-aware Cancel
+		// removes both copies; A's take finds nothing; an old-count
+		// producer schedules the task again with the same due; the next
+		// holder's batch B marks and adds it; A's undo then removed B's
+		// copy (the same score listed) and B's take the source's.
+		{"two movers: the lost-lock mover's undo after the next holder's add", []step{
+			run('A', 0), run('A', 1), cancel, run('A', 2), zadd(old), run('B', 0), run('B', 1), run('A', 3), run('B', 2), run('B', 3),
+		}, nw, true},
+		// An old-count producer cancels the task during the move, a
+		// new-count one schedules it again with the same due: the undo
+		// removed that schedule with the copy step 1 had added.
+		{"old-count cancel, new-count schedule of the same due before the undo", []step{
+			run('A', 0), run('A', 1), zrem(old), run('A', 2), zadd(nw), run('A', 3),
+		}, nw, false},
+		// A new-count producer cancels the copy step 1 added, an old-count
+		// one schedules the task again with the same due: the take removed
+		// that schedule from the source.
+		{"new-count cancel, old-count schedule of the same due before the take", []step{
+			run('A', 0), run('A', 1), zrem(nw), zadd(old), run('A', 2), run('A', 3),
+		}, old, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newMoveFixture(t)
+			m := &Mover{RDB: f.rdb, Keys: f.keys}
+			ts := []task{{score: strconv.FormatInt(f.due, 10), member: f.m}}
+			a, b := m.batch(f.i, f.j, ts), m.batch(f.i, f.j, ts)
+			for _, st := range c.steps {
+				st(t, f, a, b)
+			}
+			want := map[int]float64{c.in(f): float64(f.due)}
+			if got := f.exact(t); !maps.Equal(got, want) {
+				t.Fatalf("after the steps: %q pending %v (shard: score), want %v: the task scheduled last was lost", f.m, got, want)
+			}
+			l := shard.Layout{Shards: 4, From: 2}
+			if _, err := (&Mover{RDB: f.rdb, Keys: f.keys, Horizon: -1}).Pass(ctx, l, 0, 4); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := f.exact(t), map[int]float64{f.j: float64(f.due)}; !maps.Equal(got, want) {
+				t.Fatalf("after a pass: %q pending %v (shard: score), want %v", f.m, got, want)
+			}
+			for k := range 4 {
+				if n, err := f.rdb.Exists(ctx, f.keys.Moving(k)).Result(); err != nil || n != 0 {
+					t.Errorf("shard %d: moving hash left after the pass (%d, %v)", k, n, err)
+				}
+			}
+		})
+	}
+}
+
+// exact returns the member's exact score in each shard of the change.
+func (f *moveFixture) exact(t *testing.T) map[int]float64 {
+	t.Helper()
+	out := map[int]float64{}
+	for k := range 4 {
+		s, err := f.rdb.ZScore(context.Background(), f.keys.Pending(k), f.m).Result()
+		if err == redis.Nil {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[k] = s
+	}
+	return out
 }
 
 // TestDeadMoveRaces runs an operator's requeue or purge of a dead letter

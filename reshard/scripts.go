@@ -8,71 +8,84 @@ import (
 
 // A move of pending tasks between two shards cannot be atomic on Redis
 // Cluster (the shards' hash tags {Q:i} and {Q:j} name different slots),
-// so it goes in three steps, each one script on one shard, ordered so that
-// a task is never in neither shard:
+// so it goes in steps, each one script on one shard, ordered so that a
+// task is never in neither shard. Each batch has a token of its own, and
+// lists the members it works on under it in the shards' moving hashes
+// (P:{Q:i}:moving, member -> token); a copy it writes carries a marker
+// score, its due time plus half a millisecond, which no producer writes
+// (the contract's scores are whole milliseconds). A producer's write
+// therefore always changes what a batch wrote, even a ZADD of the very
+// score already there, and a later step sees it:
 //
-//  1. addScript, on the destination: add each task unless the member is
-//     already pending there (a producer on the new M wrote it: the new
-//     layout's scheduling wins), and list it in the destination's moving
-//     hash (P:{Q:j}:moving, member -> score added). A member pending
-//     there already is unlisted instead: step 2 may rely on that copy.
-//  2. takeScript, on the source: remove each task only if its score is
-//     still the one read. A task rescheduled (another score) or cancelled
-//     (gone) by an old-M producer meanwhile is left alone.
-//  3. undoScript, on the destination: for the tasks step 2 left alone,
-//     remove what step 1 added, if it is still what step 1 added: the same
-//     score, and still listed in the moving hash. A rescheduled task moves
-//     with its new score on the next pass; a cancelled one stays
-//     cancelled. Every member of the batch is unlisted (those another
-//     mover listed too).
+//  0. markScript, on the source: each task still as scanned gets the
+//     marker score (its due time is unchanged: claims floor it, so its
+//     message_id is too) and is listed under the batch's token, and its
+//     body and properties are read. A task changed or gone since the scan
+//     is left out (the next pass moves it as it is then).
+//  1. addScript, on the destination: add each task with the marker score,
+//     listed under the token, unless its member is pending there already
+//     (a producer on the new M wrote it, or another batch: the new
+//     layout's copy wins). Such a copy is unlisted and its marker, if it
+//     has one, turned into its whole due time: step 2 may now remove the
+//     source's copy on the strength of it, so no undo may remove it.
+//  2. takeScript, on the source: remove each task only if it still has
+//     the marker and is still listed under the token: a producer that
+//     rescheduled, cancelled or wrote the task again (even with the same
+//     due time) meanwhile, or another batch that marked it since, leaves
+//     it alone.
+//  3. undoScript, on the destination: for what step 1 added and is still
+//     listed under the token with the marker, remove it if step 2 left the
+//     source's copy alone, else give it its whole due time; unlist the
+//     batch's members.
 //
-// The Go producer (shard.Producer) unlists a member, atomically with its
-// write, whenever it writes the member to a shard during a change: a
-// schedule that comes after step 1, even with the very score step 1 added
-// (a producer scheduling a task again, or retrying), is then never undone.
-// A producer in another language that writes only ZADD cannot be told
-// apart from step 1's add when it writes the same score: if an old-M
-// producer cancels a task and a new-M producer schedules it again with
-// the same due time, both within one batch's steps, the undo removes it
-// (likewise a raw producer re-adding, with the same due, a task cancelled
-// in the source between steps 1 and 2 has that copy taken). The model
-// test (model_test.go) counts these as its known limit.
+// So no step removes a copy that a producer wrote after the batch's scan,
+// or that another batch wrote: the task a producer scheduled last is never
+// lost. (Without the marker, a raw ZADD of the score already there cannot
+// be told from no write: an undo removed a same-score schedule that a
+// producer on the new M wrote after an old-M producer cancelled the task,
+// and a take removed a same-score schedule again in the source after the
+// destination's copy was cancelled. Without the token, a batch of a mover
+// that lost its lock removed, at its undo, the copy the next holder's
+// batch had added with the same score, whose take then removed the source.)
+// The layout-aware producers also unlist a member when they write it
+// during a change (shard.Producer's scheduleScript): harmless now, and
+// what older movers relied on.
 //
-// A process that dies between steps 1 and 2 leaves the task in both
-// shards with one score: the next pass finds it in the destination and
-// removes the source's copy; were both dispatched first, they would carry
-// one message_id, which consumers deduplicate. A process that dies after
-// step 1 also leaves the copies it added whose source was cancelled
-// meanwhile: those tasks are delivered although cancelled. Only tasks due
-// later than the mover's horizon are moved, so no dispatcher claims one
-// between the steps.
+// Scores beyond 2^52 ms (the year 144,000) have no room for the marker:
+// their copies carry the score read, and only the token tells them apart.
+//
+// A process that dies between the steps leaves the task in both shards
+// (with one due time and one message_id, which consumers deduplicate were
+// both dispatched) or its copies marked: the next pass marks the source's
+// copy again and finishes the move; a marker left on the only copy delays
+// it by half a millisecond. A process that dies after step 1 also leaves
+// the copies it added whose source was cancelled meanwhile: those tasks
+// are delivered although cancelled. Only tasks due later than the mover's
+// horizon are moved, so no dispatcher claims one between the steps.
 //
 // One mover runs at a time (the lock), but a mover that lost its lock
 // (paused past its TTL) runs its page's steps to their end while the next
-// holder moves: two batches of one task may interleave. Step 2 takes the
-// source's copy whenever the destination held the task at step 1, so a
-// copy that a step 1 found must never be undone: that step 1 unlists it
-// (above), and an undo removes only what is still listed. Without that,
-// in the order A1 B1 B2 A2 A3 (mover A's steps and B's), A's undo removed
-// the copy B's take relied on, and the task was in neither shard. What
-// two such movers still cost is what a mover that died costs: a copy
-// whose listing the other batch removed is not undone, so a task
-// cancelled (or rescheduled) by an old-M producer during both batches may
-// be delivered (at its old due time). A lock checked inside the step
-// scripts cannot replace this: the lock's key {Q} and the shards' keys
-// {Q:i} are in different slots on Redis Cluster, so no script sees both.
+// holder moves: two batches of one task may interleave. The tokens keep
+// each batch to its own copies, and a copy that a step 1 found is never
+// undone (above). What two such movers still cost is what a mover that
+// died costs: a copy that the other batch confirmed is not undone, so a
+// task cancelled (or rescheduled) by an old-M producer during both
+// batches may be delivered (at its old due time). A lock checked inside
+// the step scripts cannot replace this: the lock's key {Q} and the
+// shards' keys {Q:i} are in different slots on Redis Cluster, so no
+// script sees both.
 
 // movingTTL bounds how long the moving hash outlives a mover that died
-// between steps 1 and 3 (its entries are harmless: an undo removes only
-// what its own step 1 added and listed; the next batch of those members
-// unlists them).
+// between its steps (its entries are harmless: each step acts only on its
+// own batch's token).
 const movingTTL = time.Hour
 
 // A task's body and properties travel with it. A pending member's live in
 // the fields named by the member of its shard's P:{Q:i}:tasks and
 // P:{Q:i}:props; an in-flight or dead entry's in P:{Q:i}:claimed:body and
 // P:{Q:i}:claimed:props, under the entry. The mover reads them on the
-// source with the batch, and each step carries them:
+// source with the batch (pending tasks: in the mark), and each step
+// carries them:
 //
 //   - step 1 writes the fields read into the destination with each task
 //     it adds (and deletes a field the task had none of, so that nothing
@@ -86,10 +99,9 @@ const movingTTL = time.Hour
 //     deleted from the source before they are in the destination (the
 //     destination's own, when its copy wins by the conflict rule);
 //   - step 3 undoes an add only if its fields are still the ones step 1
-//     wrote, and removes them with it. A producer in another language
-//     scheduling the task again in the destination with the same score
-//     but another body is then not undone (with the same body it still
-//     cannot be told apart: the limit above).
+//     wrote, and removes them with it (a producer's write in the
+//     destination, which the contract's MULTI makes with a ZADD, already
+//     took the marker away).
 //
 // In the scripts' arguments a task's fields are "has" (1: a body, 2:
 // properties, 3: both, 0: none) and the values, or their SHA1 in hex
@@ -113,6 +125,19 @@ local function sum(h, f)
   if v then return redis.sha1hex(v) end
   return ''
 end
+-- due is the whole due time of a score read (a marker's, or a score a
+-- producer wrote out of contract, floored as claims floor it), marker the
+-- batch's marker score for it (due itself where a double has no room for
+-- half a millisecond); fmt formats a score exactly for ZADD.
+local function due(r)
+  return math.floor(tonumber(r))
+end
+local function marker(r)
+  return due(r) + 0.5
+end
+local function fmt(x)
+  return string.format('%.17g', x)
+end
 -- put writes field f's body (hb) and properties (hp) as has says, and
 -- deletes the ones it has not.
 local function put(hb, hp, f, has, body, props)
@@ -122,34 +147,72 @@ local function put(hb, hp, f, has, body, props)
 end
 `
 
-// addScript adds pending tasks to the destination shard with their body
-// and properties, each only if its member is not pending there, and lists
-// those it adds in the moving hash. A member pending there already is
-// unlisted, and keeps its own fields: this batch's step 2 may remove the
-// source's copy on the strength of that one, so no undo may remove it
-// (another mover's batch may have added and listed it).
+// markScript marks the batch's tasks on the source (step 0): each one
+// still pending with the score scanned gets the marker score and is
+// listed under the batch's token, and its body and properties are read.
+//
+// KEYS[1] source pending shard P:{Q:i}, KEYS[2] its moving hash
+// KEYS[3] its bodies P:{Q:i}:tasks, KEYS[4] its properties P:{Q:i}:props
+// ARGV[1] the moving hash's TTL (ms), ARGV[2] the batch's token
+// ARGV    then score1, member1, ... (as scanned)
+// Returns flag, body, properties per task: 1 marked (body and properties
+// or nil), 0 gone or changed since the scan (nil, nil).
+var markScript = redis.NewScript(luaMove + `
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash'})
+if bad then return redis.error_reply(bad) end
+local out = {}
+local any = false
+for i = 3, #ARGV, 2 do
+  local m = ARGV[i + 1]
+  local s = redis.call('ZSCORE', KEYS[1], m)
+  if s and tonumber(s) == tonumber(ARGV[i]) then
+    redis.call('ZADD', KEYS[1], 'XX', fmt(marker(ARGV[i])), m)
+    redis.call('HSET', KEYS[2], m, ARGV[2])
+    any = true
+    out[#out + 1] = 1
+    out[#out + 1] = redis.call('HGET', KEYS[3], m)
+    out[#out + 1] = redis.call('HGET', KEYS[4], m)
+  else
+    out[#out + 1] = 0
+    out[#out + 1] = false
+    out[#out + 1] = false
+  end
+end
+if any then redis.call('PEXPIRE', KEYS[2], ARGV[1]) end
+return out
+`)
+
+// addScript adds pending tasks to the destination shard with the marker
+// score, their body and properties, each only if its member is not
+// pending there, and lists those it adds under the batch's token. A
+// member pending there already keeps its own copy and fields, is unlisted
+// and loses its marker if it has one (another batch added it): this
+// batch's step 2 may remove the source's copy on the strength of that
+// one, so no undo may remove it.
 //
 // KEYS[1] destination pending shard P:{Q:j}
 // KEYS[2] destination moving hash P:{Q:j}:moving
 // KEYS[3] destination bodies P:{Q:j}:tasks, KEYS[4] properties P:{Q:j}:props
-// ARGV[1] the moving hash's TTL (ms)
-// ARGV    then score1, member1, has1, body1, props1, ...
+// ARGV[1] the moving hash's TTL (ms), ARGV[2] the batch's token
+// ARGV    then score1, member1, has1, body1, props1, ... (scores as
+// scanned)
 // Returns one flag per task: 1 added, 0 already pending there.
 var addScript = redis.NewScript(luaMove + `
 local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash'})
 if bad then return redis.error_reply(bad) end
 local out = {}
-for i = 2, #ARGV, 5 do
+for i = 3, #ARGV, 5 do
   local m = ARGV[i + 1]
-  if redis.call('ZSCORE', KEYS[1], m) then
-    -- Step 2 may now rely on this copy: no batch may undo it, not even
-    -- the one that added it, if that mover lost its lock and runs on.
+  local s = redis.call('ZSCORE', KEYS[1], m)
+  if s then
+    local x = tonumber(s)
+    if x ~= math.floor(x) then redis.call('ZADD', KEYS[1], 'XX', fmt(math.floor(x)), m) end
     redis.call('HDEL', KEYS[2], m)
     out[#out + 1] = 0
   else
-    redis.call('ZADD', KEYS[1], ARGV[i], m)
+    redis.call('ZADD', KEYS[1], fmt(marker(ARGV[i])), m)
     put(KEYS[3], KEYS[4], m, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
-    redis.call('HSET', KEYS[2], m, ARGV[i])
+    redis.call('HSET', KEYS[2], m, ARGV[2])
     out[#out + 1] = 1
   end
 end
@@ -158,64 +221,72 @@ return out
 `)
 
 // takeScript removes pending tasks and their fields from the source
-// shard, each only if it still has the score and the fields read.
+// shard, each only if it still has the marker, the fields read, and is
+// still listed under the batch's token; it unlists the batch's members.
 //
-// KEYS[1] source pending shard P:{Q:i}
-// KEYS[2] source bodies P:{Q:i}:tasks, KEYS[3] properties P:{Q:i}:props
-// ARGV    score1, member1, bodySum1, propsSum1, ...
-// Returns one flag per task: 1 removed, 0 gone, 2 rescheduled (or
-// scheduled again with other fields).
+// KEYS[1] source pending shard P:{Q:i}, KEYS[2] its moving hash
+// KEYS[3] source bodies P:{Q:i}:tasks, KEYS[4] properties P:{Q:i}:props
+// ARGV[1] the batch's token
+// ARGV    then score1, member1, bodySum1, propsSum1, ... (scores as
+// scanned)
+// Returns one flag per task: 1 removed, 0 gone, 2 written since the mark
+// (rescheduled, scheduled again, or marked by another batch).
 var takeScript = redis.NewScript(luaMove + `
-local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash'})
+local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash'})
 if bad then return redis.error_reply(bad) end
 local out = {}
-for i = 1, #ARGV, 4 do
+for i = 2, #ARGV, 4 do
   local m = ARGV[i + 1]
   local s = redis.call('ZSCORE', KEYS[1], m)
+  local own = redis.call('HGET', KEYS[2], m) == ARGV[1]
   if not s then
     out[#out + 1] = 0
-  elseif tonumber(s) == tonumber(ARGV[i]) and sum(KEYS[2], m) == ARGV[i + 2] and sum(KEYS[3], m) == ARGV[i + 3] then
+  elseif own and tonumber(s) == marker(ARGV[i]) and sum(KEYS[3], m) == ARGV[i + 2] and sum(KEYS[4], m) == ARGV[i + 3] then
     redis.call('ZREM', KEYS[1], m)
-    redis.call('HDEL', KEYS[2], m)
     redis.call('HDEL', KEYS[3], m)
+    redis.call('HDEL', KEYS[4], m)
     out[#out + 1] = 1
   else
     out[#out + 1] = 2
   end
+  if own then redis.call('HDEL', KEYS[2], m) end
 end
 return out
 `)
 
-// undoScript unlists the batch's members from the moving hash and
-// removes from the destination, with their fields, those that step 1
-// added and step 2 left in the source, each only if it is still what
-// step 1 added: the same score and fields (a producer on the new M may
-// have scheduled it again since) and still listed (the Go producer,
-// writing it since, unlisted it).
+// undoScript settles what step 1 added, each only if it is still listed
+// under the batch's token and still has the marker (nobody wrote it
+// since): removed with its fields if step 2 left the source's copy alone
+// (and its fields are still the ones step 1 wrote), else given its whole
+// due time. It unlists the batch's members.
 //
 // KEYS[1] destination pending shard P:{Q:j}
 // KEYS[2] destination moving hash P:{Q:j}:moving
 // KEYS[3] destination bodies P:{Q:j}:tasks, KEYS[4] properties P:{Q:j}:props
-// ARGV    score1, member1, undo1, bodySum1, propsSum1, ... (undo: 1
-// remove, 0 only unlist)
+// ARGV[1] the batch's token
+// ARGV    then score1, member1, undo1, bodySum1, propsSum1, ... (undo: 1
+// remove, 0 keep)
 // Returns the number removed.
 var undoScript = redis.NewScript(luaMove + `
 local bad = wrongType({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash'})
 if bad then return redis.error_reply(bad) end
 local n = 0
-for i = 1, #ARGV, 5 do
+for i = 2, #ARGV, 5 do
   local m = ARGV[i + 1]
-  local listed = redis.call('HGET', KEYS[2], m)
-  if ARGV[i + 2] == '1' and listed and tonumber(listed) == tonumber(ARGV[i]) then
+  if redis.call('HGET', KEYS[2], m) == ARGV[1] then
     local s = redis.call('ZSCORE', KEYS[1], m)
-    if s and tonumber(s) == tonumber(ARGV[i]) and sum(KEYS[3], m) == ARGV[i + 3] and sum(KEYS[4], m) == ARGV[i + 4] then
-      redis.call('ZREM', KEYS[1], m)
-      redis.call('HDEL', KEYS[3], m)
-      redis.call('HDEL', KEYS[4], m)
-      n = n + 1
+    if s and tonumber(s) == marker(ARGV[i]) then
+      if ARGV[i + 2] == '1' and sum(KEYS[3], m) == ARGV[i + 3] and sum(KEYS[4], m) == ARGV[i + 4] then
+        redis.call('ZREM', KEYS[1], m)
+        redis.call('HDEL', KEYS[3], m)
+        redis.call('HDEL', KEYS[4], m)
+        n = n + 1
+      else
+        redis.call('ZADD', KEYS[1], 'XX', fmt(due(ARGV[i])), m)
+      end
     end
+    redis.call('HDEL', KEYS[2], m)
   end
-  if listed then redis.call('HDEL', KEYS[2], m) end
 end
 return n
 `)
