@@ -111,7 +111,7 @@ type tailOptions struct {
 
 // tail binds a temporary queue and prints what arrives on it.
 func tail(ctx context.Context, s streams, cfg *config.Settings, o tailOptions) error {
-	conn, err := dialBroker(cfg)
+	conn, err := dialBroker(cfg, "dispatcher tail")
 	if err != nil {
 		return failure(err)
 	}
@@ -241,8 +241,8 @@ func headerInt(v any) (int64, bool) {
 }
 
 // dialBroker connects to the first node of DISPATCHER_AMQP_URL that
-// answers.
-func dialBroker(cfg *config.Settings) (*amqp.Connection, error) {
+// answers, under the connection name given (shown in the management UI).
+func dialBroker(cfg *config.Settings, name string) (*amqp.Connection, error) {
 	var tlsConf *tls.Config
 	if f := cfg.AMQPTLSFiles(); !f.Empty() {
 		c, err := f.Config()
@@ -253,7 +253,7 @@ func dialBroker(cfg *config.Settings) (*amqp.Connection, error) {
 	}
 	var errs []string
 	for _, u := range cfg.AMQPURLs() {
-		c := amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "dispatcher tail"}}
+		c := amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": name}}
 		if strings.HasPrefix(strings.ToLower(u), "amqps://") {
 			c.TLSClientConfig = tlsConf
 		}

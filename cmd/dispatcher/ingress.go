@@ -2,13 +2,9 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -16,7 +12,6 @@ import (
 
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/ingress"
-	"github.com/dispatcher/dispatcher/internal/redact"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -48,7 +43,7 @@ func setupIngress(rdb redis.UniversalClient, cfg *config.Settings, reg prometheu
 		g := ingress.New(rdb, prod, ingress.Options{
 			Queue: q.Name, Exchange: q.IngressExchange, Prefetch: prefetch, QueueType: q.IngressQueueType,
 			MaxDelay: maxDelay, MaxBodyBytes: cfg.MaxMessageBytes,
-			Dial:   func() (*amqp.Connection, error) { return dialIngress(cfg) },
+			Dial:   func() (*amqp.Connection, error) { return dialBroker(cfg, "dispatcher ingress") },
 			Logger: log.With("component", "ingress"), Metrics: met,
 		})
 		if err := g.Setup(); err != nil {
@@ -64,30 +59,4 @@ func runIngress(ctx context.Context, wg *sync.WaitGroup, gs []*ingress.Ingress) 
 		wg.Add(1)
 		go func() { defer wg.Done(); g.Run(ctx) }()
 	}
-}
-
-// dialIngress connects to the first node of DISPATCHER_AMQP_URL that
-// answers, for the ingress's consuming connection.
-func dialIngress(cfg *config.Settings) (*amqp.Connection, error) {
-	var tlsConf *tls.Config
-	if f := cfg.AMQPTLSFiles(); !f.Empty() {
-		c, err := f.Config()
-		if err != nil {
-			return nil, fmt.Errorf("AMQP TLS: %w", err)
-		}
-		tlsConf = c
-	}
-	var errs []string
-	for _, u := range cfg.AMQPURLs() {
-		c := amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "dispatcher ingress"}}
-		if strings.HasPrefix(strings.ToLower(u), "amqps://") {
-			c.TLSClientConfig = tlsConf
-		}
-		conn, err := amqp.DialConfig(u, c)
-		if err == nil {
-			return conn, nil
-		}
-		errs = append(errs, fmt.Sprintf("%s: %v", redact.URL(u), redact.Error(err)))
-	}
-	return nil, errors.New(strings.Join(errs, "; "))
 }
