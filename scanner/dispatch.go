@@ -136,7 +136,8 @@ func (s *Scanner) ackEarly(tasks []heldTask) {
 }
 
 // flushEarly acks the confirmed tasks that waited partialAckAfter, one
-// call per batch, and sets the timer for the next ones.
+// call per shard (the batches of a shard in one), and sets the timer for
+// the next ones.
 func (s *Scanner) flushEarly() {
 	e := &s.early
 	e.mu.Lock()
@@ -147,10 +148,9 @@ func (s *Scanner) flushEarly() {
 	}
 	now := time.Now()
 	var next time.Time
+	byShard := map[int][]string{}
 	for p := range e.batches {
-		if es := p.takeAcks(now); len(es) > 0 {
-			s.ackConfirmed(p.b.shard, es) // under e.mu: before stopEarly's Wait
-		}
+		byShard[p.b.shard] = append(byShard[p.b.shard], p.takeAcks(now)...)
 		at, ok := p.waitAck()
 		if !ok {
 			delete(e.batches, p)
@@ -158,6 +158,11 @@ func (s *Scanner) flushEarly() {
 		}
 		if next.IsZero() || at.Before(next) {
 			next = at
+		}
+	}
+	for i, es := range byShard {
+		if len(es) > 0 {
+			s.ackConfirmed(i, es) // under e.mu: before stopEarly's Wait
 		}
 	}
 	if len(e.batches) > 0 {
