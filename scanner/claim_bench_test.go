@@ -257,11 +257,12 @@ func benchClaimKind(b *testing.B, rdb *redis.Client, k shard.Keys, ids, props bo
 		b.StartTimer()
 
 		t1 := time.Now()
-		acked, err := ackScript.EvalSha(ctx, rdb, ackKeys, entries...).Int()
+		res, err := ackScript.EvalSha(ctx, rdb, ackKeys, append([]any{1, len(entries)}, entries...)...).Slice()
 		ackNs += time.Since(t1)
 		if err != nil {
 			b.Fatal(err)
 		}
+		acked, _ := res[0].(int64)
 		b.StopTimer()
 		c2, u2 := commandCount(b, rdb)
 		if acked != batch {

@@ -10,17 +10,17 @@ import (
 
 	"github.com/dispatcher/dispatcher/publisher"
 	"github.com/dispatcher/dispatcher/shard"
+	"github.com/redis/go-redis/v9"
 )
 
 // progress is a claimed batch on its way out: the outcome of each of its
 // tasks, gathered as they come (at once for the tasks due when it was
 // claimed, at their due time for the held ones), and settled in Redis in
-// one go once every task has one. One ack per claim, not per publish:
-// that is what makes a claim ahead cheap for Redis. A batch still
-// publishing acks what was confirmed once it waited partialAckAfter
-// (takeAcks), so a process that dies sends again (by its lease, or the
-// hand-back once it is found dead) only what it published in the last few
-// tens of ms, not the look-ahead's worth.
+// one go once every task has one. A batch still publishing acks what was
+// confirmed with the instance's next flush of acks (earlyAcks), at most
+// partialAckAfter later, so a process that dies sends again (by its
+// lease, or the hand-back once it is found dead) only what it published
+// in the last few tens of ms, not the look-ahead's worth.
 type progress struct {
 	b    batch
 	done func() // once settled
@@ -28,8 +28,7 @@ type progress struct {
 	mu       sync.Mutex
 	left     int
 	acked    []string
-	ackSent  int       // acked[:ackSent] were acked early (takeAcks)
-	ackSince time.Time // when the oldest of acked[ackSent:] was confirmed
+	ackSent  int // acked[:ackSent] were acked early (takeAcks)
 	fails    []outcome
 	released []string
 	unclaim  []string // held, never published: back into pending
@@ -50,9 +49,6 @@ func (p *progress) record(o outcome) bool {
 	defer p.mu.Unlock()
 	switch o.mode {
 	case outAcked:
-		if len(p.acked) == p.ackSent {
-			p.ackSince = time.Now()
-		}
 		p.acked = append(p.acked, o.entry)
 	case outReleased:
 		p.released = append(p.released, o.entry)
@@ -66,18 +62,18 @@ func (p *progress) record(o outcome) bool {
 	return p.left == 0
 }
 
-// partialAckAfter is how long a batch still publishing lets confirmed
-// tasks wait before it acks them early: the longer, the fewer acks per
-// task; the shorter, the fewer tasks a crash sends twice.
+// partialAckAfter is how long confirmed tasks wait at most for the flush
+// that acks them: the longer, the fewer acks per task; the shorter, the
+// fewer tasks a crash sends twice.
 const partialAckAfter = 20 * time.Millisecond
 
-// takeAcks returns the confirmed entries of a batch still publishing that
-// have waited partialAckAfter, for an early ack; nil if none (or the
-// batch is complete: settling acks the rest).
-func (p *progress) takeAcks(now time.Time) []string {
+// takeAcks returns the confirmed entries of a batch still publishing not
+// acked yet, for an early ack; nil if none (or the batch is complete:
+// settling acks the rest).
+func (p *progress) takeAcks() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.left == 0 || len(p.acked) == p.ackSent || now.Sub(p.ackSince) < partialAckAfter {
+	if p.left == 0 || len(p.acked) == p.ackSent {
 		return nil
 	}
 	out := append([]string(nil), p.acked[p.ackSent:]...)
@@ -92,27 +88,20 @@ func (p *progress) unacked() []string {
 	return p.acked[p.ackSent:]
 }
 
-// waitAck is when p's oldest confirmed task not yet acked is due an early
-// ack, and whether p has one at all (a complete batch has none: settling
-// acks the rest).
-func (p *progress) waitAck() (time.Time, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.left == 0 || len(p.acked) == p.ackSent {
-		return time.Time{}, false
-	}
-	return p.ackSince.Add(partialAckAfter), true
-}
-
-// earlyAcks gathers the batches still publishing that hold confirmed
-// tasks, and acks those tasks once they waited partialAckAfter, on a
-// timer of its own: not at the batch's next publish, which for a batch
-// claimed ahead may be most of the look-ahead away. The timer runs only
-// while such a batch exists, so an idle queue pays nothing for it.
+// earlyAcks gathers what an instance acks: the confirmed tasks of batches
+// still publishing, once they waited partialAckAfter, and the rest of
+// each batch once it is settled. A timer of its own sends them, all
+// shards' in one call (one per shard on Redis Cluster), at most
+// partialAckAfter after they were confirmed: not at the batch's next
+// publish, which for a batch claimed ahead may be most of the look-ahead
+// away, and not one call per batch and shard, whose fixed cost would be
+// most of a task's. The timer runs only while there is something to ack,
+// so an idle queue pays nothing for it.
 type earlyAcks struct {
 	mu      sync.Mutex
 	batches map[*progress]struct{}
-	timer   *time.Timer // armed while batches is not empty
+	settled map[int][]string // settled batches' acks, by shard
+	timer   *time.Timer      // armed while batches or settled is not empty
 	stopped bool
 }
 
@@ -135,9 +124,29 @@ func (s *Scanner) ackEarly(tasks []heldTask) {
 	}
 }
 
-// flushEarly acks the confirmed tasks that waited partialAckAfter, one
-// call per shard (the batches of a shard in one), and sets the timer for
-// the next ones.
+// ackSettled adds a settled batch's confirmed entries of shard i to the
+// next flush. false: acks have stopped, the caller acks them itself.
+func (s *Scanner) ackSettled(i int, es []string) bool {
+	e := &s.early
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped {
+		return false
+	}
+	if e.settled == nil {
+		e.settled = map[int][]string{}
+	}
+	e.settled[i] = append(e.settled[i], es...)
+	if e.timer == nil {
+		e.timer = time.AfterFunc(partialAckAfter, s.flushEarly)
+	}
+	return true
+}
+
+// flushEarly acks every confirmed task not acked yet and the settled
+// batches' acks, in one go: the timer is armed again only by the next
+// confirm, so an instance flushes at most once per partialAckAfter, and
+// nothing confirmed waits longer than that.
 func (s *Scanner) flushEarly() {
 	e := &s.early
 	e.mu.Lock()
@@ -146,32 +155,23 @@ func (s *Scanner) flushEarly() {
 	if e.stopped {
 		return
 	}
-	now := time.Now()
-	var next time.Time
-	byShard := map[int][]string{}
+	byShard := e.settled
+	e.settled = nil
+	if byShard == nil {
+		byShard = map[int][]string{}
+	}
 	for p := range e.batches {
-		byShard[p.b.shard] = append(byShard[p.b.shard], p.takeAcks(now)...)
-		at, ok := p.waitAck()
-		if !ok {
-			delete(e.batches, p)
-			continue
-		}
-		if next.IsZero() || at.Before(next) {
-			next = at
+		if es := p.takeAcks(); len(es) > 0 {
+			byShard[p.b.shard] = append(byShard[p.b.shard], es...)
 		}
 	}
-	for i, es := range byShard {
-		if len(es) > 0 {
-			s.ackConfirmed(i, es) // under e.mu: before stopEarly's Wait
-		}
-	}
-	if len(e.batches) > 0 {
-		e.timer = time.AfterFunc(max(time.Until(next), time.Millisecond), s.flushEarly)
-	}
+	clear(e.batches)
+	s.ackConfirmed(byShard) // under e.mu: before stopEarly's Wait
 }
 
-// stopEarly ends early acks: those under way finish (Run waits for them),
-// no new one starts; settling acks what is left.
+// stopEarly ends the timer's acks: those under way finish (Run waits for
+// them), what settled batches left is sent now, and settling acks what
+// is left after this on its own.
 func (s *Scanner) stopEarly() {
 	e := &s.early
 	e.mu.Lock()
@@ -182,24 +182,80 @@ func (s *Scanner) stopEarly() {
 		e.timer = nil
 	}
 	e.batches = nil
+	s.ackConfirmed(e.settled)
+	e.settled = nil
 }
 
-// ackConfirmed forgets confirmed entries of shard i on a goroutine of its
-// own (s.acking).
-func (s *Scanner) ackConfirmed(i int, es []string) {
+// ackConfirmed forgets confirmed entries, by shard, on a goroutine of its
+// own (s.acking): in one call where every shard is on one server, else one
+// call per shard. A shard whose ack failed is tried again on its own.
+func (s *Scanner) ackConfirmed(byShard map[int][]string) {
+	var shards []int
+	var entries [][]string
+	for i, es := range byShard {
+		if len(es) > 0 {
+			shards = append(shards, i)
+			entries = append(entries, es)
+		}
+	}
+	if len(shards) == 0 {
+		return
+	}
+	if _, cluster := s.rdb.(*redis.ClusterClient); cluster || len(shards) == 1 {
+		for n, i := range shards {
+			s.ackShard(i, entries[n])
+		}
+		return
+	}
+	s.acking.Add(1)
+	go func() {
+		defer s.acking.Done()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.work), 15*time.Second)
+		defer cancel()
+		var errs []error
+		if err := s.settle(ctx, func(ctx context.Context) (err error) {
+			_, errs, err = s.st.ackShards(ctx, shards, entries)
+			return err
+		}); err != nil {
+			for n, i := range shards {
+				s.ackFailed(i, len(entries[n]), err)
+			}
+			return
+		}
+		for n, i := range shards {
+			if errs[n] != nil {
+				s.ackShard(i, entries[n])
+				continue
+			}
+			s.acked(len(entries[n]))
+		}
+	}()
+}
+
+// ackShard forgets confirmed entries of shard i on a goroutine of its own.
+func (s *Scanner) ackShard(i int, es []string) {
 	s.acking.Add(1)
 	go func() {
 		defer s.acking.Done()
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.work), 15*time.Second)
 		defer cancel()
 		if err := s.settle(ctx, func(ctx context.Context) error { _, err := s.st.ack(ctx, i, es); return err }); err != nil {
-			s.met.error("ack", 1)
-			s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", i, "tasks", len(es), "err", err)
+			s.ackFailed(i, len(es), err)
 			return
 		}
-		s.met.dispatched(len(es))
-		s.lastAcked.Store(time.Now().UnixNano())
+		s.acked(len(es))
 	}()
+}
+
+// acked counts confirmed tasks forgotten.
+func (s *Scanner) acked(tasks int) {
+	s.met.dispatched(tasks)
+	s.lastAcked.Store(time.Now().UnixNano())
+}
+
+func (s *Scanner) ackFailed(i, tasks int, err error) {
+	s.met.error("ack", 1)
+	s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", i, "tasks", tasks, "err", err)
 }
 
 // dispatch publishes the tasks of one claimed batch that are due, hands
@@ -430,17 +486,16 @@ func (s *Scanner) settleBatch(p *progress) {
 	// so settling late cannot disturb an instance that took them over.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.work), 15*time.Second)
 	defer cancel()
-	acked := p.unacked()
-	if err := s.settle(ctx, func(ctx context.Context) error {
-		_, err := s.st.ack(ctx, b.shard, acked)
-		return err
-	}); err != nil {
-		s.met.error("ack", 1)
-		s.lim.Error("ack", "could not forget confirmed tasks; their lease will send them again", "shard", b.shard, "tasks", len(acked), "err", err)
-	} else {
-		s.met.dispatched(len(acked))
-		if len(acked) > 0 {
-			s.lastAcked.Store(time.Now().UnixNano())
+	// The acks go with the next flush, all shards' in one call; once acks
+	// have stopped, from here.
+	if acked := p.unacked(); len(acked) > 0 && !s.ackSettled(b.shard, acked) {
+		if err := s.settle(ctx, func(ctx context.Context) error {
+			_, err := s.st.ack(ctx, b.shard, acked)
+			return err
+		}); err != nil {
+			s.ackFailed(b.shard, len(acked), err)
+		} else {
+			s.acked(len(acked))
 		}
 	}
 	if err := s.settle(ctx, func(ctx context.Context) error { return s.fail(ctx, b, p.fails) }); err != nil {

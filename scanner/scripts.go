@@ -572,47 +572,79 @@ return {back, released}
 // be a duplicate. A script rather than MULTI: Redis refuses every command
 // queued in a MULTI while at maxmemory, even ZREM, which frees.
 //
+// One call acks several shards of a queue (an instance's acks of one
+// moment, see acker): the call's fixed cost, paid once, is most of an
+// ack's. Their keys must then be on one server; on Redis Cluster each
+// shard is acked on its own (k = 1). A shard whose ack fails (a key of the
+// wrong type) reports its error, and the others are acked all the same:
+// one broken shard must not have every other shard's tasks sent again.
+//
 // An entry that failed before (in the attempts hash) also leaves the
-// retrying index; the others cost no command for it, so the common case,
-// no failure, costs what it did before the index.
+// retrying index, and an entry with an id leaves its claimed body and
+// properties (only those of entries still in flight: a dead letter keeps
+// its own). One EXISTS over every shard's attempts and claimed fields
+// tells whether there are any: a queue without ids whose tasks never
+// failed pays that one command per call, and a ZREM per shard.
 //
-// The entries' claimed bodies and properties leave with them (only those
-// of entries still in flight: a dead letter keeps its own); a queue
-// without ids pays one EXISTS per batch for that, one with ids a ZMSCORE.
+// KEYS five per shard, shard by shard:
 //
-// KEYS[1] in-flight set
-// KEYS[2] attempts hash
-// KEYS[3] retrying set
-// KEYS[4] claimed bodies
-// KEYS[5] claimed properties
-// ARGV[1..] entries
-// Returns how many entries were still in flight.
+//	in-flight set P:{Q:i}:inflight, attempts hash P:{Q:i}:attempts,
+//	retrying set P:{Q:i}:retrying, claimed bodies P:{Q:i}:claimed:body,
+//	claimed properties P:{Q:i}:claimed:props
+//
+// ARGV[1] k, the number of shards
+// ARGV[2..k+1] how many entries each shard has
+// ARGV[k+2..] the entries, shard by shard
+//
+// Returns per shard how many of its entries were still in flight, or the
+// error (a string) that stopped its ack.
 var ackScript = redis.NewScript(luaPrelude + `
-local n = 0
-local withIDs = redis.call('EXISTS', KEYS[4], KEYS[5]) > 0
-for i = 1, #ARGV, 1000 do
-  local j = math.min(i + 999, #ARGV)
-  -- Only the fields of entries still in flight go: one that is not may
-  -- have been dead-lettered since, and a dead letter keeps its own.
-  -- A wrong-type in-flight key fails here, before anything changed.
-  local held = {}
-  if withIDs then
-    local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, j))
-    for x = i, j do
-      if scores[x - i + 1] then held[#held + 1] = ARGV[x] end
+local k = tonumber(ARGV[1])
+local probe = {}
+for s = 0, k - 1 do
+  probe[#probe + 1] = KEYS[5 * s + 2]
+  probe[#probe + 1] = KEYS[5 * s + 4]
+  probe[#probe + 1] = KEYS[5 * s + 5]
+end
+local extra = redis.call('EXISTS', unpack(probe)) > 0
+local out = {}
+local at = k + 2
+for s = 0, k - 1 do
+  local kin, katt, kret, kb, kp = KEYS[5 * s + 1], KEYS[5 * s + 2], KEYS[5 * s + 3], KEYS[5 * s + 4], KEYS[5 * s + 5]
+  local last = at + tonumber(ARGV[2 + s]) - 1
+  local withIDs = extra and redis.call('EXISTS', kb, kp) > 0
+  local n = 0
+  for i = at, last, 1000 do
+    local j = math.min(i + 999, last)
+    -- Only the fields of entries still in flight go: one that is not may
+    -- have been dead-lettered since, and a dead letter keeps its own.
+    -- A wrong-type in-flight key fails here, before this shard changed.
+    local held = {}
+    if withIDs then
+      local scores = redis.pcall('ZMSCORE', kin, unpack(ARGV, i, j))
+      if scores.err then n = scores.err; break end
+      for x = i, j do
+        if scores[x - i + 1] then held[#held + 1] = ARGV[x] end
+      end
+    end
+    local gone = redis.pcall('ZREM', kin, unpack(ARGV, i, j))
+    if type(gone) ~= 'number' then n = gone.err; break end
+    n = n + gone
+    if #held > 0 then
+      redis.pcall('HDEL', kb, unpack(held))
+      redis.pcall('HDEL', kp, unpack(held))
+    end
+    -- A wrong-type attempts or retrying key must not keep delivered tasks
+    -- in flight.
+    if extra then
+      local failed = redis.pcall('HDEL', katt, unpack(ARGV, i, j))
+      if type(failed) == 'number' and failed > 0 then
+        redis.pcall('ZREM', kret, unpack(ARGV, i, j))
+      end
     end
   end
-  n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, j))
-  if #held > 0 then
-    redis.pcall('HDEL', KEYS[4], unpack(held))
-    redis.pcall('HDEL', KEYS[5], unpack(held))
-  end
-  -- A wrong-type attempts or retrying key must not keep delivered tasks
-  -- in flight.
-  local failed = redis.pcall('HDEL', KEYS[2], unpack(ARGV, i, j))
-  if type(failed) == 'number' and failed > 0 then
-    redis.pcall('ZREM', KEYS[3], unpack(ARGV, i, j))
-  end
+  out[s + 1] = n
+  at = last + 1
 end
-return n
+return out
 `)

@@ -922,3 +922,67 @@ func TestClaimOwnEntriesNotByDeadline(t *testing.T) {
 		t.Fatalf("the merged pending copy left %d of pending, :tasks, :props behind", n)
 	}
 }
+
+// TestAckShardsOneBrokenShard: one call acks several shards; a shard
+// whose in-flight key is of the wrong type reports its error, and the
+// shards before and after it are acked all the same, their attempts and
+// claimed fields with them; a plain queue's call runs one EXISTS in all.
+func TestAckShardsOneBrokenShard(t *testing.T) {
+	rdb, k, _ := setup(t)
+	ctx := context.Background()
+	st := &store{rdb: rdb, keys: k}
+	for _, i := range []int{0, 2} {
+		rdb.ZAdd(ctx, k.Inflight(i), redis.Z{Score: 5, Member: "1:a"}, redis.Z{Score: 5, Member: "1:b"})
+	}
+	rdb.HSet(ctx, k.Attempts(0), "1:a", 2)
+	rdb.ZAdd(ctx, k.Retrying(0), redis.Z{Score: 1, Member: "1:a"})
+	rdb.HSet(ctx, k.ClaimedBody(2), "1:b", "body")
+	rdb.Set(ctx, k.Inflight(1), "not a set", 0)
+	ns, errs, err := st.ackShards(ctx, []int{0, 1, 2}, [][]string{{"1:a", "1:b"}, {"1:a"}, {"1:a", "1:b", "1:c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns[0] != 2 || errs[0] != nil || ns[2] != 2 || errs[2] != nil {
+		t.Fatalf("shards 0 and 2: acked %v, errors %v; want 2 each, no error", ns, errs)
+	}
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), "WRONGTYPE") || !strings.Contains(errs[1].Error(), k.Inflight(1)) || !isReply(errs[1]) {
+		t.Fatalf("shard 1: %v; want a WRONGTYPE reply naming %s", errs[1], k.Inflight(1))
+	}
+	if n := rdb.Exists(ctx, k.Inflight(0), k.Inflight(2), k.Attempts(0), k.Retrying(0), k.ClaimedBody(2)).Val(); n != 0 {
+		t.Fatalf("%d of the acked shards' keys are left", n)
+	}
+	// A queue without ids whose tasks never failed: one EXISTS for the
+	// call, one ZREM per shard (counted on a Redis of its own: the counts
+	// are server-wide).
+	rdb = testenv.StartRedis(t, testenv.RedisOptions{}).Client()
+	st.rdb = rdb
+	for _, i := range []int{0, 1, 2} {
+		rdb.ZAdd(ctx, k.Inflight(i), redis.Z{Score: 5, Member: "2:a"})
+	}
+	before := commandCalls(t, rdb)
+	if _, errs, err := st.ackShards(ctx, []int{0, 1, 2}, [][]string{{"2:a"}, {"2:a"}, {"2:a"}}); err != nil || errs[0] != nil || errs[1] != nil || errs[2] != nil {
+		t.Fatalf("plain ack: %v %v", err, errs)
+	}
+	got := commandCalls(t, rdb)
+	for name, n := range before {
+		got[name] -= n
+	}
+	if got["exists"] != 1 || got["zrem"] != 3 || got["hdel"] != 0 {
+		t.Fatalf("plain ack of 3 shards ran %v; want 1 exists, 3 zrem, no hdel", got)
+	}
+}
+
+// commandCalls is INFO commandstats' calls per command.
+func commandCalls(t *testing.T, rdb *redis.Client) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, line := range strings.Split(rdb.Info(context.Background(), "commandstats").Val(), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _, _ := strings.Cut(rest, ",")
+		out[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.Atoi(n)
+	}
+	return out
+}

@@ -159,12 +159,47 @@ func (st *store) ack(ctx context.Context, i int, entries []string) (int, error) 
 	if len(entries) == 0 {
 		return 0, nil
 	}
-	keys := []string{st.keys.Inflight(i), st.keys.Attempts(i), st.keys.Retrying(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i)}
-	n, err := ackScript.Run(ctx, st.rdb, keys, anys(entries)...).Int()
+	ns, errs, err := st.ackShards(ctx, []int{i}, [][]string{entries})
 	if err != nil {
-		return 0, fmt.Errorf("ack %d tasks on %s: %w", len(entries), st.keys.Inflight(i), err)
+		return 0, err
 	}
-	return n, nil
+	return ns[0], errs[0]
+}
+
+// ackShards forgets confirmed entries of several shards in one call
+// (entries[n] of shards[n]), whose keys must be on one server: one shard
+// at a time on Redis Cluster. err is the call's; errs[n] is shard n's
+// alone, the others acked all the same.
+func (st *store) ackShards(ctx context.Context, shards []int, entries [][]string) (ns []int, errs []error, err error) {
+	keys := make([]string, 0, 5*len(shards))
+	args := make([]any, 0, 1+len(shards))
+	args = append(args, len(shards))
+	total := 0
+	for n, i := range shards {
+		keys = append(keys, st.keys.Inflight(i), st.keys.Attempts(i), st.keys.Retrying(i), st.keys.ClaimedBody(i), st.keys.ClaimedProps(i))
+		args = append(args, len(entries[n]))
+		total += len(entries[n])
+	}
+	for _, es := range entries {
+		args = append(args, anys(es)...)
+	}
+	vals, err := ackScript.Run(ctx, st.rdb, keys, args...).Slice()
+	if err == nil && len(vals) != len(shards) {
+		err = fmt.Errorf("%d replies for %d shards", len(vals), len(shards))
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("ack %d tasks of %d shards from %s: %w", total, len(shards), st.keys.Inflight(shards[0]), err)
+	}
+	ns, errs = make([]int, len(shards)), make([]error, len(shards))
+	for n, v := range vals {
+		switch v := v.(type) {
+		case int64:
+			ns[n] = int(v)
+		default:
+			errs[n] = fmt.Errorf("ack %d tasks on %s: %w", len(entries[n]), st.keys.Inflight(shards[n]), shardReplyError(fmt.Sprint(v)))
+		}
+	}
+	return ns, errs, nil
 }
 
 // fail records failed publishes of entries claimed with lease deadline.
@@ -235,3 +270,13 @@ func anys(ss []string) []any {
 	}
 	return out
 }
+
+// shardReplyError is the error a script reports for one of its shards
+// (a call it made with pcall failed): a Redis reply error, as the call's
+// own would have been, so that it is told apart as one (see replies.go).
+type shardReplyError string
+
+func (e shardReplyError) Error() string { return string(e) }
+
+// RedisError marks it as a Redis reply (redis.Error).
+func (shardReplyError) RedisError() {}
