@@ -122,7 +122,7 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 // ARGV[6] the claiming instance's liveness id (absent or "": none): the
 //
 //	claim is recorded in KEYS[12] as "<id> <deadline>" with score =
-//	deadline, and records of leases already run out are pruned, so that
+//	deadline, and records of leases already run out are pruned (by one claim in 8), so that
 //	the claims of an instance found dead can be handed out at once
 //	(handBackScript)
 //
@@ -286,7 +286,15 @@ end
 local owner = ARGV[6] or ''
 if owner ~= '' and (taken > 0 or #expired > 0) then
   -- The first write: on a wrong-type key it fails with nothing changed.
-  redis.call('ZREMRANGEBYSCORE', KEYS[12], '-inf', '(' .. now)
+  -- (A claim whose pending tasks all turn out to be in flight already
+  -- records a claim of nothing: the hand-back finds no entry under it.)
+  redis.call('ZADD', KEYS[12], d, owner .. ' ' .. d)
+  -- Records whose lease ran out are pruned by one claim in 8 (by its
+  -- deadline): the hand-back reads only live ones, so the others cost
+  -- memory alone, a few leases' worth of claims at most.
+  if deadline % 8 == 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[12], '-inf', '(' .. now)
+  end
 end
 if taken > 0 then
   -- Before the expired are re-leased: an entry both pending and expired in
@@ -366,7 +374,6 @@ end
 
 if #out > 5 then
   redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. d)
-  if owner ~= '' then redis.call('ZADD', KEYS[12], d, owner .. ' ' .. d) end
 end
 if #expired > 0 then
   lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')

@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -985,4 +986,59 @@ func commandCalls(t *testing.T, rdb *redis.Client) map[string]int {
 		out[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.Atoi(n)
 	}
 	return out
+}
+
+// TestClaimWritesItsOwnerRecordOnce: a claim that takes tasks under a
+// liveness id writes its owner record with one ZADD, the first write, and
+// prunes run-out records in one claim of 8 (by deadline); the hand-back
+// then finds exactly the entries of the records still live. Counted on a
+// private Redis by INFO commandstats.
+func TestClaimWritesItsOwnerRecordOnce(t *testing.T) {
+	rdb := testenv.StartRedis(t, testenv.RedisOptions{}).Client()
+	ctx := context.Background()
+	k := shard.Keys{Prefix: "p", Queue: "q"}
+	keys := append(claimKeysOf(k, 0), k.Owners(0))
+	// An old record whose lease ran out long ago: some claim prunes it.
+	rdb.ZAdd(ctx, k.Owners(0), redis.Z{Score: 1, Member: "gone 1"})
+	pruned, claims := false, 0
+	// Until one claim pruned: one in 8 does, and deadlines grow by one ms
+	// at least per claim ((7/8)^200 that none does in 200).
+	for n := 0; n < 200 && !pruned; n++ {
+		claims++
+		rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: 0, Member: fmt.Sprintf("m%d", n)})
+		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		v, err := claimScript.Run(ctx, rdb, keys, 10, 30_000, fmt.Sprintf("tok-%d", n), 0, 0, "me").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := commandCalls(t, rdb)
+		deadline, _ := strconv.ParseInt(v[4].(string), 10, 64)
+		if got["zadd"] != 2 { // the in-flight entry and the record
+			t.Fatalf("claim %d: %d ZADDs, want 2 (in flight, owner record once)", n, got["zadd"])
+		}
+		if want := 0; deadline%8 == 0 {
+			want = 1
+			if got["zremrangebyscore"] != want {
+				t.Fatalf("claim %d (deadline %d): %d prunes, want %d", n, deadline, got["zremrangebyscore"], want)
+			}
+			pruned = true
+		} else if got["zremrangebyscore"] != want {
+			t.Fatalf("claim %d (deadline %d): %d prunes, want %d", n, deadline, got["zremrangebyscore"], want)
+		}
+		if s, err := rdb.ZScore(ctx, k.Owners(0), fmt.Sprintf("me %d", deadline)).Result(); err != nil || int64(s) != deadline {
+			t.Fatalf("claim %d: owner record %v, %v; want score %d", n, s, err, deadline)
+		}
+	}
+	if !pruned {
+		t.Fatalf("no claim of %d pruned", claims)
+	}
+	if n, _ := rdb.ZScore(ctx, k.Owners(0), "gone 1").Result(); n != 0 {
+		t.Fatalf("the run-out record is still there")
+	}
+	n, err := handBackScript.Run(ctx, rdb, []string{k.Inflight(0), k.Owners(0)}, "me").Int()
+	if err != nil || n != claims {
+		t.Fatalf("hand-back: %d, %v; want the %d entries", n, err, claims)
+	}
 }
