@@ -17,8 +17,8 @@ import (
 // until the next reading: the tasks it releases would go out before their
 // due time by the clock as it now reads. So when held tasks fall due by
 // the estimate, one TIME is sent to their primary (one at a time per
-// primary, shared by every task of that instant), unless a claim's reading
-// already shows them due; a reading that shows them not due corrects the
+// primary, shared by every task of that instant, and at most one per
+// gap), unless a claim's reading already shows them due; a reading that shows them not due corrects the
 // estimate, and the holder waits again.
 
 // clockCheck confirms, by readings of the Redis clock, that held tasks are
@@ -30,8 +30,16 @@ type clockCheck struct {
 	// TIME to it.
 	node func(ctx context.Context, i int) (string, redis.Cmdable, error)
 	wake func() // tells the holder a reading came
-	lim  *logLimiter
-	met  queueMetrics
+	// gap is the least time between two TIMEs of this instance to one
+	// primary (DISPATCHER_CLOCK_READ_GAP). Under steady traffic held
+	// tasks fall due every ms or so, and a TIME for each instant would be
+	// most of the instance's CPU and of its Redis commands; at most one
+	// per gap, the tasks of the instants in between wait for the next
+	// one. Quiet traffic, whose readings are further apart, waits for
+	// nothing.
+	gap time.Duration
+	lim *logLimiter
+	met queueMetrics
 
 	mu      sync.Mutex
 	readers sync.WaitGroup
@@ -41,9 +49,10 @@ type clockCheck struct {
 
 // reading is the last reading of one primary's clock.
 type reading struct {
-	serverUs int64 // what it read, µs
-	sentUs   int64 // local µs at which its request was sent: it was taken after
-	busy     bool  // a TIME is on its way
+	serverUs int64     // what it read, µs
+	sentUs   int64     // local µs at which its request was sent: it was taken after
+	busy     bool      // a TIME is on its way
+	lastTIME time.Time // when this instance's last TIME to it was sent
 	shards   map[int]bool
 }
 
@@ -79,7 +88,7 @@ func (c *clockCheck) due(i int, dueUs, heldUs int64) bool {
 	if !r.busy && !c.stopped {
 		r.busy = true
 		c.readers.Add(1)
-		go c.read(i, addr, cl, err, r)
+		go c.read(i, addr, cl, err, r, time.Until(r.lastTIME.Add(c.gap)))
 	}
 	return false
 }
@@ -116,11 +125,17 @@ func (c *clockCheck) note(i int, serverUs int64, before time.Time, sentTo string
 // of the waiting shards' clocks, and wakes the holder. A failed read is
 // tried again after a pause: the tasks stay held meanwhile (their lease
 // covers a Redis that does not answer, as for any claimed task).
-func (c *clockCheck) read(i int, addr string, cl redis.Cmdable, nodeErr error, r *reading) {
+func (c *clockCheck) read(i int, addr string, cl redis.Cmdable, nodeErr error, r *reading, wait time.Duration) {
 	defer c.readers.Done()
+	if wait > 0 {
+		time.Sleep(wait) // the gap; busy meanwhile, so the waiting shards share this one
+	}
 	var tm time.Time
 	err := nodeErr
 	before := c.clock.now()
+	c.mu.Lock()
+	r.lastTIME = time.Now()
+	c.mu.Unlock()
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), counterTimeout)
 		tm, err = cl.Time(ctx).Result()

@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -45,4 +46,64 @@ func TestClockReadingFiledUnderThePrimaryItWasSentTo(t *testing.T) {
 	if !c.due(0, time.Now().Add(30*time.Minute).UnixMicro(), heldUs) {
 		t.Fatal("a reading of B sent to B, ahead of the due time, did not confirm it")
 	}
+}
+
+// Held tasks falling due at many instants within the read gap share one
+// TIME each gap, not one each: the instants in between wait for the next
+// reading, which is still taken after they were held.
+func TestClockReadsAtMostOncePerGap(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis: %v", err)
+	}
+	var mu sync.Mutex
+	var sent []time.Time
+	rdb.AddHook(timeHook{func() { mu.Lock(); sent = append(sent, time.Now()); mu.Unlock() }})
+	s := New(nil, nil, Options{Queue: "q", Shards: 1, KeyPrefix: "p"})
+	c := newClockCheck(s.clock, func(context.Context, int) (string, redis.Cmdable, error) { return "", rdb, nil }, s.lim, s.met)
+	c.gap = 100 * time.Millisecond
+	defer c.stop()
+	// A task held and due every ms for 350 ms, each asked about until a
+	// reading confirms it: readings come once per gap.
+	type task struct{ dueUs, heldUs int64 }
+	var open []task
+	begin := time.Now()
+	held := 0
+	for time.Since(begin) < 350*time.Millisecond {
+		held++
+		open = append(open, task{s.clock.serverNowUs(0), s.clock.localUs()})
+		open = slices.DeleteFunc(open, func(x task) bool { return c.due(0, x.dueUs, x.heldUs) })
+		time.Sleep(time.Millisecond)
+	}
+	confirmed := held - len(open)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) < 2 || len(sent) > 5 {
+		t.Fatalf("%d TIMEs in 350 ms with a 100 ms gap; want 3 or 4", len(sent))
+	}
+	for n := 1; n < len(sent); n++ {
+		if d := sent[n].Sub(sent[n-1]); d < 95*time.Millisecond {
+			t.Fatalf("TIMEs %d and %d %v apart, under the 100 ms gap", n-1, n, d)
+		}
+	}
+	if confirmed < 100 {
+		t.Fatalf("readings confirmed %d tasks, %d still wait", confirmed, len(open))
+	}
+}
+
+// timeHook calls f for each TIME the client sends.
+type timeHook struct{ f func() }
+
+func (timeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "time" {
+			h.f()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (timeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

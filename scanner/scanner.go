@@ -64,8 +64,11 @@ type Options struct {
 	// larger publishes for up to a tick of lateness. 0: each at its due
 	// time.
 	PublishTick time.Duration
-	RetryMin    time.Duration
-	RetryMax    time.Duration
+	// ClockReadGap is the least time between two readings of a primary's
+	// clock for held tasks (see clockCheck); 0: one for each instant.
+	ClockReadGap time.Duration
+	RetryMin     time.Duration
+	RetryMax     time.Duration
 	// MaxRate limits the tasks the queue's instances claim, together, to
 	// this many a second (a token bucket in Redis); 0: no limit. With a
 	// limit, claims take due tasks only (no look-ahead): a token is taken
@@ -204,6 +207,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 	s.layoutM.Store(int64(opt.Layout))
 	s.hold = newHolder(s.clock.surelyUs, s.clock.localUs, s.fire, opt.PublishTick)
 	s.check = newClockCheck(s.clock, s.clockNode, lim, met)
+	s.check.gap = opt.ClockReadGap
 	s.check.wake, s.hold.confirmed = s.hold.wake, s.check.due
 	return s
 }
