@@ -499,13 +499,17 @@ func publishing(m Message, now time.Time) amqp.Publishing {
 // the outcome. A message the broker refuses closes only that channel, so
 // the refusal is surely this message's and no other publish suffers.
 // Opening the channel and writing the message may take the confirm
-// timeout, and the confirm the confirm timeout after that.
-func (p *Publisher) PublishAlone(ctx context.Context, m Message) error {
+// timeout, and the confirm the confirm timeout after that. With the
+// channel open, right before the message is written, it asks still (which
+// may be nil): what the caller checked before calling may no longer hold
+// after that wait. If still returns an error, the message is not written
+// and fails with it.
+func (p *Publisher) PublishAlone(ctx context.Context, m Message, still func() error) error {
 	s, _ := p.session()
 	if s == nil {
 		return ErrNotConnected
 	}
-	r, err := s.publishAlone(ctx, p.opt.ConfirmTimeout, m.Exchange, m.RoutingKey, publishing(m, time.Now()))
+	r, err := s.publishAlone(ctx, p.opt.ConfirmTimeout, m.Exchange, m.RoutingKey, publishing(m, time.Now()), still)
 	if r != nil {
 		// Nobody waits for the close-ok. A session that is over closes
 		// its connection, and the channel with it.

@@ -124,14 +124,61 @@ func TestPublishAlone(t *testing.T) {
 	ex := testenv.Name(t)
 	testenv.Consumer(t, conn, ex, "bound")
 	p := runPublisher(t, ex)
-	if err := p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "bound", Body: []byte("x")}); err != nil {
+	if err := p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "bound", Body: []byte("x")}, nil); err != nil {
 		t.Fatalf("routable: %v", err)
 	}
-	if err := p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "nobody", Body: []byte("x")}); Kind(err) != "returned" {
+	if err := p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "nobody", Body: []byte("x")}, nil); Kind(err) != "returned" {
 		t.Fatalf("unroutable: %v", err)
 	}
 	if !p.Ready() {
 		t.Fatal("the shared channel suffered")
+	}
+}
+
+// TestNoPublishAloneAfterGateLapsedInTheWait: the caller checked its
+// liveness gate, then PublishAlone waits for the broker to open a channel
+// of its own (up to the confirm timeout). If the gate lapsed meanwhile
+// (the instance was declared dead, its claims handed to another), the
+// message must not be written. The broker's answers are held up 1 s, so
+// channel.open and confirm.select take 2 s; the gate lapses 300 ms in.
+func TestNoPublishAloneAfterGateLapsedInTheWait(t *testing.T) {
+	conn := testenv.AMQP(t)
+	ex := testenv.Name(t)
+	got := testenv.Consumer(t, conn, ex, "bound")
+	proxy := newNetProxy(t, testenv.HostPort(testenv.AMQPURL(t)))
+	p := runPublisherWith(t, Options{URLs: []string{proxy.url(testenv.AMQPURL(t))}, Exchanges: []string{ex}, ConfirmTimeout: 10 * time.Second})
+	proxy.toxic("latency", "downstream", map[string]int64{"latency": 1000})
+
+	lapsed := errors.New("the gate lapsed")
+	began := time.Now()
+	err := p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "bound", Body: []byte("late")}, func() error {
+		if time.Since(began) >= 300*time.Millisecond {
+			return lapsed
+		}
+		return nil
+	})
+	took := time.Since(began).Round(time.Millisecond)
+	select {
+	case d := <-got:
+		t.Fatalf("%q published after the gate lapsed (PublishAlone: %v after %s)", d.Body, err, took)
+	case <-time.After(2 * time.Second):
+	}
+	if err != lapsed {
+		t.Fatalf("PublishAlone: %v after %s, want the gate's error", err, took)
+	}
+	t.Logf("not published: %v after %s", err, took)
+
+	// A gate that holds lets it through, slow answers or not.
+	if err := p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "bound", Body: []byte("live")}, func() error { return nil }); err != nil {
+		t.Fatalf("gate holding: %v", err)
+	}
+	select {
+	case d := <-got:
+		if string(d.Body) != "live" {
+			t.Fatalf("delivered %q, want \"live\"", d.Body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("gate holding: confirmed but not delivered")
 	}
 }
 
@@ -226,7 +273,7 @@ func TestPublishAloneBoundedUnderAlarm(t *testing.T) {
 		res := make(chan error, 1)
 		began := time.Now()
 		go func() {
-			res <- p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "k", Body: []byte("x")})
+			res <- p.PublishAlone(context.Background(), Message{Exchange: ex, RoutingKey: "k", Body: []byte("x")}, nil)
 		}()
 		select {
 		case err := <-res:
@@ -349,7 +396,7 @@ func TestPublishBatchesCounted(t *testing.T) {
 	} {
 		p.Publish(context.Background(), batch)
 	}
-	if err := p.PublishAlone(context.Background(), msg("bound")); err != nil {
+	if err := p.PublishAlone(context.Background(), msg("bound"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := testutil.ToFloat64(met.batches); got != 3 {

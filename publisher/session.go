@@ -206,13 +206,20 @@ type alone struct {
 // the alarm lasts. The RPCs then finish in the background, at the latest
 // when the session ends. A channel it returns, with or without an error,
 // is the caller's to close.
-func (s *session) publishAlone(ctx context.Context, timeout time.Duration, exchange, key string, msg amqp.Publishing) (*alone, error) {
+//
+// With the channel open, and right before msg is written, it asks still
+// (nil: nothing to ask): what the caller checked before calling may no
+// longer hold after that wait. If still returns an error, msg is not
+// written and that is the error. still runs on the caller's goroutine,
+// and only while the caller still waits.
+func (s *session) publishAlone(ctx context.Context, timeout time.Duration, exchange, key string, msg amqp.Publishing, still func() error) (*alone, error) {
 	type result struct {
 		a   *alone
 		err error
 	}
 	res := make(chan result)
 	abandoned := make(chan struct{})
+	ask, answer := make(chan struct{}), make(chan error, 1) // still, asked of the caller
 	if !s.spawn(func() {
 		var r result
 		if ch, err := s.conn.Channel(); err != nil {
@@ -226,8 +233,19 @@ func (s *session) publishAlone(ctx context.Context, timeout time.Duration, excha
 				returns:  ch.NotifyReturn(make(chan amqp.Return, 1)),
 				closed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 			}
-			if err := ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
-				r.err = &LostError{Reason: err.Error()}
+			if still != nil {
+				select {
+				case ask <- struct{}{}:
+					r.err = <-answer
+				case <-abandoned:
+					ch.Close()
+					return
+				}
+			}
+			if r.err == nil {
+				if err := ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+					r.err = &LostError{Reason: err.Error()}
+				}
 			}
 		}
 		select {
@@ -242,18 +260,22 @@ func (s *session) publishAlone(ctx context.Context, timeout time.Duration, excha
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	select {
-	case r := <-res:
-		return r.a, r.err
-	case <-t.C:
-		close(abandoned)
-		return nil, fmt.Errorf("open a channel of its own: the broker did not answer: %w", ErrTimeout)
-	case <-ctx.Done():
-		close(abandoned)
-		return nil, ErrStopped
-	case <-s.closing:
-		close(abandoned)
-		return nil, s.deadErr()
+	for {
+		select {
+		case <-ask:
+			answer <- still()
+		case r := <-res:
+			return r.a, r.err
+		case <-t.C:
+			close(abandoned)
+			return nil, fmt.Errorf("open a channel of its own: the broker did not answer: %w", ErrTimeout)
+		case <-ctx.Done():
+			close(abandoned)
+			return nil, ErrStopped
+		case <-s.closing:
+			close(abandoned)
+			return nil, s.deadErr()
+		}
 	}
 }
 

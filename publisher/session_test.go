@@ -261,7 +261,7 @@ func TestDeadSessionBlamesNoLaterMessage(t *testing.T) {
 	s := newSession(nil, nil)
 	refused := &LostError{Code: 406, Reason: "PRECONDITION_FAILED - message size 1500000 is larger than configured max size 1048576", Refused: true}
 	s.shutdown(refused)
-	_, err := s.publishAlone(context.Background(), time.Second, "ex", "key", amqp.Publishing{})
+	_, err := s.publishAlone(context.Background(), time.Second, "ex", "key", amqp.Publishing{}, nil)
 	if k := Kind(err); k != "lost" {
 		t.Errorf("publishAlone on the ended session: %v (%s), want lost", err, k)
 	}

@@ -608,13 +608,15 @@ func (s *Scanner) isolateRefused(ctx context.Context, msgs []publisher.Message, 
 			errs[n] = publisher.ErrNotConnected
 			continue
 		}
+		var stillN func() error
 		if still != nil {
 			if err := still(n); err != nil { // the wait may have outlasted the liveness gate
 				errs[n] = err
 				continue
 			}
+			stillN = func() error { return still(n) } // and so may opening the channel
 		}
-		errs[n] = s.pub.PublishAlone(ctx, msgs[n])
+		errs[n] = s.pub.PublishAlone(ctx, msgs[n], stillN)
 	}
 }
 

@@ -198,3 +198,49 @@ count:
 	}
 	t.Logf("%d of %d published, the rest not after the lapse", delivered, n)
 }
+
+// TestIsolateRefusedAsksTheGateAfterOpeningItsChannel: a message the
+// broker refused on the shared channel is published again on a channel of
+// its own. The liveness gate, which held when isolateRefused checked it,
+// may lapse while the broker opens that channel (up to CONFIRM_TIMEOUT):
+// then the message must not be written. The broker's answers are held up
+// 1 s, so the channel takes 2 s to open; the gate holds for one check.
+func TestIsolateRefusedAsksTheGateAfterOpeningItsChannel(t *testing.T) {
+	conn := testenv.AMQP(t)
+	exchange := testenv.Name(t)
+	got := testenv.Consumer(t, conn, exchange, "q")
+	proxy := newSlowProxy(t, testenv.HostPort(testenv.AMQPURL(t)))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	pub := publisher.New(publisher.Options{URLs: []string{"amqp://guest:guest@" + proxy.ln.Addr().String() + "/"},
+		Exchanges: []string{exchange}, ConfirmTimeout: 10 * time.Second})
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = pub.Run(ctx) }()
+	ready, cancelReady := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelReady()
+	if err := pub.WaitReady(ready); err != nil {
+		t.Fatal(err)
+	}
+	proxy.delay.Store(int64(time.Second))
+
+	s := &Scanner{pub: pub}
+	msgs := []publisher.Message{{Exchange: exchange, RoutingKey: "q", Body: []byte("refused on the shared channel")}}
+	errs := []error{&publisher.LostError{Code: 406, Reason: "PRECONDITION_FAILED", Refused: true}}
+	var checks atomic.Int32
+	s.isolateRefused(ctx, msgs, errs, func(int) error {
+		if checks.Add(1) > 1 {
+			return errLapsed
+		}
+		return nil
+	})
+	select {
+	case d := <-got:
+		t.Fatalf("%q published after the gate lapsed (isolateRefused: %v, gate checked %d times)", d.Body, errs[0], checks.Load())
+	case <-time.After(2 * time.Second):
+	}
+	if errs[0] != errLapsed {
+		t.Fatalf("isolateRefused: %v (gate checked %d times), want %v", errs[0], checks.Load(), errLapsed)
+	}
+}

@@ -25,7 +25,9 @@ type Publisher interface {
 	// PublishGated is a publish that asks still(i) before writing msgs[i]
 	// after a wait (see publisher.Publisher.PublishGated).
 	PublishGated(ctx context.Context, msgs []publisher.Message, still func(i int) error) []error
-	PublishAlone(ctx context.Context, msg publisher.Message) error
+	// PublishAlone publishes one message on a channel of its own, asking
+	// still right before writing it (see publisher.Publisher.PublishAlone).
+	PublishAlone(ctx context.Context, msg publisher.Message, still func() error) error
 	WaitReady(ctx context.Context) error
 }
 
