@@ -58,6 +58,19 @@ ensure_node() {
 	apt_install nodejs npm
 }
 
+# The amqplib producer of examples/ingress (the migration page's; run by
+# tests/ingress_clients_test.go, which does not install it): amqplib from npm
+# into examples/ingress/node/node_modules, unless npm's record of the install
+# there is newer than its package-lock.json. The Java and pika producers
+# there need only Debian's packages (ensure_example_deps).
+ensure_node_example_deps() {
+	ensure_node
+	local dir=examples/ingress/node
+	[ "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ] && return 0
+	log "npm ci in $dir"
+	(cd "$dir" && npm ci --prefer-offline --no-audit --no-fund)
+}
+
 # Test tools from Debian: promtool (package prometheus) checks and unit-tests
 # deploy/prometheus and the dashboard's queries (tests/deploy_test.go);
 # chromium is the headless browser for tests that need one.
@@ -72,13 +85,15 @@ ensure_test_tools() {
 }
 
 # The examples (tests/examples_test.go): the Java consumer needs the RabbitMQ
-# Java client (with slf4j, a dependency) and lz4-java's XXH64, and a JDK.
+# Java client (with slf4j, a dependency) and lz4-java's XXH64, and a JDK; the
+# Java producer of examples/ingress (tests/ingress_clients_test.go) the client.
 ensure_example_deps() {
 	local pkgs=()
 	[ -f /usr/share/java/amqp-client.jar ] || pkgs+=(librabbitmq-client-java)
 	[ -f /usr/share/java/lz4-java.jar ] || pkgs+=(liblz4-java)
 	command -v javac >/dev/null || pkgs+=(default-jdk-headless)
-	# docs/consumers.md's consumers (tests/consumers_doc_test.go): pika, and
+	# docs/consumers.md's consumers (tests/consumers_doc_test.go) and the pika
+	# producer of examples/ingress (tests/ingress_clients_test.go): pika, and
 	# SQLite's JDBC driver for the Java one's database.
 	/usr/bin/python3 -c 'import pika' 2>/dev/null || pkgs+=(python3-pika)
 	[ -f /usr/share/java/sqlite-jdbc.jar ] || pkgs+=(libxerial-sqlite-jdbc-java)
@@ -107,6 +122,7 @@ run)
 	if [ "${DEV_SKIP_EXAMPLE_DEPS:-}" != 1 ]; then
 		ensure_python_test_deps
 		ensure_example_deps
+		ensure_node_example_deps
 	fi
 	log "building ./bin/dispatcher"
 	# dispatcher --version: devel and the checkout's commit, +dirty with
@@ -130,6 +146,7 @@ test)
 	ensure_test_tools
 	ensure_example_deps
 	ensure_node
+	ensure_node_example_deps
 	log "gofmt"
 	unformatted="$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"
 	if [ -n "$unformatted" ]; then

@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"reflect"
 	"strings"
 	"syscall"
@@ -221,43 +220,6 @@ func toInt64(v any) (int64, bool) {
 		return int64(v), true
 	}
 	return 0, false
-}
-
-// TestIngressPikaProducer: a Python producer written as a plugin user
-// writes it (pika, x-delay an int), with a routing key and headers.
-func TestIngressPikaProducer(t *testing.T) {
-	w := newIngressWorld(t, []string{"py.key"}, nil)
-	script := `
-import pika, sys
-conn = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
-ch = conn.channel()
-for n in range(3):
-    ch.basic_publish(exchange=sys.argv[2], routing_key="py.key", body=("py-%d" % n).encode(),
-        properties=pika.BasicProperties(message_id="py-%d" % n, content_type="text/plain",
-            headers={"x-delay": 700, "lang": "python", "n": n, "ok": True}))
-conn.close()
-`
-	out, err := exec.Command("/usr/bin/python3", "-c", script, testenv.AMQPURL(t), w.e).CombinedOutput()
-	if err != nil {
-		t.Fatalf("pika producer: %v\n%s", err, out)
-	}
-	got := w.receive(t, 3, 20*time.Second)
-	seen := map[string]bool{}
-	for _, r := range got {
-		id, _ := r.d.Headers["x-task-id"].(string)
-		seen[id] = true
-		if string(r.d.Body) != id || r.d.RoutingKey != "py.key" || r.d.ContentType != "text/plain" || r.d.Headers["lang"] != "python" {
-			t.Errorf("message %s: body %q key %q content_type %q headers %v", id, r.d.Body, r.d.RoutingKey, r.d.ContentType, r.d.Headers)
-		}
-		if due, _ := r.d.Headers["x-due-ms"].(int64); r.at.UnixMilli() < due-2 {
-			t.Errorf("message %s received at %d, before its due time %d", id, r.at.UnixMilli(), due)
-		}
-	}
-	for n := range 3 {
-		if !seen[fmt.Sprintf("py-%d", n)] {
-			t.Errorf("py-%d not delivered: %v", n, seen)
-		}
-	}
 }
 
 // TestIngressBadInput: each bad message is refused (not redelivered, not
