@@ -104,7 +104,7 @@ type Queue struct {
 	IngressExchange  string        `env:"INGRESS_EXCHANGE" default:"" defaultText:"none (ingress off)" desc:"exchange producers publish to with x-delay, as to the delayed-message plugin (at most 255 bytes); set, every instance serving the queue declares it (durable topic) if missing, and a durable queue dispatcher.ingress.<name> bound to it with #, and writes each message into the queue's shards as a task with an id; an exchange of another type stops the start" see:"docs/migrating-from-delayed-plugin.md"`
 	IngressPrefetch  int           `env:"INGRESS_PREFETCH" default:"256" desc:"ingress deliveries held unacked by one instance, 1 to 65535: the most written to Redis in one pipelined round trip before their ack" see:"docs/migrating-from-delayed-plugin.md"`
 	IngressQueueType string        `env:"INGRESS_QUEUE_TYPE" default:"quorum" desc:"type of the ingress queue dispatcher.ingress.<name>: quorum (replicated; RabbitMQ 3.8 and later) or classic" see:"docs/migrating-from-delayed-plugin.md"`
-	IngressMaxDelay  time.Duration `env:"INGRESS_MAX_DELAY" default:"87600h" desc:"longest delay an ingress message may ask for (x-delay, or x-due-ms from its base time), at least 1s; beyond it the message is rejected to the ingress queue's dead-letter exchange with the reason logged" see:"docs/migrating-from-delayed-plugin.md"`
+	IngressMaxDelay  time.Duration `env:"INGRESS_MAX_DELAY" default:"87600h" desc:"longest delay an ingress message may ask for (x-delay, or x-due-ms from its base time), at least 1s; beyond it the message becomes a dead letter of the queue (dispatcher dead list) with the reason logged" see:"docs/migrating-from-delayed-plugin.md"`
 }
 
 // Ingress defaults.

@@ -7,8 +7,6 @@ package ingress
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -202,13 +200,17 @@ type item struct {
 	cancel []byte // an id to cancel
 	reason string // refused: why
 	cause  string
+	// dead is a refused task's dead letter; nil for a refused cancel,
+	// which is rejected to the ingress queue's dead-letter exchange.
+	dead *deadLetter
 }
 
-// handle writes one batch to Redis and then settles it: refused
-// deliveries are rejected (to the ingress queue's dead-letter exchange, if
-// any), the rest acked in one multiple ack once Redis has them. While
-// Redis fails nothing is acked and, the prefetch window being full,
-// consuming pauses.
+// handle writes one batch to Redis and then settles it: refused tasks
+// become dead letters of the queue (deadletter.go), and are acked with the
+// rest in one multiple ack once Redis has them; what cannot be stored so
+// is rejected (to the ingress queue's dead-letter exchange, if any). While
+// Redis cannot be reached nothing is acked and, the prefetch window being
+// full, consuming pauses.
 func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery) error {
 	nowMs, err := g.redisNow(ctx)
 	for err != nil {
@@ -245,10 +247,7 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 	}
 	for _, it := range items {
 		switch {
-		case it.reason != "":
-			g.opt.Metrics.errors(g.opt.Queue, it.cause, 1)
-			g.log.Error("ingress: message refused, rejected to the ingress queue's dead-letter exchange", "reason", it.reason,
-				"message_id", it.d.MessageId, "routing_key", it.d.RoutingKey)
+		case it.reason != "": // a dead letter, written after the tasks (storeDead)
 		case it.task != nil:
 			run = append(run, *it.task)
 		case it.cancel != nil:
@@ -280,12 +279,37 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 	if err := g.cancelMarked(ctx, items); err != nil {
 		return nil
 	}
+	for {
+		err := g.storeDead(ctx, items)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		g.opt.Metrics.errors(g.opt.Queue, "redis", 1)
+		g.log.Warn("ingress: writing dead letters to Redis failed; nothing acked, retrying", "err", err)
+		sleep(ctx, time.Second)
+	}
 	// Refusals first, then one ack for all the rest: an ack with multiple
 	// settles every earlier tag still outstanding, which are ours.
 	var last uint64
 	ingested := 0
 	for _, it := range items {
 		if it.reason != "" {
+			g.opt.Metrics.errors(g.opt.Queue, it.cause, 1)
+			if it.dead != nil && it.dead.entry != "" {
+				g.log.Error("ingress: message refused, stored as a dead letter (dispatcher dead list)", "reason", it.reason,
+					"message_id", it.d.MessageId, "routing_key", it.d.RoutingKey, "shard", it.dead.shard, "entry", it.dead.entry)
+				last = it.d.DeliveryTag
+				continue
+			}
+			attrs := []any{"reason", it.reason, "message_id", it.d.MessageId, "routing_key", it.d.RoutingKey}
+			if it.dead != nil {
+				g.opt.Metrics.errors(g.opt.Queue, "unstored", 1)
+				attrs = append(attrs, "not_stored", it.dead.err)
+			}
+			g.log.Error("ingress: message refused, rejected to the ingress queue's dead-letter exchange", attrs...)
 			if err := ch.Nack(it.d.DeliveryTag, false, false); err != nil {
 				return fmt.Errorf("rejecting: %w", err)
 			}
@@ -374,22 +398,20 @@ const (
 // convert turns one delivery into a task, a cancel or a refusal.
 func (g *Ingress) convert(d amqp.Delivery, nowMs int64) item {
 	it := item{d: d}
-	refuse := func(cause, format string, a ...any) item {
-		it.cause, it.reason = cause, fmt.Sprintf(format, a...)
+	// A refused cancel is no task: rejected to the DLX.
+	refuseCancel := func(format string, a ...any) item {
+		it.cause, it.reason = "bad_header", fmt.Sprintf(format, a...)
 		return it
 	}
 	if c, ok := d.Headers[HeaderCancel]; ok {
 		if b, ok := c.(bool); !ok || !b {
-			return refuse("bad_header", "header %s is %v (%T): want the boolean true", HeaderCancel, c, c)
+			return refuseCancel("header %s is %v (%T): want the boolean true", HeaderCancel, c, c)
 		}
 		if d.MessageId == "" {
-			return refuse("bad_header", "header %s without a message_id: nothing names the task to cancel", HeaderCancel)
+			return refuseCancel("header %s without a message_id: nothing names the task to cancel", HeaderCancel)
 		}
 		it.cancel = []byte(d.MessageId)
 		return it
-	}
-	if g.opt.MaxBodyBytes > 0 && len(d.Body) > g.opt.MaxBodyBytes {
-		return refuse("too_large", "body is %d bytes, over DISPATCHER_MAX_MESSAGE_BYTES=%d", len(d.Body), g.opt.MaxBodyBytes)
 	}
 	base := nowMs
 	if v, ok := d.Headers[HeaderReceived]; ok {
@@ -397,7 +419,20 @@ func (g *Ingress) convert(d amqp.Delivery, nowMs int64) item {
 			base = ms
 		}
 	}
-	due := base
+	// A refused task becomes a dead letter due at its base time.
+	refuse := func(cause, format string, a ...any) item {
+		it.cause, it.reason = cause, fmt.Sprintf(format, a...)
+		var notes []string
+		it.dead, notes = deadLetterOf(d, base)
+		if len(notes) > 0 {
+			it.reason += " (stored with the " + strings.Join(notes, ", ") + ")"
+		}
+		return it
+	}
+	if g.opt.MaxBodyBytes > 0 && len(d.Body) > g.opt.MaxBodyBytes {
+		return refuse("too_large", "body is %d bytes, over DISPATCHER_MAX_MESSAGE_BYTES=%d", len(d.Body), g.opt.MaxBodyBytes)
+	}
+	due, asked := base, ""
 	if v, ok := d.Headers[HeaderDueMs]; ok {
 		ms, ok := integer(v)
 		if !ok {
@@ -406,6 +441,7 @@ func (g *Ingress) convert(d amqp.Delivery, nowMs int64) item {
 		if ms > base {
 			due = ms
 		}
+		asked = fmt.Sprintf("header %s is %d", HeaderDueMs, ms)
 	} else if v, ok := d.Headers[HeaderDelay]; ok {
 		ms, ok := integer(v)
 		if !ok {
@@ -414,10 +450,11 @@ func (g *Ingress) convert(d amqp.Delivery, nowMs int64) item {
 		if ms > 0 {
 			due = base + ms
 		}
+		asked = fmt.Sprintf("header %s is %d", HeaderDelay, ms)
 	}
 	if g.opt.MaxDelay > 0 && due-base > g.opt.MaxDelay.Milliseconds() {
-		return refuse("too_late", "due time %d is %d ms after %d, beyond DISPATCHER_QUEUE_%s_INGRESS_MAX_DELAY=%s",
-			due, due-base, base, envName(g.opt.Queue), g.opt.MaxDelay)
+		return refuse("too_late", "%s: due time %d is %d ms after %d, beyond DISPATCHER_QUEUE_%s_INGRESS_MAX_DELAY=%s",
+			asked, due, due-base, base, envName(g.opt.Queue), g.opt.MaxDelay)
 	}
 	props, err := properties(d)
 	if err != nil {
@@ -428,9 +465,7 @@ func (g *Ingress) convert(d amqp.Delivery, nowMs int64) item {
 		// No id to keep a redelivery to one task: a fresh one, so a
 		// message redelivered after a crash before its ack may become a
 		// second task (documented).
-		var b [16]byte
-		_, _ = rand.Read(b[:])
-		id = []byte("ingress-" + hex.EncodeToString(b[:]))
+		id = newID()
 	}
 	if err := shard.ValidID(id); err != nil {
 		return refuse("bad_header", "message_id: %v", err)
@@ -504,6 +539,9 @@ func properties(d amqp.Delivery) (*shard.Properties, error) {
 	// Marshal checks what ScheduleIDs will: a task it would refuse must be
 	// refused here, alone, not fail its whole batch again and again.
 	if _, err := p.Marshal(); err != nil {
+		if why := largestHeader(d); why != "" && strings.Contains(err.Error(), "bytes, over") {
+			return nil, fmt.Errorf("%w: %s", err, why)
+		}
 		return nil, err
 	}
 	return p, nil
@@ -521,7 +559,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		in: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dispatcher_ingress_ingested_total",
 			Help: "Messages taken from a queue's ingress queue and written to Redis as tasks."}, []string{"queue"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dispatcher_ingress_errors_total",
-			Help: "Ingress messages refused (bad_header, too_large, too_late) or Redis failures while ingesting (redis), by cause."}, []string{"queue", "cause"}),
+			Help: "Ingress messages refused (bad_header, too_large, too_late: stored as dead letters of the queue, or else rejected to the ingress queue's dead-letter exchange, counted once more as unstored) or Redis failures while ingesting (redis), by cause."}, []string{"queue", "cause"}),
 	}
 	reg.MustRegister(m.in, m.errs)
 	return m

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/ingress"
 	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // ingressWorld is a queue with its AMQP ingress on, a consumer on the
@@ -222,41 +224,100 @@ func toInt64(v any) (int64, bool) {
 	return 0, false
 }
 
-// TestIngressBadInput: each bad message is refused (not redelivered, not
-// scheduled) with a log line naming the header and the value, and the
-// good message after them still gets through: nothing blocks the queue.
+// TestIngressBadInput: each bad task becomes a dead letter of the queue
+// with a reason naming the header and the value, its body and properties
+// kept, that `dispatcher dead list` shows and `dead requeue` and `dead
+// purge` act on; a malformed cancel (no task) is rejected to the ingress
+// queue's dead-letter exchange with the reason logged. Nothing is
+// redelivered, and the good message after them still gets through:
+// nothing blocks the queue.
 func TestIngressBadInput(t *testing.T) {
 	w := newIngressWorld(t, []string{"k"}, func(qp string) map[string]string {
 		return map[string]string{"DISPATCHER_MAX_MESSAGE_BYTES": "1000", qp + "_INGRESS_MAX_DELAY": "1h"}
 	})
+	msg := func(id string, body []byte, h amqp.Table) amqp.Publishing {
+		h["tenant"] = "acme"
+		return amqp.Publishing{MessageId: id, Body: body, ContentType: "text/plain", Headers: h}
+	}
 	bad := []struct {
-		name string
-		m    amqp.Publishing
-		log  string // in the log line
+		name   string
+		m      amqp.Publishing
+		reason string // in the dead letter's reason and the log line
 	}{
-		{"string delay", amqp.Publishing{MessageId: "bad-1", Headers: amqp.Table{"x-delay": "5000"}}, `header x-delay is 5000 (string): not an integer`},
-		{"float delay", amqp.Publishing{MessageId: "bad-2", Headers: amqp.Table{"x-delay": 1.5}}, `header x-delay is 1.5 (float64): not an integer`},
-		{"beyond max delay", amqp.Publishing{MessageId: "bad-3", Headers: amqp.Table{"x-delay": int64(2 * 3600 * 1000)}}, `beyond ` + config.QueuePrefix(w.queue) + `_INGRESS_MAX_DELAY=1h0m0s`},
-		{"body too large", amqp.Publishing{MessageId: "bad-4", Body: make([]byte, 1001)}, `body is 1001 bytes, over DISPATCHER_MAX_MESSAGE_BYTES=1000`},
+		{"string delay", msg("bad-1", []byte("one"), amqp.Table{"x-delay": "5000"}), `header x-delay is 5000 (string): not an integer`},
+		{"float delay", msg("bad-2", []byte("two"), amqp.Table{"x-delay": 1.5}), `header x-delay is 1.5 (float64): not an integer`},
+		{"beyond max delay", msg("bad-3", []byte("three"), amqp.Table{"x-delay": int64(2 * 3600 * 1000)}),
+			`header x-delay is 7200000: due time`},
+		{"due beyond max delay", msg("bad-4", []byte("four"), amqp.Table{"x-due-ms": int64(4102444800000)}),
+			`header x-due-ms is 4102444800000: due time`},
+		{"due not an integer", msg("bad-5", []byte("five"), amqp.Table{"x-due-ms": "tomorrow"}), `header x-due-ms is tomorrow (string): not an integer`},
+		{"body too large", msg("bad-6", []byte(strings.Repeat("b", 1001)), amqp.Table{}), `body is 1001 bytes, over DISPATCHER_MAX_MESSAGE_BYTES=1000`},
 		// RabbitMQ itself refuses a NaN float header (it closes the
 		// connection), so the header that cannot be stored is one too big.
-		{"headers too large", amqp.Publishing{MessageId: "bad-5", Headers: amqp.Table{"big": strings.Repeat("x", 40000)}}, `properties are 400`},
-		{"cancel not true", amqp.Publishing{MessageId: "bad-6", Headers: amqp.Table{"x-dispatcher-cancel": "yes"}}, `header x-dispatcher-cancel is yes (string): want the boolean true`},
+		{"headers too large", msg("bad-7", []byte("seven"), amqp.Table{"big": strings.Repeat("x", 40000)}), `over 32768: header "big" is the largest`},
 	}
 	for _, b := range bad {
 		w.publish(t, "k", b.m)
 	}
+	badCancel := `header x-dispatcher-cancel is yes (string): want the boolean true`
+	w.publish(t, "k", amqp.Publishing{MessageId: "bad-cancel", Headers: amqp.Table{"x-dispatcher-cancel": "yes"}})
 	w.publish(t, "k", amqp.Publishing{MessageId: "good", Body: []byte("good"), Headers: amqp.Table{"x-delay": int32(100)}})
 	got := w.receive(t, 1, 15*time.Second)
 	if id, _ := got[0].d.Headers["x-task-id"].(string); id != "good" {
 		t.Fatalf("first delivery is %q, want the good message", id)
 	}
+	logged := w.proc.out.String()
 	for _, b := range bad {
-		if !strings.Contains(w.proc.out.String(), b.log) {
-			t.Errorf("%s: no log line with %q; log:\n%s", b.name, b.log, tail(w.proc.out.String(), 3000))
+		// slog quotes the value: a quote in it is escaped.
+		if !strings.Contains(logged, strings.ReplaceAll(b.reason, `"`, `\"`)) {
+			t.Errorf("%s: no log line with %q; log:\n%s", b.name, b.reason, tail(logged, 3000))
 		}
 	}
-	// Refused, not requeued: the ingress queue is empty, no task is left.
+	if !strings.Contains(logged, "rejected to the ingress queue's dead-letter exchange") || !strings.Contains(logged, badCancel) {
+		t.Errorf("the malformed cancel: no log line rejecting it with %q; log:\n%s", badCancel, tail(logged, 3000))
+	}
+
+	// dispatcher dead list shows each one, with its body and properties.
+	type deadLetter struct {
+		ID, Body, Reason string
+		Properties       map[string]any
+	}
+	list := func() map[string]deadLetter {
+		t.Helper()
+		code, out := w.h.runCLI(30*time.Second, "dead", "list", "--queue", w.queue, "--json")
+		if code != 0 {
+			t.Fatalf("dead list: exit %d: %s", code, out)
+		}
+		var page struct{ Dead []deadLetter }
+		if err := json.Unmarshal([]byte(out), &page); err != nil {
+			t.Fatalf("dead list --json: %v: %s", err, out)
+		}
+		m := map[string]deadLetter{}
+		for _, d := range page.Dead {
+			m[d.ID] = d
+		}
+		return m
+	}
+	dead := list()
+	for _, b := range bad {
+		d, ok := dead[b.m.MessageId]
+		if !ok {
+			t.Errorf("%s: %s is not a dead letter: %v", b.name, b.m.MessageId, dead)
+			continue
+		}
+		if !strings.Contains(d.Reason, b.reason) || d.Body != string(b.m.Body) {
+			t.Errorf("%s: dead letter reason %q body %.40q, want a reason with %q and body %.40q", b.name, d.Reason, d.Body, b.reason, b.m.Body)
+		}
+		if d.Properties["routing_key"] != "k" || d.Properties["content_type"] != "text/plain" || d.Properties["message_id"] != b.m.MessageId ||
+			!strings.Contains(fmt.Sprint(d.Properties["amqp_headers"]), "acme") {
+			t.Errorf("%s: dead letter properties %v, want the message's", b.name, d.Properties)
+		}
+	}
+	if len(dead) != len(bad) {
+		t.Errorf("%d dead letters, want %d (the malformed cancel is none): %v", len(dead), len(bad), dead)
+	}
+	// Acked or rejected, not requeued: the ingress queue is empty, and no
+	// refused message was delivered.
 	ch, err := w.h.conn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -273,6 +334,68 @@ func TestIngressBadInput(t *testing.T) {
 	case d := <-w.got:
 		t.Errorf("a refused message was delivered: %v", d.Headers)
 	case <-time.After(time.Second):
+	}
+
+	// Requeued, a dead letter is delivered with its body and headers;
+	// purged, it is gone.
+	if code, out := w.h.runCLI(30*time.Second, "dead", "requeue", "--queue", w.queue, "bad-1"); code != 0 {
+		t.Fatalf("dead requeue bad-1: exit %d: %s", code, out)
+	}
+	r := w.receive(t, 1, 15*time.Second)[0].d
+	if id, _ := r.Headers["x-task-id"].(string); id != "bad-1" || string(r.Body) != "one" || r.RoutingKey != "k" || r.Headers["tenant"] != "acme" || r.MessageId != "bad-1" {
+		t.Errorf("requeued bad-1 delivered as id %q body %q key %q message_id %q headers %v", id, r.Body, r.RoutingKey, r.MessageId, r.Headers)
+	}
+	if code, out := w.h.runCLI(30*time.Second, "dead", "purge", "--queue", w.queue, "--yes", "bad-2"); code != 0 {
+		t.Fatalf("dead purge bad-2: exit %d: %s", code, out)
+	}
+	dead = list()
+	if _, ok := dead["bad-1"]; ok {
+		t.Errorf("bad-1 still dead after its requeue")
+	}
+	if _, ok := dead["bad-2"]; ok {
+		t.Errorf("bad-2 still dead after its purge")
+	}
+	if len(dead) != len(bad)-2 {
+		t.Errorf("%d dead letters left, want %d", len(dead), len(bad)-2)
+	}
+}
+
+// TestIngressBadInputNotStored: a bad message whose dead letter Redis
+// refuses (here its shard's dead-letter key holds a string) is rejected to
+// the ingress queue's dead-letter exchange, with the reason and why it was
+// not stored logged; not redelivered, and the queue goes on.
+func TestIngressBadInputNotStored(t *testing.T) {
+	w := newIngressWorld(t, []string{"k"}, nil)
+	const id = "bad-unstored"
+	deadKey := shard.Keys{Prefix: w.h.prefix, Queue: w.queue}.Dead(shard.Index([]byte(id), 4))
+	if err := w.h.rdb.Set(context.Background(), deadKey, "not a zset", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	w.publish(t, "k", amqp.Publishing{MessageId: id, Body: []byte("x"), Headers: amqp.Table{"x-delay": "soon"}})
+	w.publish(t, "k", amqp.Publishing{MessageId: "good", Body: []byte("good"), Headers: amqp.Table{"x-delay": int32(100)}})
+	got := w.receive(t, 1, 15*time.Second)
+	if id, _ := got[0].d.Headers["x-task-id"].(string); id != "good" {
+		t.Fatalf("first delivery is %q, want the good message", id)
+	}
+	eventually(t, 5*time.Second, "the rejection logged", func() bool {
+		out := w.proc.out.String()
+		return strings.Contains(out, "rejected to the ingress queue's dead-letter exchange") &&
+			strings.Contains(out, `header x-delay is soon (string): not an integer`) && strings.Contains(out, "WRONGTYPE")
+	})
+	ch, err := w.h.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(ingress.QueueName(w.queue), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Messages != 0 {
+		t.Errorf("ingress queue holds %d messages after the bad one was rejected", q.Messages)
+	}
+	if v, _ := w.h.rdb.Get(context.Background(), deadKey).Result(); v != "not a zset" {
+		t.Errorf("the dead-letter key changed: %q", v)
 	}
 }
 
