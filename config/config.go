@@ -100,12 +100,25 @@ type Queue struct {
 	RoutingKey string  `env:"ROUTING_KEY" default:"" defaultText:"the queue name" desc:"routing key of the published messages (at most 255 bytes); empty or unset means the queue name"`
 	MaxRate    float64 `env:"MAX_RATE" default:"0" defaultText:"0 (no limit)" desc:"most tasks a second the queue's instances dispatch together (a token bucket in Redis holding a tenth of a second's worth), so that a backlog after an outage drains at a pace the consumers survive, oldest first in each shard; with a limit, claims take due tasks only (no look-ahead), and instances that cannot reach the bucket claim nothing meanwhile; 0 means no limit, else at least 0.001" see:"docs/steering.md#steering-schedule-cancel-list-dead-letters-pause-rate-limit"`
 	DrainRate  float64 `env:"DRAIN_RATE" default:"1000" desc:"tasks a second the queue's consumers are taken to handle, for the thundering-herd warning only (at least 0.001): more tasks due in one second of the next minute than the queue drains in 10 s at the lower of this and MAX_RATE are warned of ahead (log, status page, dispatcher_queue_herd_ahead); changes nothing in how tasks are dispatched" see:"docs/monitoring.md#forecast-and-thundering-herds"`
+	// Unroutable is what a task the broker returns as unroutable gets:
+	// UnroutableRetry ("" too: unset), UnroutableDeadLetter (after
+	// UnroutableAttempts returns; 0: DISPATCHER_MAX_ATTEMPTS) or
+	// UnroutableDrop.
+	Unroutable         string `env:"UNROUTABLE" default:"retry" desc:"what a task the broker returns as unroutable (no queue bound for its routing key) gets: retry (retried with backoff, without limit for the queue's own routing key, dead-lettered after DISPATCHER_MAX_ATTEMPTS returns for a task's own routing_key), dead-letter (dead-lettered after DISPATCHER_MAX_ATTEMPTS returns, whatever its routing key), dead-letter:N (after N returns, 1 to 1000), or drop (forgotten at its first return, as the delayed-message plugin dropped it, with a log line per task and dispatcher_tasks_unroutable_dropped_total counting them)" see:"docs/failure-modes.md#no-consumer-queue-bound-unroutable"`
+	UnroutableAttempts int
 	// The AMQP ingress (docs/migrating-from-delayed-plugin.md).
 	IngressExchange  string        `env:"INGRESS_EXCHANGE" default:"" defaultText:"none (ingress off)" desc:"exchange producers publish to with x-delay, as to the delayed-message plugin (at most 255 bytes); set, every instance serving the queue declares it (durable topic) if missing, and a durable queue dispatcher.ingress.<name> bound to it with #, and writes each message into the queue's shards as a task with an id; an exchange of another type stops the start" see:"docs/migrating-from-delayed-plugin.md"`
 	IngressPrefetch  int           `env:"INGRESS_PREFETCH" default:"256" desc:"ingress deliveries held unacked by one instance, 1 to 65535: the most written to Redis in one pipelined round trip before their ack" see:"docs/migrating-from-delayed-plugin.md"`
 	IngressQueueType string        `env:"INGRESS_QUEUE_TYPE" default:"quorum" desc:"type of the ingress queue dispatcher.ingress.<name>: quorum (replicated; RabbitMQ 3.8 and later) or classic" see:"docs/migrating-from-delayed-plugin.md"`
 	IngressMaxDelay  time.Duration `env:"INGRESS_MAX_DELAY" default:"87600h" desc:"longest delay an ingress message may ask for (x-delay, or x-due-ms from its base time), at least 1s; beyond it the message becomes a dead letter of the queue (dispatcher dead list) with the reason logged" see:"docs/migrating-from-delayed-plugin.md"`
 }
+
+// Values of a queue's UNROUTABLE.
+const (
+	UnroutableRetry      = "retry"
+	UnroutableDeadLetter = "dead-letter"
+	UnroutableDrop       = "drop"
+)
 
 // Ingress defaults.
 const (
@@ -309,10 +322,39 @@ func loadQueue(name string, env map[string]string, tool bool) (Queue, error) {
 	if q.RoutingKey == "" {
 		q.RoutingKey = name
 	}
+	if err := loadUnroutable(&q, p, env); err != nil {
+		return q, err
+	}
 	if err := loadIngress(&q, p, env); err != nil {
 		return q, err
 	}
 	return q, nil
+}
+
+// loadUnroutable reads a queue's UNROUTABLE: retry, dead-letter,
+// dead-letter:N or drop. Unset stays "": retry.
+func loadUnroutable(q *Queue, p string, env map[string]string) error {
+	v, ok := env[p+"UNROUTABLE"]
+	if !ok || strings.TrimSpace(v) == "" {
+		return nil
+	}
+	mode, n, hasN := strings.Cut(strings.TrimSpace(v), ":")
+	switch {
+	case (mode == UnroutableRetry || mode == UnroutableDrop) && !hasN:
+		q.Unroutable = mode
+		return nil
+	case mode == UnroutableDeadLetter && !hasN:
+		q.Unroutable = mode
+		return nil
+	case mode == UnroutableDeadLetter:
+		a, err := strconv.Atoi(strings.TrimSpace(n))
+		if err == nil && a >= 1 && a <= 1000 {
+			q.Unroutable, q.UnroutableAttempts = mode, a
+			return nil
+		}
+		return &Error{Var: p + "UNROUTABLE", Value: v, Reason: "dead-letter:N wants N, the returns before a task is dead-lettered, an integer from 1 to 1000"}
+	}
+	return &Error{Var: p + "UNROUTABLE", Value: v, Reason: "want retry, dead-letter, dead-letter:N (N from 1 to 1000) or drop"}
 }
 
 // loadIngress reads a queue's INGRESS_* variables.

@@ -40,9 +40,12 @@ type Options struct {
 	MaxDelay  time.Duration // a due time further than this from the base is refused
 	// MaxBodyBytes refuses larger bodies (0: no limit).
 	MaxBodyBytes int
-	Dial         func() (*amqp.Connection, error)
-	Logger       *slog.Logger
-	Metrics      *Metrics
+	// OnDeadLetters, if set, is told how many refused messages a batch
+	// stored as dead letters (dispatcher_tasks_dead_lettered_total).
+	OnDeadLetters func(n int)
+	Dial          func() (*amqp.Connection, error)
+	Logger        *slog.Logger
+	Metrics       *Metrics
 }
 
 // QueueName is the durable queue the ingress of queue NAME consumes.
@@ -294,7 +297,7 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 	// Refusals first, then one ack for all the rest: an ack with multiple
 	// settles every earlier tag still outstanding, which are ours.
 	var last uint64
-	ingested := 0
+	ingested, dead := 0, 0
 	for _, it := range items {
 		if it.reason != "" {
 			g.opt.Metrics.errors(g.opt.Queue, it.cause, 1)
@@ -302,6 +305,7 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 				g.log.Error("ingress: message refused, stored as a dead letter (dispatcher dead list)", "reason", it.reason,
 					"message_id", it.d.MessageId, "routing_key", it.d.RoutingKey, "shard", it.dead.shard, "entry", it.dead.entry)
 				last = it.d.DeliveryTag
+				dead++
 				continue
 			}
 			attrs := []any{"reason", it.reason, "message_id", it.d.MessageId, "routing_key", it.d.RoutingKey}
@@ -326,6 +330,9 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 		}
 	}
 	g.opt.Metrics.ingested(g.opt.Queue, ingested)
+	if dead > 0 && g.opt.OnDeadLetters != nil {
+		g.opt.OnDeadLetters(dead)
+	}
 	return nil
 }
 

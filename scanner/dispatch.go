@@ -32,6 +32,7 @@ type progress struct {
 	fails    []outcome
 	released []string
 	unclaim  []string // held, never published: back into pending
+	dropped  []string // returned as unroutable, UNROUTABLE=drop: forgotten
 }
 
 // Outcomes of a task besides the fail script's modes (retry, poison, dead).
@@ -54,6 +55,8 @@ func (p *progress) record(o outcome) bool {
 		p.released = append(p.released, o.entry)
 	case outUnclaimed:
 		p.unclaim = append(p.unclaim, o.entry)
+	case outDropped:
+		p.dropped = append(p.dropped, o.entry)
 	case outAbandoned:
 	default:
 		p.fails = append(p.fails, o)
@@ -433,6 +436,11 @@ func (s *Scanner) publishTasks(work context.Context, tasks []heldTask) []*progre
 		case kind == "refused" && errors.As(err, &le):
 			last = t.batch.record(outcome{t.task.Entry, "poison", "broker refused it: " + le.Error()})
 			failed = append(failed, err)
+		case kind == "returned" && s.opt.Unroutable == UnroutableDrop:
+			last = t.batch.record(s.drop(t, err))
+		case kind == "returned" && s.opt.Unroutable == UnroutableDeadLetter:
+			last = t.batch.record(outcome{t.task.Entry, outUnroutable, "unroutable: " + err.Error()})
+			failed = append(failed, err)
 		case kind == "returned" && t.task.props != nil && t.task.props.RoutingKey != "":
 			// Unroutable by its own routing key: a producer's key nothing
 			// is bound to is the task's fault, dead after MAX_ATTEMPTS
@@ -501,6 +509,7 @@ func (s *Scanner) settleBatch(p *progress) {
 	if err := s.settle(ctx, func(ctx context.Context) error { return s.fail(ctx, b, p.fails) }); err != nil {
 		s.lim.Error("fail", "could not record failed publishes; their lease will retry them", "shard", b.shard, "err", err)
 	}
+	s.forgetDropped(ctx, b, p.dropped)
 	if err := s.settle(ctx, func(ctx context.Context) error {
 		n, err := s.st.release(ctx, b.shard, b.deadline, p.released)
 		s.met.returned(n)
@@ -661,10 +670,16 @@ func (s *Scanner) settle(ctx context.Context, f func(context.Context) error) err
 }
 
 func (s *Scanner) fail(ctx context.Context, b batch, fails []outcome) error {
+	fails, unroutable := s.splitUnroutable(fails)
 	retried, dead, err := s.st.fail(ctx, b.shard, b.deadline, fails)
 	if err != nil {
 		return err
 	}
+	r, d, err := s.st.failAfter(ctx, b.shard, b.deadline, s.unroutableAttempts(), unroutable)
+	if err != nil {
+		return err
+	}
+	retried, dead = retried+r, dead+d
 	s.met.retried(retried)
 	if dead > 0 {
 		s.met.dead(dead)

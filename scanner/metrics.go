@@ -13,6 +13,7 @@ type Metrics struct {
 	retried    *prometheus.CounterVec
 	reaped     *prometheus.CounterVec
 	dead       *prometheus.CounterVec
+	dropped    *prometheus.CounterVec
 	seconds    *prometheus.CounterVec
 	undated    *prometheus.CounterVec
 	misplaced  *prometheus.CounterVec
@@ -40,6 +41,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		retried:    counter("dispatcher_tasks_retried_total", "Failed publishes (nack, unroutable, timeout, refused) scheduled for a retry with backoff.", "queue"),
 		reaped:     counter("dispatcher_tasks_reaped_total", "Tasks whose lease ran out (their instance died or stalled) taken over by a claim.", "queue"),
 		dead:       counter("dispatcher_tasks_dead_lettered_total", "Tasks moved to the dead-letter set.", "queue"),
+		dropped:    counter("dispatcher_tasks_unroutable_dropped_total", "Tasks the broker returned as unroutable and that were forgotten unpublished (DISPATCHER_QUEUE_<NAME>_UNROUTABLE=drop).", "queue"),
 		seconds:    counter("dispatcher_tasks_seconds_scores_total", "Tasks whose score looks like seconds, not milliseconds, since the epoch (dispatched at once, as due).", "queue"),
 		undated:    counter("dispatcher_tasks_undated_scores_total", "Tasks scored 0 or less, -inf, or in seconds before 1973: no real due time (dispatched at once, as due; their lateness is not observed).", "queue"),
 		misplaced:  counter("dispatcher_tasks_misplaced_total", "Tasks written by a producer hashing with another shard count than the queue's: dispatched from a shard other than theirs (one still on the old count while the count changes), or moved to theirs from a shard index beyond the queue's count (a producer hashing with a larger count).", "queue"),
@@ -84,6 +86,7 @@ type queueMetrics struct {
 	on                                               bool
 	queue                                            string
 	nDispatched, nReturned, nRetried, nReaped, nDead prometheus.Counter
+	nDropped                                         prometheus.Counter
 	nSeconds, nUndated, nMisplaced                   prometheus.Counter
 	errors                                           *prometheus.CounterVec
 	batch, lateness                                  prometheus.Observer
@@ -98,7 +101,7 @@ func (m *Metrics) forQueue(queue string) queueMetrics {
 		on: true, queue: queue, errors: m.errors,
 		nDispatched: m.dispatched.WithLabelValues(queue), nReturned: m.returned.WithLabelValues(queue),
 		nRetried: m.retried.WithLabelValues(queue), nReaped: m.reaped.WithLabelValues(queue),
-		nDead: m.dead.WithLabelValues(queue), nSeconds: m.seconds.WithLabelValues(queue),
+		nDead: m.dead.WithLabelValues(queue), nDropped: m.dropped.WithLabelValues(queue), nSeconds: m.seconds.WithLabelValues(queue),
 		nMisplaced: m.misplaced.WithLabelValues(queue), nUndated: m.undated.WithLabelValues(queue),
 		batch: m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
 		sweeping: m.sweeper.WithLabelValues(queue),
@@ -111,14 +114,15 @@ func (q queueMetrics) add(c prometheus.Counter, n int) {
 	}
 }
 
-func (q queueMetrics) dispatched(n int)   { q.add(q.nDispatched, n) }
-func (q queueMetrics) returned(n int)     { q.add(q.nReturned, n) }
-func (q queueMetrics) retried(n int)      { q.add(q.nRetried, n) }
-func (q queueMetrics) reaped(n int)       { q.add(q.nReaped, n) }
-func (q queueMetrics) dead(n int)         { q.add(q.nDead, n) }
-func (q queueMetrics) secondsScore(n int) { q.add(q.nSeconds, n) }
-func (q queueMetrics) undatedScore(n int) { q.add(q.nUndated, n) }
-func (q queueMetrics) misplaced(n int)    { q.add(q.nMisplaced, n) }
+func (q queueMetrics) dispatched(n int)        { q.add(q.nDispatched, n) }
+func (q queueMetrics) returned(n int)          { q.add(q.nReturned, n) }
+func (q queueMetrics) retried(n int)           { q.add(q.nRetried, n) }
+func (q queueMetrics) reaped(n int)            { q.add(q.nReaped, n) }
+func (q queueMetrics) dead(n int)              { q.add(q.nDead, n) }
+func (q queueMetrics) unroutableDropped(n int) { q.add(q.nDropped, n) }
+func (q queueMetrics) secondsScore(n int)      { q.add(q.nSeconds, n) }
+func (q queueMetrics) undatedScore(n int)      { q.add(q.nUndated, n) }
+func (q queueMetrics) misplaced(n int)         { q.add(q.nMisplaced, n) }
 
 func (q queueMetrics) error(kind string, n int) {
 	if q.on && n > 0 {
@@ -145,6 +149,15 @@ func (q queueMetrics) sweeper(on bool) {
 			v = 1
 		}
 		q.sweeping.Set(v)
+	}
+}
+
+// DeadLettered counts n tasks of queue moved to the dead-letter set by
+// another component (the AMQP ingress's refused messages), so that
+// dispatcher_tasks_dead_lettered_total and its alert see them too.
+func (m *Metrics) DeadLettered(queue string, n int) {
+	if m != nil && n > 0 {
+		m.dead.WithLabelValues(queue).Add(float64(n))
 	}
 }
 

@@ -57,6 +57,12 @@ type Options struct {
 	ShutdownTimeout  time.Duration // wait for outstanding confirms on stop
 	MaxMessageBytes  int
 	MaxAttempts      int
+	// Unroutable is what a task the broker returns as unroutable gets:
+	// UnroutableRetry (""), UnroutableDeadLetter or UnroutableDrop.
+	Unroutable string
+	// UnroutableAttempts: with UnroutableDeadLetter, the returns after
+	// which a task is dead-lettered; 0: MaxAttempts.
+	UnroutableAttempts int
 	// Lookahead lets a claim take tasks due up to this long after the
 	// claim; the instance holds them and publishes each at its due time.
 	// 0: only tasks already due are claimed.

@@ -204,11 +204,16 @@ func (st *store) ackShards(ctx context.Context, shards []int, entries [][]string
 
 // fail records failed publishes of entries claimed with lease deadline.
 func (st *store) fail(ctx context.Context, i int, deadline int64, fails []outcome) (retried, dead int, err error) {
+	return st.failAfter(ctx, i, deadline, st.maxAttempts, fails)
+}
+
+// failAfter is fail with "poison" entries dead after maxAttempts.
+func (st *store) failAfter(ctx context.Context, i int, deadline int64, maxAttempts int, fails []outcome) (retried, dead int, err error) {
 	if len(fails) == 0 {
 		return 0, 0, nil
 	}
 	args := make([]any, 0, 4+3*len(fails))
-	args = append(args, st.retryMin.Milliseconds(), st.retryMax.Milliseconds(), st.maxAttempts, deadline)
+	args = append(args, st.retryMin.Milliseconds(), st.retryMax.Milliseconds(), maxAttempts, deadline)
 	for _, f := range fails {
 		args = append(args, f.entry, f.mode, f.reason)
 	}

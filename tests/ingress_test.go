@@ -232,8 +232,9 @@ func toInt64(v any) (int64, bool) {
 // redelivered, and the good message after them still gets through:
 // nothing blocks the queue.
 func TestIngressBadInput(t *testing.T) {
+	addr := testenv.FreeAddr(t)
 	w := newIngressWorld(t, []string{"k"}, func(qp string) map[string]string {
-		return map[string]string{"DISPATCHER_MAX_MESSAGE_BYTES": "1000", qp + "_INGRESS_MAX_DELAY": "1h"}
+		return map[string]string{"DISPATCHER_MAX_MESSAGE_BYTES": "1000", qp + "_INGRESS_MAX_DELAY": "1h", "DISPATCHER_HTTP_ADDR": addr}
 	})
 	msg := func(id string, body []byte, h amqp.Table) amqp.Publishing {
 		h["tenant"] = "acme"
@@ -315,6 +316,10 @@ func TestIngressBadInput(t *testing.T) {
 	}
 	if len(dead) != len(bad) {
 		t.Errorf("%d dead letters, want %d (the malformed cancel is none): %v", len(dead), len(bad), dead)
+	}
+	// Counted as the queue's dead letters (DispatcherDeadLettersGrowing).
+	if v, ok := queueMetric(addr, "dispatcher_tasks_dead_lettered_total", w.queue); v != float64(len(bad)) {
+		t.Errorf("dispatcher_tasks_dead_lettered_total = %v (exported %v), want %d", v, ok, len(bad))
 	}
 	// Acked or rejected, not requeued: the ingress queue is empty, and no
 	// refused message was delivered.

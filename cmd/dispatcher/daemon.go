@@ -146,7 +146,7 @@ func runDaemon(stderr io.Writer) int {
 			Queue: q.Name, Shards: q.Shards, Exchange: q.Exchange, RoutingKey: q.RoutingKey,
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lookahead: cfg.Lookahead, PublishTick: cfg.PublishTick, ClockReadGap: cfg.ClockReadGap, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
-			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts,
+			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts, Unroutable: q.Unroutable, UnroutableAttempts: q.UnroutableAttempts,
 			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, Tracer: tracer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance, Liveness: scLive,
 		}))
@@ -233,7 +233,7 @@ func runDaemon(stderr io.Writer) int {
 		log.Error("cannot start", "err", err)
 		return exitFailure
 	}
-	ingresses, err := setupIngress(rdb, cfg, reg, log)
+	ingresses, err := setupIngress(rdb, cfg, reg, smet, log)
 	if err != nil {
 		if httpSrv != nil {
 			httpSrv.stop()

@@ -12,13 +12,14 @@ import (
 
 	"github.com/dispatcher/dispatcher/config"
 	"github.com/dispatcher/dispatcher/ingress"
+	"github.com/dispatcher/dispatcher/scanner"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
 // setupIngress makes the AMQP ingress of every queue that has an
 // INGRESS_EXCHANGE and declares its exchange and queue: a declaration the
 // broker refuses stops the start; a broker not reachable yet does not.
-func setupIngress(rdb redis.UniversalClient, cfg *config.Settings, reg prometheus.Registerer, log *slog.Logger) ([]*ingress.Ingress, error) {
+func setupIngress(rdb redis.UniversalClient, cfg *config.Settings, reg prometheus.Registerer, smet *scanner.Metrics, log *slog.Logger) ([]*ingress.Ingress, error) {
 	var out []*ingress.Ingress
 	var met *ingress.Metrics
 	for _, q := range cfg.QueueSettings {
@@ -43,8 +44,9 @@ func setupIngress(rdb redis.UniversalClient, cfg *config.Settings, reg prometheu
 		g := ingress.New(rdb, prod, ingress.Options{
 			Queue: q.Name, Exchange: q.IngressExchange, Prefetch: prefetch, QueueType: q.IngressQueueType,
 			MaxDelay: maxDelay, MaxBodyBytes: cfg.MaxMessageBytes,
-			Dial:   func() (*amqp.Connection, error) { return dialBroker(cfg, "dispatcher ingress") },
-			Logger: log.With("component", "ingress"), Metrics: met,
+			OnDeadLetters: func(n int) { smet.DeadLettered(q.Name, n) },
+			Dial:          func() (*amqp.Connection, error) { return dialBroker(cfg, "dispatcher ingress") },
+			Logger:        log.With("component", "ingress"), Metrics: met,
 		})
 		if err := g.Setup(); err != nil {
 			return nil, err
