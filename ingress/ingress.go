@@ -46,6 +46,9 @@ type Options struct {
 	Dial          func() (*amqp.Connection, error)
 	Logger        *slog.Logger
 	Metrics       *Metrics
+	// ReadEvery is how often the ingress queue's depth is read (0: 5s).
+	ReadEvery time.Duration
+	Now       func() time.Time // the clock of the status (nil: time.Now)
 }
 
 // QueueName is the durable queue the ingress of queue NAME consumes.
@@ -57,6 +60,7 @@ type Ingress struct {
 	rdb  redis.UniversalClient
 	prod *shard.Producer
 	log  *slog.Logger
+	obs  *observer
 }
 
 // New makes the ingress of one queue; rdb and prod are the queue's Redis
@@ -71,7 +75,12 @@ func New(rdb redis.UniversalClient, prod *shard.Producer, opt Options) *Ingress 
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	return &Ingress{opt: opt, rdb: rdb, prod: prod, log: opt.Logger.With("queue", opt.Queue, "ingress_exchange", opt.Exchange)}
+	if opt.ReadEvery <= 0 {
+		opt.ReadEvery = 5 * time.Second
+	}
+	g := &Ingress{opt: opt, rdb: rdb, prod: prod, log: opt.Logger.With("queue", opt.Queue, "ingress_exchange", opt.Exchange), obs: newObserver(opt.Queue, opt.Now)}
+	opt.Metrics.watch(g)
+	return g
 }
 
 // ErrSetup is a declaration the broker refused: retrying does not help.
@@ -131,6 +140,7 @@ func (g *Ingress) Run(ctx context.Context) {
 	wait := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		err := g.session(ctx)
+		g.obs.stopped(err)
 		if ctx.Err() != nil {
 			return
 		}
@@ -165,6 +175,9 @@ func (g *Ingress) session(ctx context.Context) error {
 		return fmt.Errorf("consuming %q: %w", QueueName(g.opt.Queue), err)
 	}
 	g.log.Info("ingress: consuming", "ingress_queue", QueueName(g.opt.Queue), "prefetch", g.opt.Prefetch)
+	g.obs.consumingNow()
+	stop := g.sample(ctx, conn)
+	defer func() { _ = conn.Close(); stop() }() // closed first: a read waiting on a dead broker returns
 	var batch []amqp.Delivery
 	for {
 		batch = batch[:0]
@@ -215,12 +228,13 @@ type item struct {
 // Redis cannot be reached nothing is acked and, the prefetch window being
 // full, consuming pauses.
 func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery) error {
+	g.obs.take(batch)
 	nowMs, err := g.redisNow(ctx)
 	for err != nil {
 		if ctx.Err() != nil {
 			return nil // unacked: the broker gives them to another instance
 		}
-		g.opt.Metrics.errors(g.opt.Queue, "redis", len(batch))
+		g.failed("redis", len(batch))
 		g.log.Warn("ingress: Redis unavailable; nothing acked, consuming paused", "err", err)
 		sleep(ctx, time.Second)
 		nowMs, err = g.redisNow(ctx)
@@ -241,7 +255,7 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			g.opt.Metrics.errors(g.opt.Queue, "redis", len(run))
+			g.failed("redis", len(run))
 			g.log.Warn("ingress: writing tasks to Redis failed; nothing acked, retrying", "tasks", len(run), "err", err)
 			sleep(ctx, time.Second)
 		}
@@ -290,7 +304,7 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 		if ctx.Err() != nil {
 			return nil
 		}
-		g.opt.Metrics.errors(g.opt.Queue, "redis", 1)
+		g.failed("redis", 1)
 		g.log.Warn("ingress: writing dead letters to Redis failed; nothing acked, retrying", "err", err)
 		sleep(ctx, time.Second)
 	}
@@ -300,7 +314,7 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 	ingested, dead := 0, 0
 	for _, it := range items {
 		if it.reason != "" {
-			g.opt.Metrics.errors(g.opt.Queue, it.cause, 1)
+			g.failed(it.cause, 1)
 			if it.dead != nil && it.dead.entry != "" {
 				g.log.Error("ingress: message refused, stored as a dead letter (dispatcher dead list)", "reason", it.reason,
 					"message_id", it.d.MessageId, "routing_key", it.d.RoutingKey, "shard", it.dead.shard, "entry", it.dead.entry)
@@ -310,7 +324,7 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 			}
 			attrs := []any{"reason", it.reason, "message_id", it.d.MessageId, "routing_key", it.d.RoutingKey}
 			if it.dead != nil {
-				g.opt.Metrics.errors(g.opt.Queue, "unstored", 1)
+				g.failed("unstored", 1)
 				attrs = append(attrs, "not_stored", it.dead.err)
 			}
 			g.log.Error("ingress: message refused, rejected to the ingress queue's dead-letter exchange", attrs...)
@@ -329,7 +343,8 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 			return fmt.Errorf("acking: %w", err)
 		}
 	}
-	g.opt.Metrics.ingested(g.opt.Queue, ingested)
+	g.obs.settled(batch)
+	g.ingestedN(ingested)
 	if dead > 0 && g.opt.OnDeadLetters != nil {
 		g.opt.OnDeadLetters(dead)
 	}
@@ -556,8 +571,9 @@ func properties(d amqp.Delivery) (*shard.Properties, error) {
 
 // Metrics count what the ingress does.
 type Metrics struct {
-	in   *prometheus.CounterVec
-	errs *prometheus.CounterVec
+	in     *prometheus.CounterVec
+	errs   *prometheus.CounterVec
+	gauges *gauges
 }
 
 // NewMetrics registers the ingress metrics with reg.
@@ -567,8 +583,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Messages taken from a queue's ingress queue and written to Redis as tasks."}, []string{"queue"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dispatcher_ingress_errors_total",
 			Help: "Ingress messages refused (bad_header, too_large, too_late: stored as dead letters of the queue, or else rejected to the ingress queue's dead-letter exchange, counted once more as unstored) or Redis failures while ingesting (redis), by cause."}, []string{"queue", "cause"}),
+		gauges: newGauges(),
 	}
-	reg.MustRegister(m.in, m.errs)
+	reg.MustRegister(m.in, m.errs, m.gauges)
 	return m
 }
 
