@@ -62,6 +62,9 @@ type Record struct {
 	// slot ends at EndMs (Redis clock, a multiple of SlotSpan).
 	EndMs int64   `json:"end_ms,omitempty"`
 	Slots []int64 `json:"slots,omitempty"`
+
+	// Ingress is the queue's AMQP ingress on this instance, if it runs it.
+	Ingress *Ingress `json:"ingress,omitempty"`
 }
 
 // Rate is what the record says the instance published per second lately.

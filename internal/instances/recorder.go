@@ -16,6 +16,8 @@ type Totals struct {
 	// Late is the dispatch lateness histogram: cumulative counts by upper
 	// bound, the last +Inf (as Prometheus keeps it).
 	Late []Bucket
+	// Ingress counts what its AMQP ingress of the queue wrote and refused.
+	Ingress IngressTotals
 }
 
 // Options configure a Recorder.
@@ -31,7 +33,11 @@ type Options struct {
 	// Paused, if set, is how many of a swept queue's shards were paused at
 	// its last read; known is false if it was not read yet.
 	Paused func(queue string) (shards int, known bool)
-	Logger *slog.Logger
+	// Ingress, if set, is the state of the queue's AMQP ingress on the
+	// instance, nil if it runs none; the record adds its counts over the
+	// span from Totals.
+	Ingress func(queue string) *Ingress
+	Logger  *slog.Logger
 	// TTL is how long a record lives unrenewed (0: TTL).
 	TTL time.Duration
 	// Now is the local clock (nil: time.Now).
@@ -185,6 +191,12 @@ func (r *Recorder) record(q string, ss []sample, last sample) Record {
 	rec.Published = int64(last.t.Published - from.t.Published)
 	rec.Errors = int64(last.t.Errors - from.t.Errors)
 	rec.Late = lateDelta(from.t.Late, last.t.Late)
+	if r.opt.Ingress != nil {
+		if in := r.opt.Ingress(q); in != nil {
+			in.Ingested, in.Errors = ingressDelta(from.t.Ingress, last.t.Ingress)
+			rec.Ingress = in
+		}
+	}
 
 	// Each sample's increase goes to the slot its time ends on the grid
 	// of the Redis clock (a sample late by more than half a slot, to the
