@@ -52,6 +52,12 @@ queue whose shard count is recorded in Redis. Each queue's shard count is
 the one recorded in Redis (during a change of it, the shards of both
 counts); a DISPATCHER_QUEUE_<NAME>_SHARDS that differs gets a warning.
 
+A queue with an AMQP ingress (DISPATCHER_QUEUE_<NAME>_INGRESS_EXCHANGE) has
+a row in a second table, from the records its live instances write every
+5 s: the messages ready in its ingress queue, the age of the oldest
+message not yet in Redis, the tasks written per second and the errors
+over the last minute, and how many instances consume it.
+
 Exit status: 0 read (broken shards are shown, not an error), 1 no shard
 could be read, 2 bad arguments or settings.`,
 		Args: noArgs,
@@ -113,11 +119,17 @@ could be read, 2 bad arguments or settings.`,
 				rows += len(q.Shards)
 			}
 			shown := perShard || !summary && rows <= summaryAbove
-			se.print(map[string]any{"queues": states}, func(w io.Writer) {
+			out := map[string]any{"queues": states}
+			ingresses, skipped := readIngressStats(ctx, se, names)
+			if len(ingresses) > 0 {
+				out["ingress"] = ingresses
+			}
+			se.print(out, func(w io.Writer) {
 				writeStats(w, se.cfg.KeyPrefix, states, shown)
 				if !shown && !summary {
 					fmt.Fprintf(w, "(%d shards in all: a row per queue; --shards shows every shard)\n", rows)
 				}
+				writeIngressStats(w, ingresses, skipped)
 			})
 			return nil
 		},

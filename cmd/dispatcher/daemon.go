@@ -190,10 +190,12 @@ func runDaemon(stderr io.Writer) int {
 	for n, q := range cfg.QueueSettings {
 		names[n] = q.Name
 	}
+	ingSet := &ingressSet{} // the ingresses, made once the start is over
 	records := instances.New(rdb, instances.Options{
 		Prefix: cfg.KeyPrefix, ID: instance, Host: host, PID: pid, Version: version(), Queues: names,
-		Totals: counterTotals(smet.Totals()), Sweeps: func(q string) bool { return byQueue[q].Sweeping() }, Paused: mon.Paused,
-		Logger: log.With("component", "instances"),
+		Totals: ingSet.totals(counterTotals(smet.Totals())), Sweeps: func(q string) bool { return byQueue[q].Sweeping() }, Paused: mon.Paused,
+		Ingress: ingSet.record,
+		Logger:  log.With("component", "instances"),
 	})
 
 	// The endpoint serves from here on: /healthz while the process runs,
@@ -205,6 +207,7 @@ func runDaemon(stderr io.Writer) int {
 		httpSrv, err = startHTTP(cfg.HTTPAddr, cfg.HTTPAuthToken, status{reg: reg, rdb: rdb, pub: pub, mon: mon, refusals: refusals, boot: boot, counts: counts, failures: publishFailures(scs),
 			recurring: recurringView(rdb, cfg),
 			fleet:     &fleet{rdb: rdb, prefix: cfg.KeyPrefix, queues: names, self: records, id: instance},
+			ingress:   ingSet, stallAfter: cfg.StallAfter,
 			page: statuspage.Data{
 				Instance: instance, Refresh: max(2, int((cfg.StatsInterval+time.Second-1)/time.Second)),
 				Broker: statuspage.Broker{URL: redact.URLs(strings.Join(nodes, ","))},
@@ -241,6 +244,7 @@ func runDaemon(stderr io.Writer) int {
 		log.Error("cannot start", "err", err)
 		return exitFailure
 	}
+	ingSet.set(ingresses)
 	boot.started()
 	for n, sc := range scs {
 		sc.SetLayout(layouts[n])

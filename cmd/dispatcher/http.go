@@ -49,7 +49,11 @@ type status struct {
 	// fleet reads the records of the instances serving the queues: the
 	// queues as a whole.
 	fleet *fleet
-	page  statuspage.Data // the page's fixed part: instance, URLs, ...
+	// ingress holds the queues' AMQP ingresses; stallAfter is how long
+	// one may not consume, or a message wait, before /readyz says so.
+	ingress    *ingressSet
+	stallAfter time.Duration
+	page       statuspage.Data // the page's fixed part: instance, URLs, ...
 }
 
 // startHTTP serves /healthz (the process runs), /readyz (Redis and the
@@ -90,6 +94,11 @@ func startHTTP(addr, token string, st status, log *slog.Logger) (*httpServer, er
 		if st.failures != nil {
 			failures = st.failures()
 		}
+		// An ingress not consuming makes it 503, one behind is named only
+		// (ingress.Status.Readiness).
+		notReady, behind := st.ingress.readiness(st.stallAfter)
+		problems = append(problems, notReady...)
+		failures = append(failures, behind...)
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			for _, p := range append(append(problems, failures...), <-whole...) {
@@ -275,6 +284,7 @@ func (st status) pageData(ctx context.Context) statuspage.Data {
 	d.Queues = st.mon.Views(ctx)
 	d.Stalls = st.mon.Stalls()
 	d.Lateness = lateness(st.reg)
+	d.Ingress = st.ingress.page(st.stallAfter)
 	d.Counts = st.counts.counts()
 	if st.recurring != nil {
 		d.Recurring = st.recurring(ctx)

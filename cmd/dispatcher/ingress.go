@@ -43,7 +43,7 @@ func setupIngress(rdb redis.UniversalClient, cfg *config.Settings, reg prometheu
 		}
 		g := ingress.New(rdb, prod, ingress.Options{
 			Queue: q.Name, Exchange: q.IngressExchange, Prefetch: prefetch, QueueType: q.IngressQueueType,
-			MaxDelay: maxDelay, MaxBodyBytes: cfg.MaxMessageBytes,
+			MaxDelay: maxDelay, MaxBodyBytes: cfg.MaxMessageBytes, ReadEvery: cfg.StatsInterval,
 			OnDeadLetters: func(n int) { smet.DeadLettered(q.Name, n) },
 			Dial:          func() (*amqp.Connection, error) { return dialBroker(cfg, "dispatcher ingress") },
 			Logger:        log.With("component", "ingress"), Metrics: met,

@@ -152,6 +152,9 @@ func wholeLines(qs []instances.Queue, self string) []string {
 			line += "; the other instances' records cannot be read: " + q.Err.Error()
 		}
 		out = append(out, line)
+		if l := ingressLine(q.Name, q.Records); l != "" {
+			out = append(out, l)
+		}
 		if s.Paused > 0 {
 			out = append(out, fmt.Sprintf("queue %s: paused (%d shards): nothing is claimed until `dispatcher resume --queue %s`", q.Name, s.Paused, q.Name))
 		}

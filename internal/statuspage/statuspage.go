@@ -58,6 +58,8 @@ type Data struct {
 	// say of each (package instances), this instance's own up to the
 	// moment: the queue as a whole.
 	Whole []instances.Queue
+	// Ingress lists the served queues' AMQP ingresses on this instance.
+	Ingress []Ingress
 }
 
 // Count is one sample of a queue's counters on this instance (cumulative,
@@ -105,6 +107,7 @@ func Render(w io.Writer, d Data) error {
 	for _, wq := range d.Whole {
 		byName[wq.Name] = wq
 	}
+	v.IngressRows = ingressRows(d, byName)
 	for _, q := range d.Queues {
 		name := q.State.Name
 		wq, ok := byName[name]
@@ -123,8 +126,9 @@ func Render(w io.Writer, d Data) error {
 
 type view struct {
 	Data
-	Rows      []row
-	Instances []instanceRow
+	Rows        []row
+	Instances   []instanceRow
+	IngressRows []ingressRow
 }
 
 // row is one queue with its pictures laid out.
