@@ -248,7 +248,11 @@ func (s Status) Readiness(after time.Duration) (notReady, behind string) {
 	if s.OldestAge > after {
 		behind = fmt.Sprintf("queue %s: ingress behind: the oldest message not yet in Redis has waited %s (over DISPATCHER_STALL_AFTER %s)", s.Queue, round(s.OldestAge), after)
 		if s.Ready >= 0 {
-			behind += fmt.Sprintf("; %d ready in %s, %d consumers, read %s ago", s.Ready, s.IngressQueue, s.Consumers, round(s.Now.Sub(s.ReadAt)))
+			consumers := "consumers"
+			if s.Consumers == 1 {
+				consumers = "consumer"
+			}
+			behind += fmt.Sprintf("; %d ready in %s, %d %s, read %s ago", s.Ready, s.IngressQueue, s.Consumers, consumers, round(s.Now.Sub(s.ReadAt)))
 		}
 	}
 	return notReady, behind

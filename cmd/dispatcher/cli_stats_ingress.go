@@ -62,6 +62,7 @@ func readIngressStats(ctx context.Context, se *session, names []string) (out []i
 // consume and what was refused.
 func writeIngressStats(w io.Writer, rows []ingressStats, skipped []string) {
 	if len(rows) > 0 {
+		fmt.Fprintln(w)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "INGRESS\tEXCHANGE\tINGRESS QUEUE\tREADY\tOLDEST MESSAGE AGE\tINGESTED/S\tERRORS\tCONSUMING\t")
 		for _, r := range rows {
