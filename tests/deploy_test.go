@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/ingress"
 	"github.com/dispatcher/dispatcher/internal/testenv"
 )
 
@@ -48,6 +50,10 @@ var wantAlerts = []string{
 	"DispatcherShardBroken",
 	"DispatcherQueuePausedLong",
 	"DispatcherThunderingHerd",
+	"DispatcherIngressBehind",
+	"DispatcherIngressBacklog",
+	"DispatcherIngressNotConsuming",
+	"DispatcherIngressRefusing",
 }
 
 // promtool runs promtool with args and returns its output; it fails the
@@ -453,16 +459,27 @@ func TestDeployedMetricsExist(t *testing.T) {
 	}
 	t.Logf("metrics used: %v", names)
 
-	h := newHarness(t, queueSpec{Name: "deploy", Shards: 4})
+	// With its AMQP ingress on (a queue name of its own: the ingress
+	// queue is named after it).
+	queue := fmt.Sprintf("deploy-%d", time.Now().UnixNano()%1_000_000_000)
+	h := newHarness(t, queueSpec{Name: queue, Shards: 4})
 	addr := testenv.FreeAddr(t)
 	h.extra["DISPATCHER_HTTP_ADDR"] = addr
+	h.extra[config.QueuePrefix(queue)+"_INGRESS_EXCHANGE"] = h.prefix + ".ingress"
+	t.Cleanup(func() {
+		if c, err := h.conn.Channel(); err == nil {
+			_, _ = c.QueueDelete(ingress.QueueName(queue), false, false, false)
+			_ = c.ExchangeDelete(h.prefix+".ingress", false, false)
+			c.Close()
+		}
+	})
 	h.start()
 	eventually(t, 20*time.Second, "/metrics answering", func() bool {
 		_, err := httpGet("http://" + addr + "/metrics")
 		return err == nil
 	})
-	want := scheduleSpread(t, h.producer("deploy"), "deploy", 20, time.Now(), 200*time.Millisecond)
-	h.verify("deploy", want, 20*time.Second, 0)
+	want := scheduleSpread(t, h.producer(queue), queue, 20, time.Now(), 200*time.Millisecond)
+	h.verify(queue, want, 20*time.Second, 0)
 
 	var missing []string
 	deadline := time.Now().Add(10 * time.Second)
