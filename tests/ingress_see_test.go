@@ -43,8 +43,8 @@ func ingressStats(t *testing.T, env map[string]string, queue string) ingressStat
 	return doc
 }
 
-// TestIngressSeeBehind: ingest falls behind (Redis 300 ms a round trip
-// away, a prefetch of 5) while producers publish with the broker's receive
+// TestIngressSeeBehind: ingest falls behind (Redis 200 ms a round trip
+// away, a prefetch of 2) while producers publish with the broker's receive
 // time in timestamp_in_ms, as RabbitMQ's interceptor sets it: the ingress
 // queue's ready messages and the age of its oldest message show in
 // /metrics, on the status page, in /readyz (a line, still 200) and in
@@ -59,7 +59,7 @@ func TestIngressSeeBehind(t *testing.T) {
 	h.extra["DISPATCHER_HTTP_ADDR"] = addr
 	h.extra["DISPATCHER_STALL_AFTER"] = "3s"
 	w := newIngressWorldOn(t, h, []string{"k"}, func(qp string) map[string]string {
-		return map[string]string{qp + "_INGRESS_PREFETCH": "5"}
+		return map[string]string{qp + "_INGRESS_PREFETCH": "2"}
 	})
 	sample := func(name string) string { return fmt.Sprintf("%s{queue=%q}", name, queue) }
 	eventually(t, 10*time.Second, "the ingress consuming, its queue read", func() bool {
@@ -69,14 +69,14 @@ func TestIngressSeeBehind(t *testing.T) {
 		t.Errorf("oldest message age %v with nothing published", a)
 	}
 
-	remove := np.latency(150, 0)
+	remove := np.latency(100, 0)
 	defer remove()
-	const n = 40
+	const n = 60
+	first := time.Now()
 	for i := range n {
 		w.publish(t, "k", amqp.Publishing{MessageId: fmt.Sprintf("see-%d", i),
 			Headers: amqp.Table{"x-delay": int32(3_600_000), ingress.HeaderReceived: time.Now().UnixMilli()}})
 	}
-	published := time.Now()
 
 	// Behind: the age passes STALL_AFTER while messages are ready.
 	var ready, age float64
@@ -85,18 +85,21 @@ func TestIngressSeeBehind(t *testing.T) {
 		age = metric(t, addr, sample("dispatcher_ingress_oldest_message_age_seconds"))
 		return ready > 0 && age > 3
 	})
-	if max := time.Since(published).Seconds(); age > max {
-		t.Errorf("oldest message age %.1fs, yet the first was published %.1fs ago", age, max)
+	// The stamps are whole ms, so up to 1 ms earlier than the time.
+	if max := time.Since(first).Seconds() + 0.001; age > max {
+		t.Errorf("oldest message age %.3fs, yet the first was published %.3fs ago", age, max)
 	}
 	t.Logf("behind: %v ready, oldest %.1fs", ready, age)
 	var body string
-	eventually(t, 10*time.Second, "/readyz to say the ingress is behind", func() bool {
+	eventually(t, 10*time.Second, "/readyz 200 saying the ingress is behind", func() bool {
 		var code int
 		code, body = getStatus(t, "http://"+addr+"/readyz")
-		if code != http.StatusOK {
+		if code != http.StatusOK && !strings.HasPrefix(body, "redis: ") {
+			// Redis 200 ms away may miss the probe's 1 s for a PING on
+			// a new connection; nothing else may fail it.
 			t.Fatalf("/readyz %d while the ingress is only behind:\n%s", code, body)
 		}
-		return strings.Contains(body, "queue "+queue+": ingress behind: the oldest message not yet in Redis has waited ")
+		return code == http.StatusOK && strings.Contains(body, "queue "+queue+": ingress behind: the oldest message not yet in Redis has waited ")
 	})
 	if !strings.Contains(body, "over DISPATCHER_STALL_AFTER 3s); ") || !strings.Contains(body, " ready in dispatcher.ingress."+queue+", 1 consumer,") {
 		t.Errorf("/readyz behind line:\n%s", body)
