@@ -28,7 +28,8 @@ type ingressStatsDoc struct {
 		Rate         float64          `json:"ingested_per_second"`
 		Errors       map[string]int64 `json:"errors"`
 		NotConsuming []struct {
-			ID, Err string
+			ID  string `json:"instance"`
+			Err string `json:"error"`
 		} `json:"not_consuming"`
 	} `json:"ingress"`
 }
@@ -193,7 +194,8 @@ func TestIngressSeeNotConsuming(t *testing.T) {
 	env := h.env()
 	eventually(t, 15*time.Second, "stats to name the instance not consuming", func() bool {
 		d := ingressStats(t, env, queue)
-		return len(d.Ingress) == 1 && d.Ingress[0].Consuming == 0 && len(d.Ingress[0].NotConsuming) == 1 && d.Ingress[0].Ready == nil
+		return len(d.Ingress) == 1 && d.Ingress[0].Consuming == 0 && len(d.Ingress[0].NotConsuming) == 1 && d.Ingress[0].Ready == nil &&
+			strings.Contains(d.Ingress[0].NotConsuming[0].Err, "declaring ingress queue") && d.Ingress[0].NotConsuming[0].ID != ""
 	})
 	out, _, _ := runCLI(t, env, "stats", "--queue", queue)
 	if !strings.Contains(out, "0 of 1") || !strings.Contains(out, "does not consume "+iq+": ") {

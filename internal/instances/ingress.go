@@ -54,7 +54,10 @@ type IngressSum struct {
 }
 
 // NotConsuming is an instance that does not consume the ingress queue.
-type NotConsuming struct{ ID, Err string }
+type NotConsuming struct {
+	ID  string `json:"instance"`
+	Err string `json:"error"`
+}
 
 // AddIngress adds up the ingress of the records; nil if none has one.
 func AddIngress(recs []Record) *IngressSum {
