@@ -546,6 +546,12 @@ func properties(d amqp.Delivery) (*shard.Properties, error) {
 	// the dispatcher's own: x-due-ms is set again at the due time.
 	h := amqp.Table{}
 	for k, v := range d.Headers {
+		// A quorum ingress queue adds x-delivery-count to a message it
+		// delivers again (an instance killed before its ack): the
+		// ingress queue's, not the producer's.
+		if d.Redelivered && k == "x-delivery-count" {
+			continue
+		}
 		if !shard.ReservedHeader(k) {
 			h[k] = v
 		}
