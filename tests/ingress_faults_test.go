@@ -149,9 +149,6 @@ func (f ingressFigures) String() string {
 		f.Redelivery.Milliseconds(), f.Early, f.NoDue, f.Foreign, f.WorstLate.Milliseconds(), f.LagP50.Milliseconds(), f.LagP99.Milliseconds(), f.LagMax.Milliseconds())
 }
 
-// dispatcherHeaders are the headers the dispatcher adds at publish
-// (docs/consumers.md).
-var dispatcherHeaders = map[string]bool{"x-task-id": true, "x-due-ms": true, "x-dispatcher-seq": true, "x-published-us": true}
 
 // ingressLookahead is DISPATCHER_LOOKAHEAD's default: a task is claimed
 // (and from then on a write of its id schedules another) at most this
