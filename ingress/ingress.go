@@ -178,13 +178,32 @@ func (g *Ingress) session(ctx context.Context) error {
 	g.obs.consumingNow()
 	stop := g.sample(ctx, conn)
 	defer func() { _ = conn.Close(); stop() }() // closed first: a read waiting on a dead broker returns
+	// amqp091 hands deliveries over one at a time on an unbuffered
+	// channel: a receive that does not wait gets at most the one its
+	// goroutine is offering at that instant, so batches stayed at one or
+	// two while hundreds of deliveries waited (bench -mode ingress). This
+	// goroutine moves them into a buffer of the prefetch's size while a
+	// batch is written, and the next batch takes all it holds.
+	buf := make(chan amqp.Delivery, g.opt.Prefetch)
+	quit := make(chan struct{})
+	defer close(quit) // before conn.Close (deferred above), which ends ds
+	go func() {
+		defer close(buf)
+		for d := range ds {
+			select {
+			case buf <- d:
+			case <-quit:
+				return
+			}
+		}
+	}()
 	var batch []amqp.Delivery
 	for {
 		batch = batch[:0]
 		select {
 		case <-ctx.Done():
 			return nil
-		case d, ok := <-ds:
+		case d, ok := <-buf:
 			if !ok {
 				return errors.New("delivery channel closed")
 			}
@@ -194,7 +213,7 @@ func (g *Ingress) session(ctx context.Context) error {
 	more:
 		for len(batch) < g.opt.Prefetch {
 			select {
-			case d, ok := <-ds:
+			case d, ok := <-buf:
 				if !ok {
 					break more
 				}

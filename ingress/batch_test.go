@@ -1,0 +1,108 @@
+package ingress
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// A backlog in the ingress queue is written to Redis in batches of up to
+// the prefetch, not one or two messages a round trip: amqp091 hands
+// deliveries over one at a time, and a receive that does not wait found at
+// most the one on offer (2,000 waiting messages took 1,910 batches,
+// and at 1,000 messages/s on a busy machine the ingest fell seconds
+// behind). One TIME per batch, counted on a Redis of the test's own.
+func TestBacklogIngestedInBatches(t *testing.T) {
+	const n, prefetch = 2000, 256
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	rdb := srv.Client()
+	ctx := context.Background()
+	name := fmt.Sprintf("ingress-batch-%d", time.Now().UnixNano()%1_000_000_000)
+	prod, err := shard.NewProducer(rdb, name, name, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testenv.AMQPURL(t)
+	g := New(rdb, prod, Options{Queue: name, Exchange: name + ".ingress", Prefetch: prefetch, QueueType: ClassicQueue,
+		MaxDelay: time.Hour, Dial: func() (*amqp.Connection, error) { return amqp.Dial(url) }})
+	if err := g.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	conn := testenv.AMQP(t)
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(QueueName(name), false, false, false)
+			_ = ch.ExchangeDelete(name+".ingress", false, false)
+			ch.Close()
+		}
+	})
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n))
+	for i := range n {
+		err := ch.PublishWithContext(ctx, name+".ingress", "k", true, false, amqp.Publishing{
+			MessageId: "m" + strconv.Itoa(i), Headers: amqp.Table{HeaderDelay: int32(3_600_000)}, Body: []byte("body")})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		if c := <-confirms; !c.Ack {
+			t.Fatal("publish nacked")
+		}
+	}
+	before := timeCalls(t, rdb.Info(ctx, "commandstats").Val())
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); g.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		total := int64(0)
+		for i := range 4 {
+			total += rdb.ZCard(ctx, prod.Keys().Pending(i)).Val()
+		}
+		if total == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d tasks in Redis after 30 s", total, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	batches := timeCalls(t, rdb.Info(ctx, "commandstats").Val()) - before
+	t.Logf("%d messages in %d batches (prefetch %d)", n, batches, prefetch)
+	if batches > n/10 {
+		t.Errorf("%d messages took %d batches: fewer than 10 a batch with %d waiting", n, batches, n)
+	}
+}
+
+// timeCalls reads the TIME calls from INFO commandstats.
+func timeCalls(t *testing.T, info string) int {
+	t.Helper()
+	for l := range strings.SplitSeq(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "cmdstat_time:calls="); ok {
+			v, _, _ := strings.Cut(rest, ",")
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
