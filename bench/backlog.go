@@ -33,20 +33,32 @@ type measurement struct {
 	// at the end (-floor).
 	traffic time.Duration
 	floor   bool
+	// ingress is the queue's AMQP ingress (ingress mode), else nil.
+	ingress *ingressSpec
 }
 
 func (r *runner) newMeasurement(p Point, expected int) (*measurement, error) {
 	name := r.name(p.Mode)
+	queues := queueNames(max(p.Queues, 1))
+	if p.Mode == modeIngress {
+		// A queue named after the point: its ingress queue,
+		// dispatcher.ingress.<name>, must be no other run's.
+		queues = []string{name}
+	}
 	m := &measurement{
-		r: r, p: p, keys: shard.Keys{Prefix: name, Queue: benchQueue},
-		queues: queueNames(max(p.Queues, 1)),
+		r: r, p: p, keys: shard.Keys{Prefix: name, Queue: queues[0]},
+		queues: queues,
 		res:    &Result{Point: p, Name: name, Scheduled: expected},
 		rec:    newRecorder(expected, p.Shards, r.earlyUs),
 	}
-	if p.Mode == modeRate {
+	if p.Mode == modeRate || p.Mode == modeIngress {
 		m.rec.keepDue() // for the start of traffic
 	}
-	if p.IDs {
+	switch {
+	case p.Mode == modeIngress:
+		m.ingress = &ingressSpec{exchange: name + ".ingress", queueType: ingressQueueType(r.opt.QueueType), prefetch: r.opt.IngressPrefetch}
+		m.rec.expectIngress(time.Duration(r.opt.Ahead).Milliseconds())
+	case p.IDs:
 		m.rec.expectIDs(p.Props)
 	}
 	// Each queue publishes with its name as routing key: the consumer's
@@ -74,7 +86,7 @@ func (m *measurement) spec() instanceSpec {
 		binary: m.r.opt.Dispatcher, redisURL: m.r.opt.RedisURL, amqpURL: m.r.opt.AMQPURL,
 		prefix: m.keys.Prefix, exchange: m.keys.Prefix, queues: m.queues, shards: m.p.Shards, batch: m.p.Batch,
 		clientName: m.r.clientPrefix() + "-d", stamp: m.r.stamps, maxRate: m.p.MaxRate,
-		limiter: m.r.limiter,
+		limiter: m.r.limiter, ingress: m.ingress,
 	}
 }
 
@@ -150,6 +162,11 @@ func (m *measurement) close() {
 			m.res.Errors = append(m.res.Errors, err.Error())
 		}
 		m.fleet = nil
+	}
+	if m.ingress != nil {
+		if err := deleteIngress(m.sink.conn, m.queues[0], m.ingress.exchange); err != nil {
+			m.r.warnf("%s: delete the ingress queue and exchange: %v", m.p, err)
+		}
 	}
 	if err := m.sink.close(); err != nil {
 		m.r.warnf("%s: delete queue and exchange: %v", m.p, err)

@@ -109,6 +109,15 @@ func distVal(d *Dist, p func(*Dist) float64) (float64, bool) {
 	return p(d), true
 }
 
+// ingressVal is an ingress figure, when the point measured it (above 0).
+func ingressVal(r *Result, f func(*IngressResult) float64) (float64, bool) {
+	if r.Ingress == nil {
+		return 0, false
+	}
+	v := f(r.Ingress)
+	return v, v > 0
+}
+
 func p50(d *Dist) float64 { return d.P50 }
 func p99(d *Dist) float64 { return d.P99 }
 
@@ -121,14 +130,24 @@ func f3(v float64) string { return fmt.Sprintf("%.3f", v) }
 var compareFigures = []compareFigure{
 	{name: "tasks/s", modes: []string{modeBacklog}, result: func(r *Result) (float64, bool) { return some(r.PerSec) },
 		format: func(v float64) string { return thousands(int(v + 0.5)) }},
-	{name: "ratio to ceiling", modes: []string{modeBacklog}, result: func(r *Result) (float64, bool) { return r.Ratio, r.Ratio > 0 }, format: f2},
-	{name: "dispatcher CPU s/10k tasks", modes: []string{modeBacklog, modeRate}, result: func(r *Result) (float64, bool) { return some(r.CPUPer10k) }, format: f3},
-	{name: "Redis cmds/task", modes: []string{modeBacklog, modeRate}, result: func(r *Result) (float64, bool) { return some(r.CmdsPerTask) }, format: f2},
-	{name: "Redis CPU s/10k tasks", modes: []string{modeBacklog, modeRate}, result: func(r *Result) (float64, bool) { return optVal(r.RedisCPUPer10k) }, format: f3},
-	{name: "dispatch lateness p50 ms", modes: []string{modeBacklog, modeRate}, result: func(r *Result) (float64, bool) { return distVal(r.DispatchLateness, p50) }, format: fmtMs},
-	{name: "dispatch lateness p99 ms", modes: []string{modeBacklog, modeRate}, result: func(r *Result) (float64, bool) { return distVal(r.DispatchLateness, p99) }, format: fmtMs},
-	{name: "consumer lateness p50 ms", modes: []string{modeBacklog, modeRate}, result: func(r *Result) (float64, bool) { return distVal(&r.Lateness, p50) }, format: fmtMs},
-	{name: "consumer lateness p99 ms", modes: []string{modeBacklog, modeRate}, result: func(r *Result) (float64, bool) { return distVal(&r.Lateness, p99) }, format: fmtMs},
+	{name: "ingest/s", modes: []string{modeIngress}, result: func(r *Result) (float64, bool) {
+		return ingressVal(r, func(g *IngressResult) float64 { return g.IngestPerSec })
+	},
+		format: func(v float64) string { return thousands(int(v + 0.5)) }},
+	{name: "ratio to ceiling", modes: []string{modeBacklog, modeIngress}, result: func(r *Result) (float64, bool) { return r.Ratio, r.Ratio > 0 }, format: f2},
+	{name: "publish to Redis p99 ms", modes: []string{modeIngress}, result: func(r *Result) (float64, bool) {
+		if r.Ingress == nil {
+			return 0, false
+		}
+		return distVal(r.Ingress.ToRedis, p99)
+	}, format: fmtMs},
+	{name: "dispatcher CPU s/10k tasks", modes: []string{modeBacklog, modeRate, modeIngress}, result: func(r *Result) (float64, bool) { return some(r.CPUPer10k) }, format: f3},
+	{name: "Redis cmds/task", modes: []string{modeBacklog, modeRate, modeIngress}, result: func(r *Result) (float64, bool) { return some(r.CmdsPerTask) }, format: f2},
+	{name: "Redis CPU s/10k tasks", modes: []string{modeBacklog, modeRate, modeIngress}, result: func(r *Result) (float64, bool) { return optVal(r.RedisCPUPer10k) }, format: f3},
+	{name: "dispatch lateness p50 ms", modes: []string{modeBacklog, modeRate, modeIngress}, result: func(r *Result) (float64, bool) { return distVal(r.DispatchLateness, p50) }, format: fmtMs},
+	{name: "dispatch lateness p99 ms", modes: []string{modeBacklog, modeRate, modeIngress}, result: func(r *Result) (float64, bool) { return distVal(r.DispatchLateness, p99) }, format: fmtMs},
+	{name: "consumer lateness p50 ms", modes: []string{modeBacklog, modeRate, modeIngress}, result: func(r *Result) (float64, bool) { return distVal(&r.Lateness, p50) }, format: fmtMs},
+	{name: "consumer lateness p99 ms", modes: []string{modeBacklog, modeRate, modeIngress}, result: func(r *Result) (float64, bool) { return distVal(&r.Lateness, p99) }, format: fmtMs},
 	{name: "Redis cmds/s", modes: []string{modeIdle}, idle: func(r *IdleResult) (float64, bool) { return some(r.CmdsPerSec) },
 		format: func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 	{name: "Redis CPU % of a core", modes: []string{modeIdle}, idle: func(r *IdleResult) (float64, bool) { return optVal(r.RedisCPUPercent) }, format: f2},
@@ -156,8 +175,8 @@ func (o *Options) checkCompare(fs *flag.FlagSet, modes string) error {
 		return fmt.Errorf("-svg %s with -compare: the chart is of one run; run the bench without -compare for it", o.SVGPath)
 	}
 	for _, m := range o.Modes {
-		if m != modeBacklog && m != modeRate && m != modeIdle {
-			return fmt.Errorf("-mode %s with -compare: the comparison covers backlog, rate and idle modes", modes)
+		if m != modeBacklog && m != modeRate && m != modeIdle && m != modeIngress {
+			return fmt.Errorf("-mode %s with -compare: the comparison covers backlog, rate, idle and ingress modes", modes)
 		}
 	}
 	return nil

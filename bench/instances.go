@@ -75,6 +75,15 @@ type instanceSpec struct {
 	stamp      bool        // set DISPATCHER_STAMP_PUBLISHED=true
 	maxRate    int         // each queue's MAX_RATE (0: none)
 	limiter    *cpuLimiter // caps each instance's CPU (nil: no cap)
+	// ingress, when set, is the first queue's ingress (ingress mode).
+	ingress *ingressSpec
+}
+
+// ingressSpec is a queue's AMQP ingress as the instances are set up.
+type ingressSpec struct {
+	exchange  string // DISPATCHER_QUEUE_<NAME>_INGRESS_EXCHANGE
+	queueType string // _INGRESS_QUEUE_TYPE: quorum or classic
+	prefetch  int    // _INGRESS_PREFETCH
 }
 
 // Settings the bench sets itself; the parent's own values of these are not
@@ -120,6 +129,11 @@ func (sp instanceSpec) env(n int, httpAddr string) ([]string, error) {
 		if sp.maxRate > 0 {
 			env = append(env, pre+"_MAX_RATE="+strconv.Itoa(sp.maxRate))
 		}
+	}
+	if g := sp.ingress; g != nil {
+		pre := config.QueuePrefix(queues[0])
+		env = append(env, pre+"_INGRESS_EXCHANGE="+g.exchange, pre+"_INGRESS_QUEUE_TYPE="+g.queueType,
+			pre+"_INGRESS_PREFETCH="+strconv.Itoa(g.prefetch))
 	}
 	if sp.stamp {
 		env = append(env, stampVar+"=true")

@@ -168,6 +168,8 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 				res, err = r.runBacklog(ctx, p)
 			case modeBurst:
 				res, err = r.runBurst(ctx, p)
+			case modeIngress:
+				res, err = r.runIngress(ctx, p)
 			default:
 				res, err = r.runRate(ctx, p)
 			}
@@ -180,6 +182,9 @@ func (r *runner) run(ctx context.Context, points []Point) error {
 					res.Duplicates, res.Missing, time.Since(began).Seconds())
 				if res.Burst != nil {
 					r.prog.printf("%s\n", burstText(res.Burst))
+				}
+				if res.Ingress != nil {
+					r.prog.printf("%s\n", ingressText(res))
 				}
 				if res.Floor != nil {
 					r.prog.printf("  => %s\n", floorText(res.Floor))
@@ -205,7 +210,7 @@ func firstSecondText(res *Result) string {
 }
 
 func ratioText(res *Result) string {
-	if res.Ratio == 0 {
+	if res.Ratio == 0 || res.Ingress != nil { // an ingress point's is its ingest's
 		return ""
 	}
 	return fmt.Sprintf(" (%.2f of the ceiling)", res.Ratio)

@@ -97,6 +97,12 @@ type Options struct {
 	Compare      string `json:"compare,omitempty"`
 	ComparePairs int    `json:"compare_pairs,omitempty"`
 
+	// IngressMax is the messages of ingress mode's max-ingest point,
+	// published as fast as the broker confirms them (0: no such point);
+	// IngressPrefetch each instance's DISPATCHER_QUEUE_<NAME>_INGRESS_PREFETCH.
+	IngressMax      int `json:"ingress_max,omitempty"`
+	IngressPrefetch int `json:"ingress_prefetch,omitempty"`
+
 	Stall    Duration `json:"stall"`
 	JSONPath string   `json:"-"`
 	SVGPath  string   `json:"-"`
@@ -123,6 +129,7 @@ const (
 	modeBurst   = "burst"
 	modeMemory  = "memory"
 	modeScale   = "scale"
+	modeIngress = "ingress"
 )
 
 // Queue types of the consumer's queue.
@@ -153,14 +160,17 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.SetOutput(stderr)
 	var modes, backlogs, rates, instances, shards, batches, sizes, queues string
 	var duration, idle, stall, burstLead time.Duration
-	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s and CPU with nothing due), burst (-backlog tasks due at one time: the drain, and what a producer's ZADD and a stats read see meanwhile), memory (Redis bytes per pending task: -backlog tasks of each -size over -shards, no instance), scale (for each -instances count, the highest steady rate whose dispatch lateness p99 stays within -scale-p99: short rate runs, the rate doubled, halved, then bisected)")
+	fs.StringVar(&modes, "mode", "backlog,rate", "what to measure, comma-separated: backlog (throughput against the ceiling), rate (lateness at a steady rate), idle (Redis commands/s and CPU with nothing due), burst (-backlog tasks due at one time: the drain, and what a producer's ZADD and a stats read see meanwhile), memory (Redis bytes per pending task: -backlog tasks of each -size over -shards, no instance), ingress (messages published with x-delay to the ingress exchange of the instances' queue, as to the delayed-message plugin: ingest rate, publish-to-Redis latency, lateness; -rate for -duration, and -ingress-max messages as fast as the broker confirms them), scale (for each -instances count, the highest steady rate whose dispatch lateness p99 stays within -scale-p99: short rate runs, the rate doubled, halved, then bisected)")
 	fs.StringVar(&backlogs, "backlog", "100000", "backlog mode: tasks pending when the dispatchers start; burst mode: tasks due at the one time (list; 1e6, 10^6, 1M and 1000000 all work)")
 	fs.IntVar(&o.Window, "window", 200000, "backlog mode: how many of the pending tasks are due now; the rest are due in 1 hour")
 	fs.BoolVar(&o.Drain, "drain", false, "backlog mode: make every pending task due now and drain them all")
-	fs.StringVar(&rates, "rate", "2000", "rate mode: tasks per second, each scheduled 1s ahead of its due time (list); scale mode: the first rate tried")
-	fs.DurationVar(&duration, "duration", 20*time.Second, "rate mode: how long tasks are scheduled")
+	fs.StringVar(&rates, "rate", "2000", "rate mode: tasks per second, each scheduled 1s ahead of its due time (list); ingress mode: messages published per second (list); scale mode: the first rate tried")
+	fs.DurationVar(&duration, "duration", 20*time.Second, "rate and ingress modes: how long tasks are scheduled (messages published)")
 	var ahead time.Duration
-	fs.DurationVar(&ahead, "ahead", time.Second, "rate mode: how long before its due time each task is ZADDed (the producer sends every 5ms what falls within this)")
+	fs.DurationVar(&ahead, "ahead", time.Second, "rate mode: how long before its due time each task is ZADDed (the producer sends every 5ms what falls within this); ingress mode: every message's x-delay")
+	var ingressMax string
+	fs.StringVar(&ingressMax, "ingress-max", "100000", "ingress mode: after the -rate points, a max-ingest point: this many messages published as fast as the broker confirms them, with the ceiling's best window of unconfirmed ones (0: none)")
+	fs.IntVar(&o.IngressPrefetch, "ingress-prefetch", config.DefaultIngressPrefetch, "ingress mode: each instance's DISPATCHER_QUEUE_<NAME>_INGRESS_PREFETCH, the deliveries it holds unacked and writes to Redis in one round trip at most")
 	fs.BoolVar(&o.Wake, "wake", false, "rate mode: after each ZADD, PUBLISH the wake-up the Go producer sends (P:{Q}:wake due:<i>:<due_ms>), for tasks scheduled at short notice")
 	fs.DurationVar(&burstLead, "burst-lead", 0, "burst mode: the due time is this far ahead of the start of the load (default 10s plus 1s per 50,000 tasks)")
 	fs.StringVar(&o.ProbeCPUs, "probe-cpus", "", "burst mode: run the probe process (a producer's ZADDs, the stats reads) on these CPUs, as taskset -c takes them (default: any)")
@@ -199,7 +209,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.RedisURL, "redis", "", "Redis URL (default $DISPATCHER_REDIS_URL, else redis://localhost:6379/0)")
 	fs.StringVar(&o.AMQPURL, "amqp", "", "RabbitMQ URL, or a cluster's node URLs comma-separated: the dispatchers get the list (DISPATCHER_AMQP_NODE_ORDER=listed), the consumer and the raw publisher use the first (default $DISPATCHER_AMQP_URL, else the guest user at localhost:5672)")
 	fs.StringVar(&o.Dispatcher, "dispatcher", "", "dispatcher executable to start (default: this one)")
-	fs.StringVar(&o.Compare, "compare", "", "compare against REF: a dispatcher binary's path, or a commit, branch or tag of the git repository here (or a version RELEASES lists), built from git archive with go build in a temporary directory; the points are run for REF and for -dispatcher alternately, -compare-pairs times each, and each figure is given per side (median, min-max) with the ratio -dispatcher/REF (backlog, rate and idle modes)")
+	fs.StringVar(&o.Compare, "compare", "", "compare against REF: a dispatcher binary's path, or a commit, branch or tag of the git repository here (or a version RELEASES lists), built from git archive with go build in a temporary directory; the points are run for REF and for -dispatcher alternately, -compare-pairs times each, and each figure is given per side (median, min-max) with the ratio -dispatcher/REF (backlog, rate, idle and ingress modes; for ingress, REF must have the AMQP ingress)")
 	fs.IntVar(&o.ComparePairs, "compare-pairs", 3, "with -compare: how many times each side runs (REF first in every pair)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
@@ -235,8 +245,8 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	}
 	o.Modes = splitList(modes)
 	for _, m := range o.Modes {
-		if m != modeBacklog && m != modeRate && m != modeIdle && m != modeBurst && m != modeMemory && m != modeScale {
-			return nil, fmt.Errorf("-mode %q: want backlog, rate, idle, burst, memory or scale", modes)
+		if m != modeBacklog && m != modeRate && m != modeIdle && m != modeBurst && m != modeMemory && m != modeScale && m != modeIngress {
+			return nil, fmt.Errorf("-mode %q: want backlog, rate, idle, burst, memory, scale or ingress", modes)
 		}
 	}
 	if len(o.Modes) == 0 {
@@ -262,6 +272,9 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 			return nil, fmt.Errorf("-%s %q: %w", l.name, l.raw, err)
 		}
 	}
+	if o.IngressMax, err = parseCount(ingressMax); err != nil {
+		return nil, fmt.Errorf("-ingress-max %q: %w", ingressMax, err)
+	}
 	switch {
 	case o.Window < 1:
 		return nil, fmt.Errorf("-window %d: must be at least 1", o.Window)
@@ -277,6 +290,10 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("-max-rate %d: must be 0 (no limit) or more", o.MaxRate)
 	case o.CeilingCount < 1:
 		return nil, fmt.Errorf("-ceiling-count %d: must be at least 1", o.CeilingCount)
+	case o.IngressMax < 0 || o.IngressMax > maxBacklog:
+		return nil, fmt.Errorf("-ingress-max %d: must be 0 (no max-ingest point) to %d", o.IngressMax, maxBacklog)
+	case o.IngressPrefetch < 1 || o.IngressPrefetch > maxPrefetch:
+		return nil, fmt.Errorf("-ingress-prefetch %d: must be 1 to %d", o.IngressPrefetch, maxPrefetch)
 	case stall < time.Second:
 		return nil, fmt.Errorf("-stall %s: must be at least 1s", stall)
 	case o.QueueType != queueClassic && o.QueueType != queueQuorum && o.QueueType != queueTransient:
@@ -317,6 +334,10 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	}
 	if slices.Contains(o.Modes, modeScale) && o.Rates[0] < minScaleRate {
 		return nil, fmt.Errorf("-rate %d: scale mode starts from the first rate, at least %d", o.Rates[0], minScaleRate)
+	}
+	if !slices.Contains(o.Modes, modeIngress) {
+		// Reports of runs without ingress points stay as they were.
+		o.IngressMax, o.IngressPrefetch = 0, 0
 	}
 	if err := o.checkCompare(fs, modes); err != nil {
 		return nil, err
@@ -370,6 +391,17 @@ Modes:
            tasks by -scale-p99 plus 1s after the last due time is cut
            short as overloaded. For each count: the rate, its lateness,
            each instance's share of the tasks and its CPU.
+  ingress  producers that speak only AMQP: the instances serve a queue with
+           an ingress exchange (DISPATCHER_QUEUE_<NAME>_INGRESS_EXCHANGE,
+           its queue of -queue-type, classic for transient, prefetch
+           -ingress-prefetch); a publisher on its own connection publishes
+           to it as to the delayed-message plugin: confirmed, persistent,
+           mandatory, message_id t<index>, header x-delay = -ahead in ms.
+           One point per -rate, paced over -duration, then (-ingress-max
+           N) N messages as fast as the broker confirms them, with the
+           ceiling's best window unconfirmed at most. The ceiling is
+           measured first, as in backlog mode. The consumer checks every
+           task once, its message_id, x-task-id and x-delay.
 With -cpu-cap C each instance runs in a cgroup of its own capped at C of
 one core (a CFS quota of C x -cpu-period every -cpu-period, read back from
 the kernel), removed at the end; the tables give the cap and how often
@@ -384,9 +416,10 @@ last confirm) per 10,000 messages is the floor; the instances' CPU per
 10,000 tasks is given as a multiple of it.
 Each list flag is swept on its own around the first values (-cross: every
 combination).
-With -compare REF (backlog, rate and idle modes), every point is run for
-REF and for -dispatcher (default: this binary) in turn, REF first, as
-many pairs as -compare-pairs; REF is a dispatcher binary's path, or a
+With -compare REF (backlog, rate, idle and ingress modes; ingress needs
+a REF that has the AMQP ingress), every point is run for REF and for
+-dispatcher (default: this binary) in turn, REF first, as many pairs as
+-compare-pairs; REF is a dispatcher binary's path, or a
 commit, branch or tag of the git repository around the working directory
 (or a version its RELEASES lists), built with git archive and the go on
 PATH in a temporary directory removed at the end. The table gives each
@@ -418,6 +451,26 @@ Figures:
                    (the JSON has each instance's too); backlog: whole life,
                    rate and idle: from ready on
   peak RSS         the largest VmHWM of the instances
+Ingress figures:
+  ingest/s         tasks written to Redis per second: first to last
+                   ingest, each task's ingest time being the Redis clock
+                   reading its instance took before the batch's write
+                   (x-due-ms minus x-delay at the consumer); of the
+                   ceiling: against the ceiling's received/s
+  publish/s        the publisher's confirms per second, first publish to
+                   last confirm
+  to Redis         publish to the task seen in Redis: one message in k
+                   (k = rate/500, at least 1; paced points only) is
+                   looked for with ZSCORE on its pending set every 1 ms
+                   from its publish; the time of the first poll that
+                   finds it, so late by up to about 1 ms; the ZSCOREs are
+                   left out of the Redis counts (not of Redis CPU)
+  to ingest        publish to the ingress's clock reading before the
+                   batch's write, every message (the ingest time above
+                   minus the publish time, Redis clock; truncated to the
+                   ms): short of "to Redis" by the write's round trip
+  dispatch, consumer, Redis cmds/task, CPU: as above, per task ingested
+                   and dispatched (ingest and dispatch together)
 Redis figures include other clients' commands: a note says when any were
 active. -redis may be any DISPATCHER_REDIS_URL (redis://, redis+cluster://,
 redis+sentinel://, with s for TLS); on a cluster, the Redis figures are

@@ -39,7 +39,7 @@ func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
 		"-prefetch 70000":             `-prefetch 70000`,
 		"-autoack -prefetch 5":        `-prefetch 5 with -autoack`,
 		"stray":                       `unexpected argument "stray"`,
-		"-mode scale,fast":            `-mode "scale,fast": want backlog, rate, idle, burst, memory or scale`,
+		"-mode scale,fast":            `-mode "scale,fast": want backlog, rate, idle, burst, memory, scale or ingress`,
 		"-cpu-cap -0.5":               `-cpu-cap -0.5: must be 0 (no cap) or a share of one core up to 64`,
 		"-cpu-cap NaN":                `-cpu-cap NaN`,
 		"-cpu-cap 0.05":               `-cpu-cap 0.05 with -cpu-period 10ms: a quota of 500 µs, under the kernel's minimum of 1000 µs; give a -cpu-period of at least 20ms`,

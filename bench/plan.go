@@ -70,6 +70,13 @@ func (p Point) String() string {
 	case modeRate:
 		return fmt.Sprintf("rate %s/s%s instances=%d shards=%d batch=%d size=%d%s",
 			thousands(p.Rate), p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size, p.formText())
+	case modeIngress:
+		if p.Rate == 0 {
+			return fmt.Sprintf("ingress max N=%s instances=%d shards=%d batch=%d size=%d",
+				thousands(p.Backlog), p.Instances, p.Shards, p.Batch, p.Size)
+		}
+		return fmt.Sprintf("ingress %s/s instances=%d shards=%d batch=%d size=%d",
+			thousands(p.Rate), p.Instances, p.Shards, p.Batch, p.Size)
 	case modeScale:
 		return fmt.Sprintf("scale%s instances=%d shards=%d batch=%d size=%d%s",
 			p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size, p.formText())
@@ -111,6 +118,13 @@ func plan(o *Options) []Point {
 			dims = [][]int{o.Instances, o.Shards, queuesOr1(o.Queues)}
 		case modeScale:
 			dims = [][]int{o.Instances, o.Shards, o.Batches, o.Sizes, queuesOr1(o.Queues), idsOf(o.IDs)}
+		case modeIngress:
+			// Rate 0 is the max-ingest point; tasks always have an id.
+			rates := slices.Clone(o.Rates)
+			if o.IngressMax > 0 {
+				rates = append(rates, 0)
+			}
+			dims = [][]int{rates, o.Instances, o.Shards, o.Batches, o.Sizes, {1}}
 		}
 		if mode == modeIdle {
 			// First Redis's load with no instance at all: what the idle
@@ -135,13 +149,18 @@ func plan(o *Options) []Point {
 				p.Rate, p.Instances, p.Shards, p.Batch, p.Size, p.Queues = c[0], c[1], c[2], c[3], c[4], c[5]
 			case modeScale:
 				p.Instances, p.Shards, p.Batch, p.Size, p.Queues = c[0], c[1], c[2], c[3], c[4]
+			case modeIngress:
+				p.Rate, p.Instances, p.Shards, p.Batch, p.Size = c[0], c[1], c[2], c[3], c[4]
+				if p.Rate == 0 {
+					p.Backlog = o.IngressMax
+				}
 			case modeIdle:
 				p.Instances, p.Shards, p.Queues = c[0], c[1], c[2]
 				p.Backlog, p.Batch, p.Size = o.IdleTasks, o.Batches[0], o.Sizes[0]
 			}
 			if mode != modeIdle {
 				p.IDs = c[len(c)-1] == 1
-				p.Props = p.IDs && o.Props
+				p.Props = p.IDs && o.Props && mode != modeIngress
 			}
 			out = append(out, p)
 		}

@@ -47,6 +47,13 @@ type recorder struct {
 	ids, props bool
 	idBuf      []byte // consumer goroutine's scratch
 	traceBuf   []byte
+	// ingress: the tasks came through the AMQP ingress (ingress mode):
+	// each message's message_id and x-task-id are its task's id, and its
+	// x-delay header is delayMs as published; dueByIndex keeps each
+	// task's due time (ms, 0 until it arrives) by its index.
+	ingress    bool
+	delayMs    int64
+	dueByIndex []int64
 
 	unique, dups, unexpected, malformed, badID, early atomic.Int64
 	// badTaskID counts deliveries whose x-task-id is not their task's id
@@ -56,6 +63,10 @@ type recorder struct {
 	// unstamped counts first deliveries without x-published-us.
 	unstamped       atomic.Int64
 	firstNs, lastNs atomic.Int64
+	// brokerStamped counts ingress deliveries that carry timestamp_in_ms:
+	// the broker's receipt time, which the ingress takes as the base of
+	// the due time instead of its own clock reading.
+	brokerStamped atomic.Int64
 }
 
 // noStamp marks a first delivery without x-published-us in disp.
@@ -79,6 +90,13 @@ func (r *recorder) keepDue() { r.dueMs = make([]int64, 0, r.expected) }
 // when props; call before anything is recorded.
 func (r *recorder) expectIDs(props bool) { r.ids, r.props = true, props }
 
+// expectIngress says that the tasks came through the AMQP ingress, each
+// published with x-delay delayMs; call before anything is recorded.
+func (r *recorder) expectIngress(delayMs int64) {
+	r.ids, r.ingress, r.delayMs = true, true, delayMs
+	r.dueByIndex = make([]int64, r.expected)
+}
+
 // record takes one delivery received at now.
 func (r *recorder) record(d *amqp.Delivery, now time.Time) {
 	i, ok := memberIndex(d.Body)
@@ -96,13 +114,28 @@ func (r *recorder) record(d *amqp.Delivery, now time.Time) {
 		member = r.idBuf
 		if !hasID || gotID != string(r.idBuf) || (r.props && !r.propsArrived(d, i)) {
 			r.badTaskID.Add(1)
+		} else if delay, ok := intHeader(d.Headers, "x-delay"); r.ingress && (!ok || delay != r.delayMs) {
+			r.badTaskID.Add(1) // the producer's header did not arrive as sent
 		}
 	} else if _, ok := d.Headers["x-task-id"]; ok {
 		r.badTaskID.Add(1)
 	}
-	hash, okHash := idHash(d.MessageId)
-	if !okHash || hash != shard.Hash(member) {
-		r.badID.Add(1)
+	var hash uint64
+	if r.ingress {
+		// The producer's message_id, kept as it was.
+		hash = shard.Hash(member)
+		if d.MessageId != string(member) {
+			r.badID.Add(1)
+		}
+		if _, ok := d.Headers["timestamp_in_ms"]; ok {
+			r.brokerStamped.Add(1)
+		}
+	} else {
+		h, ok := idHash(d.MessageId)
+		if !ok || h != shard.Hash(member) {
+			r.badID.Add(1)
+		}
+		hash = h
 	}
 	if i >= r.expected {
 		r.unexpected.Add(1)
@@ -126,6 +159,9 @@ func (r *recorder) record(d *amqp.Delivery, now time.Time) {
 	}
 	if r.dueMs != nil {
 		r.dueMs = append(r.dueMs, due)
+	}
+	if r.dueByIndex != nil {
+		r.dueByIndex[i] = due
 	}
 	r.shardOf = append(r.shardOf, uint16(hash%uint64(r.shards)))
 	ns := now.UnixNano()

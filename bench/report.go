@@ -85,6 +85,9 @@ func writeTables(w io.Writer, rep *Report) {
 			}
 		})
 	}
+	if rs := results(rep, modeIngress); len(rs) > 0 {
+		writeIngress(w, rs, consumer)
+	}
 	if len(rep.Scale) > 0 {
 		writeScale(w, rep, consumer)
 	}
@@ -157,7 +160,7 @@ func writeTables(w io.Writer, rep *Report) {
 							fmtPct(pu.CPUPercent), itoa(pu.OtherClients))
 					}
 				}
-				for _, mode := range []string{modeBacklog, modeRate, modeBurst} {
+				for _, mode := range []string{modeBacklog, modeRate, modeIngress, modeBurst} {
 					for _, r := range results(rep, mode) {
 						row(r.Point, r.Redis)
 					}
@@ -491,4 +494,56 @@ func throttleOf(f *Floor) []Throttle {
 		return nil
 	}
 	return []Throttle{*f.Throttle}
+}
+
+// writeIngress is ingress mode's table.
+func writeIngress(w io.Writer, rs []*Result, consumer string) {
+	delay := "-"
+	for _, r := range rs {
+		if r.Ingress != nil {
+			delay = time.Duration(r.Ingress.DelayMs * int64(time.Millisecond)).String()
+		}
+	}
+	fmt.Fprintf(w, "\nIngress: messages published to the queue's ingress exchange with x-delay %s, as to the delayed-message plugin (one confirm-mode channel, persistent, mandatory, message_id set), paced at the rate or (max) as fast as the broker confirms them; the instances write each to Redis as a task with an id and publish it at its due time. ingest/s: tasks written to Redis per second, first to last ingest (the Redis clock reading before each batch's write); to Redis: publish to the task seen in Redis by a poll every 1 ms of one message in k; to ingest: publish to that clock reading, every message; lateness, Redis and CPU figures as in rate mode, for ingest and dispatch together%s\n\n",
+		delay, consumer)
+	table(w, []string{"point", "instances", "shards", "batch", "size B", "ingress queue", "prefetch", "messages", "published/s", "ingest/s", "ceiling/s", "ingest / ceiling",
+		"to Redis p50 / p99 / max ms", "1 in k", "to ingest p50 / p99 / max ms", "dispatch p50 / p99 / p99.9 / max ms", "consumer p50 / p99 / p99.9 / max ms",
+		"Redis cmds/task", "CPU s/10k tasks", "Redis CPU s/10k tasks", "dups", "missing"},
+		func(add func(...string)) {
+			for _, r := range rs {
+				g := r.Ingress
+				if g == nil {
+					continue
+				}
+				point, k := thousands(r.Rate)+"/s", itoa(g.SampleEvery)
+				if g.Max {
+					point, k = "max", "-"
+				}
+				ingest, ratio := "-", "-"
+				if g.IngestPerSec > 0 {
+					ingest, ratio = thousands(int(g.IngestPerSec)), fmt.Sprintf("%.2f", r.Ratio)
+				}
+				add(point, itoa(r.Instances), itoa(r.Shards), itoa(r.Batch), itoa(r.Size), g.QueueType, itoa(g.Prefetch), thousands(g.Published),
+					thousands(int(g.PublishPerSec)), ingest, thousands(int(r.Ceiling)), ratio,
+					latShort(g.ToRedis), k, latShort(g.ToIngest), latCell(r.DispatchLateness), latCell(&r.Lateness),
+					fmt.Sprintf("%.2f", r.CmdsPerTask), fmt.Sprintf("%.2f", r.CPUPer10k), fmtOpt(r.RedisCPUPer10k, "%.2f"),
+					thousands(int(r.Duplicates)), thousands(r.Missing))
+			}
+		})
+	var notes []string
+	for _, r := range rs {
+		g := r.Ingress
+		if g == nil {
+			continue
+		}
+		if g.Unseen > 0 || g.PollErrors > 0 {
+			notes = append(notes, fmt.Sprintf("%s: the poll never found %d of the messages it followed (claimed first, or the run ended); %d polls failed", r.Point, g.Unseen, g.PollErrors))
+		}
+		if g.BrokerStamped > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %s deliveries carried timestamp_in_ms (the broker's receipt time, which the ingress takes as the base of the due time): ingest/s and to ingest not measured", r.Point, thousands(int(g.BrokerStamped))))
+		}
+	}
+	for _, n := range notes {
+		fmt.Fprintf(w, "\nNote: %s.\n", n)
+	}
 }

@@ -126,6 +126,8 @@ type Result struct {
 
 	// Burst is a burst point's own figures.
 	Burst *BurstResult `json:"burst,omitempty"`
+	// Ingress is an ingress point's own figures.
+	Ingress *IngressResult `json:"ingress,omitempty"`
 
 	Errors []string `json:"errors,omitempty"`
 }
