@@ -38,8 +38,11 @@ const (
 // IngressResult is an ingress point's own figures.
 type IngressResult struct {
 	// Max: published as fast as the broker confirmed, Window unconfirmed
-	// at most; else paced at the point's rate.
+	// at most; else paced at the point's rate. Drain: all of them before
+	// the instances started, so that the ingest is the drain of a backlog
+	// in the ingress queue.
 	Max       bool   `json:"max"`
+	Drain     bool   `json:"drain,omitempty"`
 	Window    int    `json:"window"`
 	DelayMs   int64  `json:"delay_ms"`   // every message's x-delay
 	Exchange  string `json:"exchange"`   // the ingress exchange
@@ -145,61 +148,88 @@ func (r *runner) runIngress(ctx context.Context, p Point) (*Result, error) {
 	defer m.close()
 	g := m.ingress
 	res := m.res
-	ir := &IngressResult{Max: p.Rate == 0, Window: max(c.Window, 1), DelayMs: m.rec.delayMs, Exchange: g.exchange,
+	ir := &IngressResult{Max: p.Rate == 0, Drain: p.Drain, Window: max(c.Window, 1), DelayMs: m.rec.delayMs, Exchange: g.exchange,
 		QueueType: g.queueType, Prefetch: g.prefetch}
 	res.Ingress = ir
-	if m.fleet, err = startFleet(ctx, m.spec(), p.Instances); err != nil {
-		return res, err
-	}
-	if err := m.fleet.waitReady(ctx); err != nil {
-		return res, err
-	}
-	if !sleepCtx(ctx, warmUp) {
-		return res, ctx.Err()
-	}
-	cpu0, err := m.startUsage()
-	if err != nil {
-		return res, err
-	}
-	before, err := readCmdStats(ctx, r.rdb)
-	if err != nil {
-		return res, err
-	}
-
-	var poll *redisPoller
-	pollDone := make(chan struct{})
-	stopPoll := make(chan struct{})
-	if p.Rate > 0 {
-		ir.SampleEvery = sampleEvery(p.Rate)
-		poll = newRedisPoller(r.rdb, m.keys, p.Shards, ir.SampleEvery)
-		go func() { defer close(pollDone); poll.run(ctx, stopPoll) }()
-	} else {
-		close(pollDone)
-	}
 	pub := &ingressPublisher{r: r, exchange: g.exchange, key: m.queues[0], size: p.Size, delayMs: ir.DelayMs,
-		rate: p.Rate, total: total, window: ir.Window, poll: poll}
-	began := time.Now()
-	done := make(chan error, 1)
-	waitCtx, stopWaiting := context.WithCancel(ctx)
-	defer stopWaiting()
-	go func() {
-		err := pub.run(ctx)
-		if err != nil {
-			stopWaiting() // what was not published will not come
+		rate: p.Rate, total: total, window: ir.Window}
+	var poll *redisPoller
+	var before redisSnap
+	var cpu0 []float64
+	var began time.Time
+	if p.Drain {
+		// The backlog first, in the ingress queue declared as the
+		// instances declare it; the instances' CPU counts from their start.
+		if err := declareIngress(m.sink.conn, m.queues[0], g); err != nil {
+			return res, err
 		}
-		done <- err
-	}()
-	waitErr := m.wait(waitCtx, func() string {
-		return fmt.Sprintf(", %s published, %s confirmed", thousands(int(pub.published.Load())), thousands(int(pub.acked.Load())))
-	})
-	pubErr := <-done
-	close(stopPoll)
-	<-pollDone
-	if pubErr != nil {
-		return res, pubErr
-	}
-	if waitErr != nil {
-		return res, waitErr
+		stop := r.prog.start(func() string {
+			return fmt.Sprintf("%s: %s/%s published, %s confirmed", p, thousands(int(pub.published.Load())), thousands(total), thousands(int(pub.acked.Load())))
+		})
+		err := pub.run(ctx)
+		stop()
+		if err != nil {
+			return res, err
+		}
+		if before, err = readCmdStats(ctx, r.rdb); err != nil {
+			return res, err
+		}
+		began = time.Now()
+		if m.fleet, err = startFleet(ctx, m.spec(), p.Instances); err != nil {
+			return res, err
+		}
+		if err := m.wait(ctx, nil); err != nil {
+			return res, err
+		}
+	} else {
+		if m.fleet, err = startFleet(ctx, m.spec(), p.Instances); err != nil {
+			return res, err
+		}
+		if err := m.fleet.waitReady(ctx); err != nil {
+			return res, err
+		}
+		if !sleepCtx(ctx, warmUp) {
+			return res, ctx.Err()
+		}
+		if cpu0, err = m.startUsage(); err != nil {
+			return res, err
+		}
+		if before, err = readCmdStats(ctx, r.rdb); err != nil {
+			return res, err
+		}
+		pollDone := make(chan struct{})
+		stopPoll := make(chan struct{})
+		if p.Rate > 0 {
+			ir.SampleEvery = sampleEvery(p.Rate)
+			poll = newRedisPoller(r.rdb, m.keys, p.Shards, ir.SampleEvery)
+			pub.poll = poll
+			go func() { defer close(pollDone); poll.run(ctx, stopPoll) }()
+		} else {
+			close(pollDone)
+		}
+		began = time.Now()
+		done := make(chan error, 1)
+		waitCtx, stopWaiting := context.WithCancel(ctx)
+		defer stopWaiting()
+		go func() {
+			err := pub.run(ctx)
+			if err != nil {
+				stopWaiting() // what was not published will not come
+			}
+			done <- err
+		}()
+		waitErr := m.wait(waitCtx, func() string {
+			return fmt.Sprintf(", %s published, %s confirmed", thousands(int(pub.published.Load())), thousands(int(pub.acked.Load())))
+		})
+		pubErr := <-done
+		close(stopPoll)
+		<-pollDone
+		if pubErr != nil {
+			return res, pubErr
+		}
+		if waitErr != nil {
+			return res, waitErr
+		}
 	}
 	var own []cmdStats
 	if poll != nil {
@@ -438,6 +468,17 @@ func (p *redisPoller) commands() []cmdStats {
 		out[s] = cmdStats{"zscore": n}
 	}
 	return out
+}
+
+// declareIngress declares queue NAME's ingress exchange and queue as its
+// instances will (ingress.Declare).
+func declareIngress(conn *amqp.Connection, queue string, g *ingressSpec) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("declare the ingress: %w", err)
+	}
+	defer ch.Close()
+	return ingress.New(nil, nil, ingress.Options{Queue: queue, Exchange: g.exchange, QueueType: g.queueType}).Declare(ch)
 }
 
 // deleteIngress deletes queue NAME's ingress queue and exchange, once the

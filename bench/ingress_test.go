@@ -87,7 +87,7 @@ func TestRecorderIngress(t *testing.T) {
 }
 
 func TestPlanIngress(t *testing.T) {
-	o, err := parseOptions([]string{"-mode", "rate,ingress", "-rate", "2000,4000", "-ingress-max", "50k", "-ids", "on", "-props"}, io.Discard)
+	o, err := parseOptions([]string{"-mode", "rate,ingress", "-rate", "2000,4000", "-ingress-max", "50k", "-ingress-drain", "-ids", "on", "-props"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +104,7 @@ func TestPlanIngress(t *testing.T) {
 		"ingress 2,000/s instances=1 shards=16 batch=500 size=200",
 		"ingress 4,000/s instances=1 shards=16 batch=500 size=200",
 		"ingress max N=50,000 instances=1 shards=16 batch=500 size=200",
+		"ingress drain N=50,000 instances=1 shards=16 batch=500 size=200",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -116,11 +117,13 @@ func TestPlanIngress(t *testing.T) {
 		t.Errorf("no ingress mode: %v, %+v", err, o)
 	}
 	for args, want := range map[string]string{
-		"-mode ingress -ingress-max -1":       "-ingress-max -1: must be 0 (no max-ingest point) to 100000000",
-		"-mode ingress -ingress-max 2e8":      "-ingress-max 200000000: must be 0 (no max-ingest point) to 100000000",
-		"-mode ingress -ingress-prefetch 0":   "-ingress-prefetch 0: must be 1 to 65535",
-		"-mode ingress -ingress-prefetch 7e4": "invalid value",
-		"-mode ingress -ingress-max x":        `-ingress-max "x": x: not a count`,
+		"-mode ingress -ingress-max -1":               "-ingress-max -1: must be 0 (no max-ingest point) to 100000000",
+		"-mode ingress -ingress-max 2e8":              "-ingress-max 200000000: must be 0 (no max-ingest point) to 100000000",
+		"-mode ingress -ingress-prefetch 0":           "-ingress-prefetch 0: must be 1 to 65535",
+		"-mode ingress -ingress-prefetch 7e4":         "invalid value",
+		"-ingress-drain":                              "-ingress-drain: the drain is of the -ingress-max messages",
+		"-mode ingress -ingress-max 0 -ingress-drain": "-ingress-drain: the drain is of the -ingress-max messages",
+		"-mode ingress -ingress-max x":                `-ingress-max "x": x: not a count`,
 	} {
 		if _, err := parseOptions(strings.Fields(args), io.Discard); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", args, err, want)
@@ -162,7 +165,7 @@ func TestIngressTable(t *testing.T) {
 // exchange are removed with the rest.
 func TestBenchIngress(t *testing.T) {
 	jsonPath := filepath.Join(t.TempDir(), "bench.json")
-	code, stdout, stderr := runBench(t, "-mode", "ingress", "-rate", "500", "-duration", "2s", "-ingress-max", "3000",
+	code, stdout, stderr := runBench(t, "-mode", "ingress", "-rate", "500", "-duration", "2s", "-ingress-max", "3000", "-ingress-drain",
 		"-instances", "2", "-shards", "4", "-batch", "200", "-size", "100", "-queue-type", "transient",
 		"-ceiling-count", "2000", "-ceiling-window", "300", "-stall", "20s", "-json", jsonPath, "-dispatcher", binary)
 	t.Logf("stdout:\n%s", stdout)
@@ -170,20 +173,20 @@ func TestBenchIngress(t *testing.T) {
 		t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
 	}
 	for _, want := range []string{"| point | instances | shards |", "| 500/s | 2 | 4 | 200 | 100 | classic | 256 | 1,000 |",
-		"| max | 2 | 4 | 200 | 100 | classic | 256 | 3,000 |", "x-delay 1s"} {
+		"| max | 2 | 4 | 200 | 100 | classic | 256 | 3,000 |", "| drain | 2 | 4 | 200 | 100 | classic | 256 | 3,000 |", "x-delay 1s"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("tables lack %q", want)
 		}
 	}
 	rep := readReport(t, jsonPath)
-	if len(rep.Failures) != 0 || len(rep.Results) != 2 || len(rep.Ceilings) != 1 {
+	if len(rep.Failures) != 0 || len(rep.Results) != 3 || len(rep.Ceilings) != 1 {
 		t.Fatalf("failures %q, %d results, %d ceilings", rep.Failures, len(rep.Results), len(rep.Ceilings))
 	}
-	paced, maxed := rep.Results[0], rep.Results[1]
+	paced, maxed, drained := rep.Results[0], rep.Results[1], rep.Results[2]
 	for _, c := range []struct {
 		r    *Result
 		want int
-	}{{paced, 1000}, {maxed, 3000}} {
+	}{{paced, 1000}, {maxed, 3000}, {drained, 3000}} {
 		r, g := c.r, c.r.Ingress
 		if r.Scheduled != c.want || r.Delivered != c.want || r.Missing != 0 || r.Duplicates != 0 || r.Unexpected != 0 ||
 			r.Early != 0 || r.BadID != 0 || r.BadTaskID != 0 || r.Malformed != 0 || len(r.Errors) != 0 {
@@ -206,10 +209,15 @@ func TestBenchIngress(t *testing.T) {
 		g.PollCommands < 1000 || paced.Redis.Subtracted["zscore"] != g.PollCommands {
 		t.Errorf("paced: %+v, subtracted %v", g, paced.Redis.Subtracted)
 	}
-	if g := maxed.Ingress; !g.Max || g.ToRedis != nil || g.Window != 300 {
+	if g := maxed.Ingress; !g.Max || g.Drain || g.ToRedis != nil || g.Window != 300 {
 		t.Errorf("max: %+v", g)
 	}
-	assertCleanedUp(t, rep.RunID, paced.Name, maxed.Name)
+	// The drain's messages were all confirmed before the instances
+	// started: each waited in the ingress queue at least the start.
+	if g := drained.Ingress; !g.Max || !g.Drain || g.ToRedis != nil || !drained.Drain || g.ToIngest.Min <= 0 {
+		t.Errorf("drain: %+v", g)
+	}
+	assertCleanedUp(t, rep.RunID, paced.Name, maxed.Name, drained.Name)
 	conn := testenv.AMQP(t)
 	for _, r := range rep.Results {
 		ch, err := conn.Channel()

@@ -100,8 +100,9 @@ type Options struct {
 	// IngressMax is the messages of ingress mode's max-ingest point,
 	// published as fast as the broker confirms them (0: no such point);
 	// IngressPrefetch each instance's DISPATCHER_QUEUE_<NAME>_INGRESS_PREFETCH.
-	IngressMax      int `json:"ingress_max,omitempty"`
-	IngressPrefetch int `json:"ingress_prefetch,omitempty"`
+	IngressMax      int  `json:"ingress_max,omitempty"`
+	IngressPrefetch int  `json:"ingress_prefetch,omitempty"`
+	IngressDrain    bool `json:"ingress_drain,omitempty"`
 
 	Stall    Duration `json:"stall"`
 	JSONPath string   `json:"-"`
@@ -170,6 +171,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	fs.DurationVar(&ahead, "ahead", time.Second, "rate mode: how long before its due time each task is ZADDed (the producer sends every 5ms what falls within this); ingress mode: every message's x-delay")
 	var ingressMax string
 	fs.StringVar(&ingressMax, "ingress-max", "100000", "ingress mode: after the -rate points, a max-ingest point: this many messages published as fast as the broker confirms them, with the ceiling's best window of unconfirmed ones (0: none)")
+	fs.BoolVar(&o.IngressDrain, "ingress-drain", false, "ingress mode: after the max-ingest point, a drain point: the -ingress-max messages all published before the instances start, then ingested from the ingress queue's backlog (the ingress alone, without the publisher)")
 	fs.IntVar(&o.IngressPrefetch, "ingress-prefetch", config.DefaultIngressPrefetch, "ingress mode: each instance's DISPATCHER_QUEUE_<NAME>_INGRESS_PREFETCH, the deliveries it holds unacked and writes to Redis in one round trip at most")
 	fs.BoolVar(&o.Wake, "wake", false, "rate mode: after each ZADD, PUBLISH the wake-up the Go producer sends (P:{Q}:wake due:<i>:<due_ms>), for tasks scheduled at short notice")
 	fs.DurationVar(&burstLead, "burst-lead", 0, "burst mode: the due time is this far ahead of the start of the load (default 10s plus 1s per 50,000 tasks)")
@@ -339,6 +341,9 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 		// Reports of runs without ingress points stay as they were.
 		o.IngressMax, o.IngressPrefetch = 0, 0
 	}
+	if o.IngressDrain && o.IngressMax == 0 {
+		return nil, errors.New("-ingress-drain: the drain is of the -ingress-max messages; give -mode ingress and -ingress-max above 0")
+	}
 	if err := o.checkCompare(fs, modes); err != nil {
 		return nil, err
 	}
@@ -399,7 +404,9 @@ Modes:
            mandatory, message_id t<index>, header x-delay = -ahead in ms.
            One point per -rate, paced over -duration, then (-ingress-max
            N) N messages as fast as the broker confirms them, with the
-           ceiling's best window unconfirmed at most. The ceiling is
+           ceiling's best window unconfirmed at most; -ingress-drain
+           adds a point whose N are all published before the instances
+           start: the ingress alone drains the backlog. The ceiling is
            measured first, as in backlog mode. The consumer checks every
            task once, its message_id, x-task-id and x-delay.
 With -cpu-cap C each instance runs in a cgroup of its own capped at C of

@@ -18,6 +18,9 @@ type Point struct {
 	Batch     int    `json:"batch,omitempty"`
 	Size      int    `json:"size"`
 	MaxRate   int    `json:"max_rate,omitempty"` // the queue's MAX_RATE (burst)
+	// Drain: an ingress point whose Backlog messages are all published
+	// before the instances start (-ingress-drain).
+	Drain bool `json:"drain,omitempty"`
 	// IDs: tasks are scheduled by id (-ids), with properties when Props
 	// (-props); else as plain members.
 	IDs   bool `json:"ids,omitempty"`
@@ -71,6 +74,10 @@ func (p Point) String() string {
 		return fmt.Sprintf("rate %s/s%s instances=%d shards=%d batch=%d size=%d%s",
 			thousands(p.Rate), p.queuesText(), p.Instances, p.Shards, p.Batch, p.Size, p.formText())
 	case modeIngress:
+		if p.Drain {
+			return fmt.Sprintf("ingress drain N=%s instances=%d shards=%d batch=%d size=%d",
+				thousands(p.Backlog), p.Instances, p.Shards, p.Batch, p.Size)
+		}
 		if p.Rate == 0 {
 			return fmt.Sprintf("ingress max N=%s instances=%d shards=%d batch=%d size=%d",
 				thousands(p.Backlog), p.Instances, p.Shards, p.Batch, p.Size)
@@ -119,10 +126,14 @@ func plan(o *Options) []Point {
 		case modeScale:
 			dims = [][]int{o.Instances, o.Shards, o.Batches, o.Sizes, queuesOr1(o.Queues), idsOf(o.IDs)}
 		case modeIngress:
-			// Rate 0 is the max-ingest point; tasks always have an id.
+			// Rate 0 is the max-ingest point, -1 the drain; tasks always
+			// have an id.
 			rates := slices.Clone(o.Rates)
 			if o.IngressMax > 0 {
 				rates = append(rates, 0)
+				if o.IngressDrain {
+					rates = append(rates, -1)
+				}
 			}
 			dims = [][]int{rates, o.Instances, o.Shards, o.Batches, o.Sizes, {1}}
 		}
@@ -151,8 +162,8 @@ func plan(o *Options) []Point {
 				p.Instances, p.Shards, p.Batch, p.Size, p.Queues = c[0], c[1], c[2], c[3], c[4]
 			case modeIngress:
 				p.Rate, p.Instances, p.Shards, p.Batch, p.Size = c[0], c[1], c[2], c[3], c[4]
-				if p.Rate == 0 {
-					p.Backlog = o.IngressMax
+				if p.Rate <= 0 {
+					p.Rate, p.Backlog, p.Drain = 0, o.IngressMax, p.Rate < 0
 				}
 			case modeIdle:
 				p.Instances, p.Shards, p.Queues = c[0], c[1], c[2]
