@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,10 @@ const (
 // IngressResult is an ingress point's own figures.
 type IngressResult struct {
 	// Max: published as fast as the broker confirmed, Window unconfirmed
-	// at most; else paced at the point's rate. Drain: all of them before
+	// at most (the largest -ceiling-window: with the ingress's and the
+	// dispatch's traffic on the broker, confirms take longer than in the
+	// ceiling's runs, and a small window held the publisher back); else
+	// paced at the point's rate. Drain: all of them before
 	// the instances started, so that the ingest is the drain of a backlog
 	// in the ingress queue.
 	Max       bool   `json:"max"`
@@ -148,7 +152,7 @@ func (r *runner) runIngress(ctx context.Context, p Point) (*Result, error) {
 	defer m.close()
 	g := m.ingress
 	res := m.res
-	ir := &IngressResult{Max: p.Rate == 0, Drain: p.Drain, Window: max(c.Window, 1), DelayMs: m.rec.delayMs, Exchange: g.exchange,
+	ir := &IngressResult{Max: p.Rate == 0, Drain: p.Drain, Window: slices.Max(r.opt.CeilingWindows), DelayMs: m.rec.delayMs, Exchange: g.exchange,
 		QueueType: g.queueType, Prefetch: g.prefetch}
 	res.Ingress = ir
 	pub := &ingressPublisher{r: r, exchange: g.exchange, key: m.queues[0], size: p.Size, delayMs: ir.DelayMs,

@@ -140,14 +140,14 @@ func TestIngressTable(t *testing.T) {
 				ToRedis: d(1.5, 12, 30), SampleEvery: 4, ToIngest: d(1.1, 11, 29), Unseen: 2}},
 		{Point: Point{Mode: modeIngress, Backlog: 100000, Instances: 2, Shards: 8, Batch: 500, Size: 200, IDs: true}, Delivered: 100000,
 			Ceiling: 20000, Ratio: 0.6, Lateness: *d(2, 9, 20),
-			Ingress: &IngressResult{Max: true, DelayMs: 1000, QueueType: "classic", Prefetch: 256, Published: 100000, PublishPerSec: 13000,
+			Ingress: &IngressResult{Max: true, Window: 3000, DelayMs: 1000, QueueType: "classic", Prefetch: 256, Published: 100000, PublishPerSec: 13000,
 				IngestPerSec: 12000, ToIngest: d(100, 900, 1000)}},
 	}
 	var b bytes.Buffer
 	writeIngress(&b, rs, "")
 	out := b.String()
 	for _, want := range []string{
-		"with x-delay 1s",
+		"with x-delay 1s", "up to 3,000 unconfirmed",
 		"| 2,000/s | 2 | 8 | 500 | 200 | classic | 256 | 40,000 | 2,000 | 2,000 | 20,000 | 0.10 | 1.50 / 12.0 / 30.0 | 4 | 1.10 / 11.0 / 29.0 | 1.00 / 5.00 / 10.0 / 10.0 | 2.00 / 9.00 / 20.0 / 20.0 | 7.50 | 3.00 | - | 0 | 0 |",
 		"| max | 2 | 8 | 500 | 200 | classic | 256 | 100,000 | 13,000 | 12,000 | 20,000 | 0.60 | - | - | 100 / 900 / 1,000 | - |",
 		"Note: ingress 2,000/s instances=2 shards=8 batch=500 size=200: the poll never found 2 of the messages it followed",
@@ -203,6 +203,7 @@ func TestBenchIngress(t *testing.T) {
 		}
 		checkViews(t, rep.DispatcherStamps, r)
 	}
+	// The max point publishes with the largest -ceiling-window.
 	// One in 1 of the paced point's messages followed into Redis; the
 	// poll's ZSCOREs are the bench's own, taken out of the counts.
 	if g := paced.Ingress; g.Max || g.SampleEvery != 1 || g.ToRedis == nil || g.ToRedis.Count+g.Unseen != 1000 || g.Unseen > 10 ||

@@ -170,7 +170,7 @@ func parseOptions(args []string, stderr io.Writer) (*Options, error) {
 	var ahead time.Duration
 	fs.DurationVar(&ahead, "ahead", time.Second, "rate mode: how long before its due time each task is ZADDed (the producer sends every 5ms what falls within this); ingress mode: every message's x-delay")
 	var ingressMax string
-	fs.StringVar(&ingressMax, "ingress-max", "100000", "ingress mode: after the -rate points, a max-ingest point: this many messages published as fast as the broker confirms them, with the ceiling's best window of unconfirmed ones (0: none)")
+	fs.StringVar(&ingressMax, "ingress-max", "100000", "ingress mode: after the -rate points, a max-ingest point: this many messages published as fast as the broker confirms them, with the largest -ceiling-window of unconfirmed ones (0: none)")
 	fs.BoolVar(&o.IngressDrain, "ingress-drain", false, "ingress mode: after the max-ingest point, a drain point: the -ingress-max messages all published before the instances start, then ingested from the ingress queue's backlog (the ingress alone, without the publisher)")
 	fs.IntVar(&o.IngressPrefetch, "ingress-prefetch", config.DefaultIngressPrefetch, "ingress mode: each instance's DISPATCHER_QUEUE_<NAME>_INGRESS_PREFETCH, the deliveries it holds unacked and writes to Redis in one round trip at most")
 	fs.BoolVar(&o.Wake, "wake", false, "rate mode: after each ZADD, PUBLISH the wake-up the Go producer sends (P:{Q}:wake due:<i>:<due_ms>), for tasks scheduled at short notice")
@@ -404,7 +404,7 @@ Modes:
            mandatory, message_id t<index>, header x-delay = -ahead in ms.
            One point per -rate, paced over -duration, then (-ingress-max
            N) N messages as fast as the broker confirms them, with the
-           ceiling's best window unconfirmed at most; -ingress-drain
+           largest -ceiling-window unconfirmed at most; -ingress-drain
            adds a point whose N are all published before the instances
            start: the ingress alone drains the backlog. The ceiling is
            measured first, as in backlog mode. The consumer checks every

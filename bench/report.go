@@ -498,14 +498,15 @@ func throttleOf(f *Floor) []Throttle {
 
 // writeIngress is ingress mode's table.
 func writeIngress(w io.Writer, rs []*Result, consumer string) {
-	delay := "-"
+	delay, window := "-", 0
 	for _, r := range rs {
 		if r.Ingress != nil {
 			delay = time.Duration(r.Ingress.DelayMs * int64(time.Millisecond)).String()
+			window = r.Ingress.Window
 		}
 	}
-	fmt.Fprintf(w, "\nIngress: messages published to the queue's ingress exchange with x-delay %s, as to the delayed-message plugin (one confirm-mode channel, persistent, mandatory, message_id set), paced at the rate or (max) as fast as the broker confirms them, or (drain) all of them before the instances start; the instances write each to Redis as a task with an id and publish it at its due time. ingest/s: tasks written to Redis per second, first to last ingest (the Redis clock reading before each batch's write); to Redis: publish to the task seen in Redis by a poll every 1 ms of one message in k; to ingest: publish to that clock reading, every message; lateness, Redis and CPU figures as in rate mode, for ingest and dispatch together%s\n\n",
-		delay, consumer)
+	fmt.Fprintf(w, "\nIngress: messages published to the queue's ingress exchange with x-delay %s, as to the delayed-message plugin (one confirm-mode channel, persistent, mandatory, message_id set), paced at the rate or (max) as fast as the broker confirms them with up to %s unconfirmed, or (drain) all of them so before the instances start; the instances write each to Redis as a task with an id and publish it at its due time. ingest/s: tasks written to Redis per second, first to last ingest (the Redis clock reading before each batch's write); to Redis: publish to the task seen in Redis by a poll every 1 ms of one message in k; to ingest: publish to that clock reading, every message; lateness, Redis and CPU figures as in rate mode, for ingest and dispatch together%s\n\n",
+		delay, thousands(window), consumer)
 	table(w, []string{"point", "instances", "shards", "batch", "size B", "ingress queue", "prefetch", "messages", "published/s", "ingest/s", "ceiling/s", "ingest / ceiling",
 		"to Redis p50 / p99 / max ms", "1 in k", "to ingest p50 / p99 / max ms", "dispatch p50 / p99 / p99.9 / max ms", "consumer p50 / p99 / p99.9 / max ms",
 		"Redis cmds/task", "CPU s/10k tasks", "Redis CPU s/10k tasks", "dups", "missing"},
