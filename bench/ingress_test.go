@@ -203,13 +203,13 @@ func TestBenchIngress(t *testing.T) {
 		}
 		checkViews(t, rep.DispatcherStamps, r)
 	}
-	// The max point publishes with the largest -ceiling-window.
 	// One in 1 of the paced point's messages followed into Redis; the
 	// poll's ZSCOREs are the bench's own, taken out of the counts.
 	if g := paced.Ingress; g.Max || g.SampleEvery != 1 || g.ToRedis == nil || g.ToRedis.Count+g.Unseen != 1000 || g.Unseen > 10 ||
 		g.PollCommands < 1000 || paced.Redis.Subtracted["zscore"] != g.PollCommands {
 		t.Errorf("paced: %+v, subtracted %v", g, paced.Redis.Subtracted)
 	}
+	// The max point publishes with the largest -ceiling-window.
 	if g := maxed.Ingress; !g.Max || g.Drain || g.ToRedis != nil || g.Window != 300 {
 		t.Errorf("max: %+v", g)
 	}
