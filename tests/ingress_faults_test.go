@@ -149,7 +149,6 @@ func (f ingressFigures) String() string {
 		f.Redelivery.Milliseconds(), f.Early, f.NoDue, f.Foreign, f.WorstLate.Milliseconds(), f.LagP50.Milliseconds(), f.LagP99.Milliseconds(), f.LagMax.Milliseconds())
 }
 
-
 // ingressLookahead is DISPATCHER_LOOKAHEAD's default: a task is claimed
 // (and from then on a write of its id schedules another) at most this
 // long before its due time.
