@@ -160,7 +160,7 @@ test)
 	done
 	for mod in $(modules | grep -vx 'deploy/check'); do
 		log "go test -race ($mod)"
-		(cd "$mod" && go test -race -count=1 -timeout 25m "${@:2}" ./...)
+		(cd "$mod" && go test -race -count=1 -timeout 40m "${@:2}" ./...)
 	done
 	# goreleaser check, a snapshot build, RELEASES against CHANGELOG.md.
 	scripts/release-check.sh
