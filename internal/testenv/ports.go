@@ -96,6 +96,9 @@ func freePorts(n int) ([]int, error) {
 			}
 			continue
 		}
+		if browserRestricted(got) {
+			continue // a test's headless browser would refuse it (ERR_UNSAFE_PORT)
+		}
 		if !slices.Contains(ports, got) {
 			ports = append(ports, got)
 		}
@@ -148,3 +151,11 @@ func FreeAddr(t testing.TB) string {
 	}
 	return net.JoinHostPort("127.0.0.1", fmt.Sprint(ports[0]))
 }
+
+// browserRestrictedPorts are the ports above 1023 that Chromium refuses to
+// load a page from (net::ERR_UNSAFE_PORT; kRestrictedPorts in its
+// net/base/port_util.cc): a status page served on one cannot be tested.
+var browserRestrictedPorts = []int{1719, 1720, 1723, 2049, 3659, 4045, 4190, 5060, 5061, 6000, 6566,
+	6665, 6666, 6667, 6668, 6669, 6679, 6697, 10080}
+
+func browserRestricted(port int) bool { return slices.Contains(browserRestrictedPorts, port) }

@@ -195,3 +195,24 @@ func TestRabbitNodeStartsAfterPortsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// No drawn port is one a headless browser refuses to load a page from
+// (TestStatusPageFreshnessAxesThroughput failed in CI with
+// net::ERR_UNSAFE_PORT on a status page served on such a port). 5,000
+// draws hit one of them nearly every time without the filter.
+func TestFreePortsNoBrowserRestricted(t *testing.T) {
+	for _, p := range []int{6000, 6666, 10080} {
+		if !browserRestricted(p) {
+			t.Fatalf("port %d not known as restricted", p)
+		}
+	}
+	ports, err := freePorts(5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ports {
+		if browserRestricted(p) {
+			t.Fatalf("drew port %d, which Chromium refuses (ERR_UNSAFE_PORT)", p)
+		}
+	}
+}
