@@ -92,8 +92,8 @@ func (p *progress) unacked() []string {
 }
 
 // earlyAcks gathers what an instance acks: the confirmed tasks of batches
-// still publishing, once they waited partialAckAfter, and the rest of
-// each batch once it is settled. A timer of its own sends them, all
+// still publishing, and the rest of each batch once it is settled. A
+// timer of its own, armed by the first of them after a flush, sends them all
 // shards' in one call (one per shard on Redis Cluster), at most
 // partialAckAfter after they were confirmed: not at the batch's next
 // publish, which for a batch claimed ahead may be most of the look-ahead
