@@ -93,8 +93,8 @@ func (p *progress) unacked() []string {
 
 // earlyAcks gathers what an instance acks: the confirmed tasks of batches
 // still publishing, and the rest of each batch once it is settled. A
-// timer of its own, armed by the first of them after a flush, sends them all
-// shards' in one call (one per shard on Redis Cluster), at most
+// timer of its own, armed by the first of them after a flush, sends them,
+// every shard's in one call (one per shard on Redis Cluster), at most
 // partialAckAfter after they were confirmed: not at the batch's next
 // publish, which for a batch claimed ahead may be most of the look-ahead
 // away, and not one call per batch and shard, whose fixed cost would be
