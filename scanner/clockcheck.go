@@ -52,7 +52,7 @@ type reading struct {
 	serverUs int64     // what it read, µs
 	sentUs   int64     // local µs at which its request was sent: it was taken after
 	busy     bool      // a TIME is on its way
-	lastTIME time.Time // when this instance's last TIME to it was sent
+	lastTIME time.Time // when this instance's last TIME to it was (to be) sent
 	shards   map[int]bool
 }
 
@@ -88,7 +88,9 @@ func (c *clockCheck) due(i int, dueUs, heldUs int64) bool {
 	if !r.busy && !c.stopped {
 		r.busy = true
 		c.readers.Add(1)
-		go c.read(i, addr, cl, err, r, time.Until(r.lastTIME.Add(c.gap)))
+		wait := max(time.Until(r.lastTIME.Add(c.gap)), 0)
+		r.lastTIME = time.Now().Add(wait) // when this one goes
+		go c.read(i, addr, cl, err, r, wait)
 	}
 	return false
 }
@@ -133,9 +135,6 @@ func (c *clockCheck) read(i int, addr string, cl redis.Cmdable, nodeErr error, r
 	var tm time.Time
 	err := nodeErr
 	before := c.clock.now()
-	c.mu.Lock()
-	r.lastTIME = time.Now()
-	c.mu.Unlock()
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), counterTimeout)
 		tm, err = cl.Time(ctx).Result()

@@ -141,25 +141,7 @@ func TestNoPublishAfterLivenessLapsedInTheWait(t *testing.T) {
 	exchange := k.Prefix + ".q"
 	got := testenv.Consumer(t, conn, exchange, "q")
 
-	u := testenv.AMQPURL(t)
-	host := u[len("amqp://guest:guest@"):]
-	if i := len(host) - 1; host[i] == '/' {
-		host = host[:i]
-	}
-	proxy := newSlowProxy(t, host)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	pub := publisher.New(publisher.Options{URLs: []string{"amqp://guest:guest@" + proxy.ln.Addr().String() + "/"},
-		Exchanges: []string{exchange}, ConfirmTimeout: 10 * time.Second})
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = pub.Run(ctx) }()
-	ready, cancelReady := context.WithTimeout(ctx, 10*time.Second)
-	defer cancelReady()
-	if err := pub.WaitReady(ready); err != nil {
-		t.Fatal(err)
-	}
+	pub, proxy, ctx := slowPublisher(t, exchange)
 	proxy.delay.Store(int64(1500 * time.Millisecond))
 
 	const n = 4096 + 300
@@ -175,8 +157,12 @@ func TestNoPublishAfterLivenessLapsedInTheWait(t *testing.T) {
 		BatchSize: n, Pipeline: 1, PollInterval: 50 * time.Millisecond, Lease: 30 * time.Second,
 		ShutdownTimeout: time.Second, MaxMessageBytes: 1 << 20, MaxAttempts: 5,
 		RetryMin: time.Second, RetryMax: time.Minute, Liveness: &lapsing{for_: 300 * time.Millisecond}})
+	run, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = s.Run(ctx) }()
+	go func() { defer wg.Done(); _ = s.Run(run) }()
 
 	delivered := 0
 	quiet := time.NewTimer(6 * time.Second)
@@ -209,20 +195,7 @@ func TestIsolateRefusedAsksTheGateAfterOpeningItsChannel(t *testing.T) {
 	conn := testenv.AMQP(t)
 	exchange := testenv.Name(t)
 	got := testenv.Consumer(t, conn, exchange, "q")
-	proxy := newSlowProxy(t, testenv.HostPort(testenv.AMQPURL(t)))
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	pub := publisher.New(publisher.Options{URLs: []string{"amqp://guest:guest@" + proxy.ln.Addr().String() + "/"},
-		Exchanges: []string{exchange}, ConfirmTimeout: 10 * time.Second})
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = pub.Run(ctx) }()
-	ready, cancelReady := context.WithTimeout(ctx, 10*time.Second)
-	defer cancelReady()
-	if err := pub.WaitReady(ready); err != nil {
-		t.Fatal(err)
-	}
+	pub, proxy, ctx := slowPublisher(t, exchange)
 	proxy.delay.Store(int64(time.Second))
 
 	s := &Scanner{pub: pub}
@@ -243,4 +216,26 @@ func TestIsolateRefusedAsksTheGateAfterOpeningItsChannel(t *testing.T) {
 	if errs[0] != errLapsed {
 		t.Fatalf("isolateRefused: %v (gate checked %d times), want %v", errs[0], checks.Load(), errLapsed)
 	}
+}
+
+// slowPublisher starts a publisher to exchange through a slowProxy in front
+// of the broker, connected and ready; ctx ends, and the publisher with it,
+// when the test does.
+func slowPublisher(t *testing.T, exchange string) (*publisher.Publisher, *slowProxy, context.Context) {
+	t.Helper()
+	proxy := newSlowProxy(t, testenv.HostPort(testenv.AMQPURL(t)))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	t.Cleanup(cancel)
+	pub := publisher.New(publisher.Options{URLs: []string{"amqp://guest:guest@" + proxy.ln.Addr().String() + "/"},
+		Exchanges: []string{exchange}, ConfirmTimeout: 10 * time.Second})
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = pub.Run(ctx) }()
+	ready, cancelReady := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelReady()
+	if err := pub.WaitReady(ready); err != nil {
+		t.Fatal(err)
+	}
+	return pub, proxy, ctx
 }
