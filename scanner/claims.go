@@ -37,16 +37,21 @@ func NewCoalescer(rdb redis.UniversalClient) *coalesce.Coalescer {
 
 // runClaims runs a job's scripts in one pipeline, loading the claim script
 // first where the primary does not know it (new, restarted or promoted).
-// A sweep runs the script (claiming nothing) on its first shard only, for
-// the primary's clock and for its refusals (a replica refuses scripts, not
-// reads), and plain reads on the others: a script call costs Redis several
-// times two ZRANGEs, and with many queues sweeps are most of its work.
+// A sweep on one Redis is one call of sweepScript (runSweep). On a
+// cluster, whose shards' keys cannot share a script, it runs the claim
+// script (claiming nothing) on its first shard only, for the primary's
+// clock and for its refusals (a replica refuses scripts, not reads), and
+// plain reads on the others: a script call costs Redis several times two
+// ZRANGEs, and with many queues sweeps are most of its work.
 // It touches only Redis: the loop applies the answers (absorb).
 func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	d := claimDone{job: j, owner: s.owner(), vals: make([][]any, len(j.shards)), errs: make([]error, len(j.shards)),
 		before: make([]time.Time, len(j.shards)), after: make([]time.Time, len(j.shards)), sentTo: make([]string, len(j.shards))}
+	if j.limit == 0 && !s.prim.cluster {
+		return s.runSweep(ctx, j, d)
+	}
 	todo := make([]int, len(j.shards)) // indexes into j.shards
 	for n := range todo {
 		todo[n] = n
@@ -107,6 +112,41 @@ func (s *Scanner) runClaims(ctx context.Context, j claimJob) claimDone {
 		todo = again
 	}
 	return d
+}
+
+// runSweep runs a sweep of shards on one Redis (not a cluster) as one
+// call of sweepScript, loading it first where Redis does not know it.
+func (s *Scanner) runSweep(ctx context.Context, j claimJob, d claimDone) claimDone {
+	for at := range j.shards {
+		d.sentTo[at] = s.check.primaryOf(j.shards[at])
+	}
+	for attempt := 0; ; attempt++ {
+		var cmd *redis.Cmd
+		before, after, err := s.roundTrip(ctx, j.node, true, func(pipe redis.Pipeliner) {
+			cmd = s.st.sweepCmd(ctx, pipe, j.shards)
+		})
+		if err == nil {
+			var vals []any
+			vals, err = cmd.Slice()
+			if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				if err = sweepScript.Load(ctx, s.prim.scripter(ctx, j)).Err(); err == nil {
+					continue
+				}
+				err = fmt.Errorf("load sweep script: %w", err)
+			}
+			if err == nil {
+				for at := range j.shards {
+					d.vals[at], d.errs[at] = sweptShard(vals, at)
+					d.before[at], d.after[at] = before, after
+				}
+				return d
+			}
+		}
+		for at := range j.shards {
+			d.errs[at] = err
+		}
+		return d
+	}
 }
 
 // roundTrip sends the commands fill queues in one pipeline to the primary

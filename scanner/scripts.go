@@ -655,3 +655,51 @@ for s = 0, k - 1 do
 end
 return out
 `)
+
+// sweepScript reads, for the shards of one sweep, when each next needs a
+// claim: its earliest pending task and its earliest lease, as the claim
+// script with a limit of 0 does for one shard. One call per sweep of a
+// queue on one Redis (not on a cluster, where the shards' keys live in
+// different slots): a quiet queue's shards hold nothing, and one EXISTS
+// over all their keys tells so, so an empty queue costs a sweep three
+// commands however many shards it has, not two reads a shard.
+//
+// Like the claim script it is refused by a replica (READONLY), so that a
+// sweep finds out about a failover as a claim would. A shard's read that
+// fails (a key of the wrong type) is that shard's error in the reply; the
+// other shards' reads stand.
+//
+// KEYS[2i-1], KEYS[2i] the pending set and the in-flight set of the
+// sweep's i-th shard
+// Returns {now_us, then per shard: earliest pending score|"", earliest
+// lease|""} (an error in place of a shard's pair of values).
+var sweepScript = redis.NewScript(`#!lua flags=allow-oom
+local t = redis.call('TIME')
+local out = {tonumber(t[1]) * 1000000 + tonumber(t[2])}
+local any = false
+for i = 1, #KEYS, 1000 do
+  if redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, #KEYS))) > 0 then
+    any = true
+    break
+  end
+end
+for i = 1, #KEYS, 2 do
+  local p, l = '', ''
+  if any then
+    p = redis.pcall('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+    if not p.err then
+      l = redis.pcall('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')
+    end
+    if p.err then
+      l = p
+    elseif l.err then
+      p = l
+    else
+      p, l = p[2] or '', l[2] or ''
+    end
+  end
+  out[#out + 1] = p
+  out[#out + 1] = l
+end
+return out
+`)

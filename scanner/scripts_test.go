@@ -1042,3 +1042,83 @@ func TestClaimWritesItsOwnerRecordOnce(t *testing.T) {
 		t.Fatalf("hand-back: %d, %v; want the %d entries", n, err, claims)
 	}
 }
+
+// TestSweepOfAQuietQueue: one call sweeps a queue's shards. An empty queue
+// costs it three commands (EVALSHA, TIME, one EXISTS) whatever its number
+// of shards; a queue with tasks gets every shard's earliest pending task
+// and lease, and a shard whose key has the wrong type gets its own error
+// while the others' heads stand. Counted on a private Redis.
+func TestSweepOfAQuietQueue(t *testing.T) {
+	rdb := testenv.StartRedis(t, testenv.RedisOptions{}).Client()
+	ctx := context.Background()
+	k := shard.Keys{Prefix: "p", Queue: "q"}
+	st := &store{rdb: rdb, keys: k}
+	shards := make([]int, 16)
+	for i := range shards {
+		shards[i] = i
+	}
+	sweep := func() []any {
+		t.Helper()
+		pipe := rdb.Pipeline()
+		cmd := st.sweepCmd(ctx, pipe, shards)
+		_, _ = pipe.Exec(ctx)
+		vals, err := cmd.Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vals
+	}
+	if err := sweepScript.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := commandCalls(t, rdb)
+	vals := sweep()
+	got := commandCalls(t, rdb)
+	total := 0
+	for name, n := range got {
+		if name != "info" && name != "hello" { // a connection of the pool's
+			total += n - before[name]
+		}
+	}
+	if total != 3 || got["exists"]-before["exists"] != 1 {
+		t.Fatalf("sweep of an empty queue of 16 shards ran %d commands (%v before, %v after); want 3: evalsha, time, exists", total, before, got)
+	}
+	for at := range shards {
+		if v, err := sweptShard(vals, at); err != nil || v[1] != "" || v[2] != "" {
+			t.Fatalf("empty shard %d: %v, %v; want no pending task and no lease", at, v, err)
+		}
+	}
+
+	rdb.ZAdd(ctx, k.Pending(3), redis.Z{Score: 1700000000123, Member: "a"}, redis.Z{Score: 1800000000000, Member: "b"})
+	rdb.ZAdd(ctx, k.Inflight(3), redis.Z{Score: 42, Member: "1:c"})
+	rdb.ZAdd(ctx, k.Inflight(9), redis.Z{Score: 7, Member: "1:d"})
+	rdb.Set(ctx, k.Pending(5), "not a set", 0)
+	vals = sweep()
+	for at := range shards {
+		v, err := sweptShard(vals, at)
+		switch at {
+		case 3:
+			if err != nil || v[1] != "1700000000123" || v[2] != "42" {
+				t.Fatalf("shard 3: %v, %v; want pending 1700000000123, lease 42", v, err)
+			}
+		case 5:
+			if err == nil || !isReply(err) || !strings.Contains(err.Error(), "WRONGTYPE") {
+				t.Fatalf("shard 5 (a string): %v, %v; want its WRONGTYPE reply", v, err)
+			}
+		case 9:
+			if err != nil || v[1] != "" || v[2] != "7" {
+				t.Fatalf("shard 9: %v, %v; want no pending task, lease 7", v, err)
+			}
+		default:
+			if err != nil || v[1] != "" || v[2] != "" {
+				t.Fatalf("shard %d: %v, %v; want nothing", at, v, err)
+			}
+		}
+		if err != nil {
+			continue
+		}
+		if now, _ := v[0].(int64); now < 1e15 {
+			t.Fatalf("shard %d: clock %v µs, want the server's", at, v[0])
+		}
+	}
+}

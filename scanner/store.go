@@ -66,6 +66,30 @@ func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit in
 	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token, ahead.Milliseconds(), claimBytes, owner)
 }
 
+// sweepCmd queues a sweep of shards (sweepScript) on pipe.
+func (st *store) sweepCmd(ctx context.Context, pipe redis.Pipeliner, shards []int) *redis.Cmd {
+	keys := make([]string, 0, 2*len(shards))
+	for _, i := range shards {
+		keys = append(keys, st.keys.Pending(i), st.keys.Inflight(i))
+	}
+	return sweepScript.EvalSha(ctx, pipe, keys)
+}
+
+// sweptShard is the at-th shard's part of a sweepScript reply, in the
+// claim script's form (see claimScript).
+func sweptShard(vals []any, at int) ([]any, error) {
+	if len(vals) < 3+2*at {
+		return nil, fmt.Errorf("sweep: %d values in the reply, none for its shard %d", len(vals), at)
+	}
+	p, l := vals[1+2*at], vals[2+2*at]
+	for _, v := range []any{p, l} {
+		if err, ok := v.(error); ok {
+			return nil, err
+		}
+	}
+	return []any{vals[0], p, l, int64(0), ""}, nil
+}
+
 // sweepRead is a sweep's plain read of one shard: its earliest pending
 // task and its earliest lease, as the claim script with a limit of 0 reads
 // them.

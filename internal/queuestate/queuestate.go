@@ -72,15 +72,19 @@ import (
 // ARGV[1].
 //
 // What a shard does not hold costs no call (most shards of quiet queues
-// hold little): the id hashes' types are checked only when one exists,
+// hold little): a shard with none of its keys costs one EXISTS (and the
+// clock); the id hashes' types are checked only when one exists,
 // and the pending set's count, due count and last member are read only
 // when it has a first one (the due count only when that one is due).
 var readScript = redis.NewScript(`#!lua flags=no-writes
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+if redis.call('EXISTS', unpack(KEYS)) == 0 then
+  return {now, 0, 0, '', 0, 0, 0, '', 0, 0, '', '', 0, '', 0, '', ''}
+end
 if redis.call('EXISTS', KEYS[7], KEYS[8], KEYS[9], KEYS[10]) > 0 then
   for k = 7, 10 do redis.call('HLEN', KEYS[k]) end
 end
-local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local pending, due, tail = 0, 0, {}
 if head[1] then
