@@ -125,7 +125,14 @@ func (m *Materialiser) Run(ctx context.Context) error {
 				m.step(ctx, e)
 			}
 		}
-		wait := min(time.Until(nextRev), idleCheck)
+		// With schedules, the role is looked at every idleCheck, so that
+		// one lost stops materialising soon; without, a queue's
+		// materialiser wakes only for the revision (a thousand queues'
+		// wake-ups four times a second cost an idle instance CPU).
+		wait := time.Until(nextRev)
+		if len(m.entries) > 0 {
+			wait = min(wait, idleCheck)
+		}
 		for _, e := range m.entries {
 			if !e.wakeAt.IsZero() {
 				wait = min(wait, time.Until(e.wakeAt))

@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -61,6 +62,7 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			<-slots
 		}
 		if err != nil {
+			s.quiet = false
 			n.full = false
 			busy = s.prim.anyFull()
 			s.prim.nodeTrouble(ctx, d.job.node, err)
@@ -68,8 +70,10 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 		}
 		s.prim.nodeFine(d.job.node)
 		if d.job.limit == 0 {
+			s.quiet = len(s.due.known) == 0 && !slices.ContainsFunc(d.errs, func(e error) bool { return e != nil })
 			return
 		}
+		s.quiet = false
 		n.full = full
 		busy = s.prim.anyFull()
 		if full {
@@ -157,6 +161,12 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 			s.sweep(ctx, launch)
 		}
 
+		// A queue that holds nothing leaves its sweeps to the IdleWatch.
+		if s.canDoze(busy, outstanding) {
+			s.doze(ctx)
+			continue
+		}
+
 		// With every slot publishing, due shards wait for a slot to come
 		// free (freed), not for a timer.
 		canClaim := len(slots) < cap(slots)
@@ -179,6 +189,9 @@ func (s *Scanner) loop(ctx, work context.Context, wg *sync.WaitGroup, slots chan
 // renewal of or bid for the sweeper role when that is due.
 func (s *Scanner) takeNotes(ctx context.Context, busy *bool) {
 	wasBusy, free, soon := s.wake.notes.take()
+	if wasBusy || free || len(soon) > 0 {
+		s.quiet = false
+	}
 	if wasBusy {
 		*busy = true
 	}

@@ -1,7 +1,11 @@
 package scanner
 
 import (
+	"sync"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -19,13 +23,14 @@ type Metrics struct {
 	misplaced  *prometheus.CounterVec
 	errors     *prometheus.CounterVec
 	sweeper    *prometheus.GaugeVec
+	dozing     *prometheus.GaugeVec
 	shards     *prometheus.GaugeVec
 	shardsFrom *prometheus.GaugeVec
 	left       *prometheus.GaugeVec
 	retired    *prometheus.CounterVec
 	batch      *prometheus.HistogramVec
 	lateness   *prometheus.HistogramVec
-	totals     *prometheus.Registry
+	totals     *cachedGatherer
 }
 
 // NewMetrics registers the scanner's metrics with reg.
@@ -49,6 +54,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		sweeper: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dispatcher_sweeper", Help: "1 while this instance holds the queue's sweeper role (polls the shards for new tasks).",
 		}, []string{"queue"}),
+		dozing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dispatcher_queue_dozing", Help: "1 while the queue is empty and this instance, instead of sweeping it, looks at it with every other dozing queue in one Redis call per idle poll interval.",
+		}, []string{"queue"}),
 		shards: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dispatcher_queue_shards", Help: "The queue's shard count M as recorded in Redis: the one producers hash with.",
 		}, []string{"queue"}),
@@ -69,16 +77,50 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300},
 		}, []string{"queue"}),
 	}
-	reg.MustRegister(m.sweeper, m.shards, m.shardsFrom, m.left, m.batch, m.lateness)
-	m.totals = prometheus.NewRegistry()
-	m.totals.MustRegister(m.dispatched, m.errors, m.lateness)
+	reg.MustRegister(m.sweeper, m.dozing, m.shards, m.shardsFrom, m.left, m.batch, m.lateness)
+	m.totals = &cachedGatherer{reg: prometheus.NewRegistry()}
+	m.totals.reg.MustRegister(m.dispatched, m.errors, m.lateness)
 	return m
 }
 
 // Totals gathers only the tasks dispatched, the errors and the lateness
 // per queue: what the status page samples every second and the instance
-// records carry, without collecting every metric of every queue.
+// records carry, without collecting every metric of every queue. While
+// none of them changed (idle queues) it answers with the last gathering:
+// a thousand queues' histograms cost a gathering a ms of CPU.
 func (m *Metrics) Totals() prometheus.Gatherer { return m.totals }
+
+// cachedGatherer gathers reg again only after changed was called since its
+// last gathering.
+type cachedGatherer struct {
+	reg *prometheus.Registry
+	gen atomic.Uint64 // bumped after every change of a metric in reg
+
+	mu      sync.Mutex
+	last    []*dto.MetricFamily
+	lastGen uint64
+	ok      bool
+}
+
+// changed is called after a metric in reg changed.
+func (g *cachedGatherer) changed() { g.gen.Add(1) }
+
+// Gather returns reg's metrics; callers must not change them.
+func (g *cachedGatherer) Gather() ([]*dto.MetricFamily, error) {
+	// Read before gathering: a change after the read bumps gen past it, so
+	// the next Gather gathers again.
+	gen := g.gen.Load()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ok && gen == g.lastGen {
+		return g.last, nil
+	}
+	mfs, err := g.reg.Gather()
+	if err == nil {
+		g.last, g.lastGen, g.ok = mfs, gen, true
+	}
+	return mfs, err
+}
 
 // queueMetrics are the Metrics of one queue, with the label looked up once
 // rather than on every task. The zero value records nothing.
@@ -90,7 +132,8 @@ type queueMetrics struct {
 	nSeconds, nUndated, nMisplaced                   prometheus.Counter
 	errors                                           *prometheus.CounterVec
 	batch, lateness                                  prometheus.Observer
-	sweeping                                         prometheus.Gauge
+	sweeping, dozes                                  prometheus.Gauge
+	totals                                           *cachedGatherer
 }
 
 func (m *Metrics) forQueue(queue string) queueMetrics {
@@ -104,13 +147,14 @@ func (m *Metrics) forQueue(queue string) queueMetrics {
 		nDead: m.dead.WithLabelValues(queue), nDropped: m.dropped.WithLabelValues(queue), nSeconds: m.seconds.WithLabelValues(queue),
 		nMisplaced: m.misplaced.WithLabelValues(queue), nUndated: m.undated.WithLabelValues(queue),
 		batch: m.batch.WithLabelValues(queue), lateness: m.lateness.WithLabelValues(queue),
-		sweeping: m.sweeper.WithLabelValues(queue),
+		sweeping: m.sweeper.WithLabelValues(queue), dozes: m.dozing.WithLabelValues(queue), totals: m.totals,
 	}
 }
 
 func (q queueMetrics) add(c prometheus.Counter, n int) {
 	if q.on && n > 0 {
 		c.Add(float64(n))
+		q.totals.changed()
 	}
 }
 
@@ -124,9 +168,17 @@ func (q queueMetrics) secondsScore(n int)      { q.add(q.nSeconds, n) }
 func (q queueMetrics) undatedScore(n int)      { q.add(q.nUndated, n) }
 func (q queueMetrics) misplaced(n int)         { q.add(q.nMisplaced, n) }
 
+// dozing marks the queue dozing (1) or awake (0).
+func (q queueMetrics) dozing(v float64) {
+	if q.on {
+		q.dozes.Set(v)
+	}
+}
+
 func (q queueMetrics) error(kind string, n int) {
 	if q.on && n > 0 {
 		q.errors.WithLabelValues(q.queue, kind).Add(float64(n))
+		q.totals.changed()
 	}
 }
 
@@ -139,6 +191,7 @@ func (q queueMetrics) batchSize(n int) {
 func (q queueMetrics) late(seconds float64) {
 	if q.on {
 		q.lateness.Observe(seconds)
+		q.totals.changed()
 	}
 }
 

@@ -89,6 +89,12 @@ type Options struct {
 	// (NewCoalescer). Nil: each goes on its own.
 	Coalescer *coalesce.Coalescer
 
+	// IdleWatch, shared by the scanners of one instance, looks at the
+	// queues that hold nothing in one call per Redis, so that they need no
+	// sweeps of their own (NewIdleWatch; see doze.go). Nil: every queue
+	// sweeps.
+	IdleWatch *IdleWatch
+
 	// StampPublished adds header x-published-us to every message.
 	StampPublished bool
 
@@ -160,7 +166,11 @@ type Scanner struct {
 	wake  *wakeups     // the queue's wake channel
 
 	// What the queue's watchdog asks (Waiting): read off the loop.
-	publishing  atomic.Int64 // batches being published
+	publishing atomic.Int64 // batches being published
+	// quiet: the last job answered was a sweep that found every shard it
+	// read empty, and no wake-up came since (canDoze). Owned by Run's
+	// goroutine.
+	quiet       bool
 	lastClaimed atomic.Int64 // unix ns of the last claim that took tasks
 	// reservedAhead: room in the holder reserved by claims ahead still out
 	// (see reserveAhead).

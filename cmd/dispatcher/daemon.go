@@ -115,6 +115,9 @@ func runDaemon(stderr io.Writer) int {
 	// has stopped (a Do after Close would still be answered).
 	coalescer := scanner.NewCoalescer(rdb)
 	defer coalescer.Close()
+	// Queues that hold nothing are looked at together (nil on a cluster).
+	idle := scanner.NewIdleWatch(rdb, max(cfg.IdlePollInterval, cfg.PollInterval))
+	defer idle.Close()
 
 	// One id for the whole process: the status page and `dispatcher stats`
 	// show it as the holder of the queues' sweeper role.
@@ -147,7 +150,7 @@ func runDaemon(stderr io.Writer) int {
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lookahead: cfg.Lookahead, PublishTick: cfg.PublishTick, ClockReadGap: cfg.ClockReadGap, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts, Unroutable: q.Unroutable, UnroutableAttempts: q.UnroutableAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, Tracer: tracer,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, IdleWatch: idle, Tracer: tracer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance, Liveness: scLive,
 		}))
 		byQueue[q.Name] = scs[len(scs)-1]

@@ -87,13 +87,13 @@ func TestHerdAhead(t *testing.T) {
 	if a := m.queues[0].Ahead; a.Peak.FromMs != herdAt || !a.Peak.Exact {
 		t.Errorf("busiest second %+v, want the herd's, at %d", a.Peak, herdAt)
 	}
-	// Again, the scripts loaded: the state read (8 + 2 script calls),
-	// then one call per shard of q for the minute and one for its
-	// seconds; none for far.
+	// Again, the scripts loaded: the state read (one script call per
+	// queue on one Redis), then one call per shard of q for the minute and
+	// one for its seconds; none for far.
 	before := scriptCalls(t, rdb)
 	readAheadNow(ctx, m)
-	if n := scriptCalls(t, rdb) - before; n != 10+8+8 {
-		t.Errorf("%d script calls for a read and a count of the minute ahead, want 26", n)
+	if n := scriptCalls(t, rdb) - before; n != 2+8+8 {
+		t.Errorf("%d script calls for a read and a count of the minute ahead, want 18", n)
 	}
 	readAheadNow(ctx, m)
 	if n := strings.Count(log.String(), "thundering herd ahead"); n != 1 {

@@ -76,61 +76,88 @@ import (
 // clock); the id hashes' types are checked only when one exists,
 // and the pending set's count, due count and last member are read only
 // when it has a first one (the due count only when that one is due).
-var readScript = redis.NewScript(`#!lua flags=no-writes
-local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-if redis.call('EXISTS', unpack(KEYS)) == 0 then
-  return {now, 0, 0, '', 0, 0, 0, '', 0, 0, '', '', 0, '', 0, '', ''}
-end
-if redis.call('EXISTS', KEYS[7], KEYS[8], KEYS[9], KEYS[10]) > 0 then
-  for k = 7, 10 do redis.call('HLEN', KEYS[k]) end
-end
-local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local pending, due, tail = 0, 0, {}
-if head[1] then
-  pending = redis.call('ZCARD', KEYS[1])
-  if tonumber(head[2]) <= tonumber(now) then
-    due = redis.call('ZCOUNT', KEYS[1], '-inf', now)
+var readScript = redis.NewScript("#!lua flags=no-writes\n" + luaNowMs + readShard + "return readShard(KEYS, now)\n")
+
+// readShard is the read of one shard, a Lua function of its keys (in
+// KEYS' order, see readScript) and the server clock in ms.
+const readShard = `local function readShard(KEYS, now)
+  if redis.call('EXISTS', unpack(KEYS)) == 0 then
+    return {now, 0, 0, '', 0, 0, 0, '', 0, 0, '', '', 0, '', 0, '', ''}
   end
-  tail = head
-  if pending > 1 then
-    tail = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if redis.call('EXISTS', KEYS[7], KEYS[8], KEYS[9], KEYS[10]) > 0 then
+    for k = 7, 10 do redis.call('HLEN', KEYS[k]) end
   end
-end
-local msHead, secHead, undated = {}, {}, 0
-if head[2] and tonumber(head[2]) < tonumber(ARGV[1]) then
-  msHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  if tonumber(head[2]) < tonumber(ARGV[3]) then
-    undated = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[3])
-    secHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[3], '(' .. ARGV[1], 'WITHSCORES', 'LIMIT', 0, 1)
-  end
-end
-local far = 0
-if tail[2] and tonumber(tail[2]) >= tonumber(ARGV[4]) then
-  far = redis.call('ZCOUNT', KEYS[1], ARGV[4], '+inf')
-end
-local retried = redis.call('HLEN', KEYS[5])
-local oldestRetried = ''
-if retried > 0 then
-  local idx = redis.call('ZRANGE', KEYS[6], 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
-  for i = 1, #idx, 2 do
-    if redis.call('HEXISTS', KEYS[5], idx[i]) == 1 then
-      oldestRetried = idx[i + 1]
-      break
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local pending, due, tail = 0, 0, {}
+  if head[1] then
+    pending = redis.call('ZCARD', KEYS[1])
+    if tonumber(head[2]) <= tonumber(now) then
+      due = redis.call('ZCOUNT', KEYS[1], '-inf', now)
+    end
+    tail = head
+    if pending > 1 then
+      tail = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
     end
   end
+  local msHead, secHead, undated = {}, {}, 0
+  if head[2] and tonumber(head[2]) < tonumber(ARGV[1]) then
+    msHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if tonumber(head[2]) < tonumber(ARGV[3]) then
+      undated = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[3])
+      secHead = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[3], '(' .. ARGV[1], 'WITHSCORES', 'LIMIT', 0, 1)
+    end
+  end
+  local far = 0
+  if tail[2] and tonumber(tail[2]) >= tonumber(ARGV[4]) then
+    far = redis.call('ZCOUNT', KEYS[1], ARGV[4], '+inf')
+  end
+  local retried = redis.call('HLEN', KEYS[5])
+  local oldestRetried = ''
+  if retried > 0 then
+    local idx = redis.call('ZRANGE', KEYS[6], 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
+    for i = 1, #idx, 2 do
+      if redis.call('HEXISTS', KEYS[5], idx[i]) == 1 then
+        oldestRetried = idx[i + 1]
+        break
+      end
+    end
+  end
+  local inflight, expired = redis.call('ZCARD', KEYS[2]), 0
+  if inflight > 0 then
+    expired = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+  end
+  local cut = tonumber(ARGV[5])
+  return {now,
+    pending, due, head[2] or '',
+    inflight, expired,
+    redis.call('ZCARD', KEYS[3]), msHead[2] or '', redis.call('GET', KEYS[4]) and 1 or 0,
+    retried, oldestRetried, string.sub(head[1] or '', 1, cut), undated, secHead[2] or '',
+    far, tail[2] or '', string.sub(tail[1] or '', 1, cut)}
 end
-local inflight, expired = redis.call('ZCARD', KEYS[2]), 0
-if inflight > 0 then
-  expired = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+`
+
+// luaNowMs reads the server clock, in ms, as a string.
+const luaNowMs = `local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+`
+
+// readManyScript reads several shards of a queue on one Redis (not a
+// cluster, where their keys live in different slots) in one call: KEYS
+// are readScript's for each shard in turn, ARGV as readScript's. Returns
+// readScript's values for each shard, or the error of its read (a key of
+// the wrong type) in their place: one shard's bad key spoils no other's
+// read. A queue's quiet shards then cost one call together, not one each.
+var readManyScript = redis.NewScript("#!lua flags=no-writes\n" + luaNowMs + readShard + `
+local out = {}
+for i = 1, #KEYS, 10 do
+  local ok, got = pcall(readShard, {unpack(KEYS, i, i + 9)}, now)
+  if not ok then
+    if type(got) == 'table' and got.err then got = got.err end
+    got = redis.error_reply(tostring(got))
+  end
+  out[#out + 1] = got
 end
-local cut = tonumber(ARGV[5])
-return {now,
-  pending, due, head[2] or '',
-  inflight, expired,
-  redis.call('ZCARD', KEYS[3]), msHead[2] or '', redis.call('GET', KEYS[4]) and 1 or 0,
-  retried, oldestRetried, string.sub(head[1] or '', 1, cut), undated, secHead[2] or '',
-  far, tail[2] or '', string.sub(tail[1] or '', 1, cut)}
+return out
 `)
 
 // retryProbe bounds how many entries of the retrying index a read looks
@@ -276,26 +303,43 @@ func (t Target) indexes() []int {
 // with its error and the others are read anyway; the error returned is
 // for a failure of the whole round trip (no shard of any queue read).
 func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets []Target) ([]Queue, error) {
+	// A call reads one shard, or (one Redis, not a cluster) all the
+	// shards of a queue (readManyScript).
 	type call struct {
-		q, i, n int // queue, shard index, position in the queue's shards
-		cmd     *redis.Cmd
+		q, at  int   // queue, position of its first shard in the queue's
+		shards []int // shard indexes
+		cmd    *redis.Cmd
 	}
+	_, cluster := rdb.(*redis.ClusterClient)
 	var calls []call
 	sweepers := make([]*redis.StringCmd, len(targets))
 	send := func(pipe redis.Pipeliner, c *call, source bool) {
 		k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
-		keys := []string{k.Pending(c.i), k.Inflight(c.i), k.Dead(c.i), k.Paused(c.i), k.Attempts(c.i), k.Retrying(c.i),
-			k.Tasks(c.i), k.Props(c.i), k.ClaimedBody(c.i), k.ClaimedProps(c.i)}
+		keys := make([]string, 0, 10*len(c.shards))
+		for _, i := range c.shards {
+			keys = append(keys, k.Pending(i), k.Inflight(i), k.Dead(i), k.Paused(i), k.Attempts(i), k.Retrying(i),
+				k.Tasks(i), k.Props(i), k.ClaimedBody(i), k.ClaimedProps(i))
+		}
+		script := readScript
+		if !cluster {
+			script = readManyScript
+		}
+		args := []any{shard.SecondsScoreBelow, retryProbe, shard.UndatedBelow, shard.FarScoreFrom, memberCut}
 		if source { // after NOSCRIPT: the source, which also caches it
-			c.cmd = readScript.Eval(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe, shard.UndatedBelow, shard.FarScoreFrom, memberCut)
+			c.cmd = script.Eval(ctx, pipe, keys, args...)
 		} else {
-			c.cmd = readScript.EvalSha(ctx, pipe, keys, shard.SecondsScoreBelow, retryProbe, shard.UndatedBelow, shard.FarScoreFrom, memberCut)
+			c.cmd = script.EvalSha(ctx, pipe, keys, args...)
 		}
 	}
 	pipe := rdb.Pipeline()
 	for q, t := range targets {
-		for n, i := range t.indexes() {
-			calls = append(calls, call{q: q, i: i, n: n})
+		if cluster {
+			for n, i := range t.indexes() {
+				calls = append(calls, call{q: q, at: n, shards: []int{i}})
+				send(pipe, &calls[len(calls)-1], false)
+			}
+		} else {
+			calls = append(calls, call{q: q, shards: t.indexes()})
 			send(pipe, &calls[len(calls)-1], false)
 		}
 		sweepers[q] = pipe.Get(ctx, shard.Keys{Prefix: prefix, Queue: t.Name}.Sweeper())
@@ -322,11 +366,46 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 		_, _ = pipe.Exec(ctx)
 	}
 
+	// Each shard's values, or the error of its read.
+	type shardRead struct {
+		q, i, n int // queue, shard index, position in the queue's shards
+		vals    []any
+		err     error
+	}
+	var reads []shardRead
+	for _, c := range calls {
+		first := len(reads)
+		for n, i := range c.shards {
+			reads = append(reads, shardRead{q: c.q, i: i, n: c.at + n})
+		}
+		vals, err := c.cmd.Slice()
+		for n := range c.shards {
+			r := &reads[first+n]
+			switch {
+			case err != nil:
+				r.err = err
+			case cluster:
+				r.vals = vals
+			case n >= len(vals):
+				r.err = fmt.Errorf("read script returned %d shards' values, want %d", len(vals), len(c.shards))
+			default:
+				switch v := vals[n].(type) {
+				case error:
+					r.err = v
+				case []any:
+					r.vals = v
+				default:
+					r.err = fmt.Errorf("read script returned %T for a shard", v)
+				}
+			}
+		}
+	}
+
 	// A wrong-type key fails the script with a message that names no key:
 	// ask which key it is, for the few shards it happens to.
 	why := map[int]error{}
-	for n, c := range calls {
-		if redis.HasErrorPrefix(c.cmd.Err(), "WRONGTYPE") {
+	for n, c := range reads {
+		if redis.HasErrorPrefix(c.err, "WRONGTYPE") {
 			k := shard.Keys{Prefix: prefix, Queue: targets[c.q].Name}
 			why[n] = wrongType(ctx, rdb, k.Pending(c.i), "zset", k.Inflight(c.i), "zset", k.Dead(c.i), "zset",
 				k.Attempts(c.i), "hash", k.Retrying(c.i), "zset", k.Tasks(c.i), "hash", k.Props(c.i), "hash",
@@ -347,9 +426,9 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, targets
 	}
 	read := 0
 	var firstErr error
-	for n, c := range calls {
+	for n, c := range reads {
 		s := Shard{Index: c.i, Beyond: c.i >= targets[c.q].Shards}
-		now, err := parseShard(c.cmd, &s)
+		now, err := parseShard(c.vals, c.err, &s)
 		if w := why[n]; w != nil {
 			err = w
 		}
@@ -397,8 +476,7 @@ const (
 	vCount
 )
 
-func parseShard(cmd *redis.Cmd, s *Shard) (now int64, err error) {
-	vals, err := cmd.Slice()
+func parseShard(vals []any, err error, s *Shard) (now int64, _ error) {
 	if err != nil {
 		return 0, err
 	}

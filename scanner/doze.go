@@ -1,0 +1,259 @@
+package scanner
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A queue that holds nothing costs an instance little, but a thousand of
+// them each sweeping and renewing its role twice a second cost a fifth of
+// a core and a Redis script call each time. So a queue whose sweeps have
+// found every shard empty for a while dozes: its loop stops sweeping,
+// bidding and timing, and the instance's IdleWatch looks at all dozing
+// queues together, on the sweeps' grid, in one script call per Redis: one
+// EXISTS over each queue's pending and in-flight sets, and its sweeper role
+// renewed. A queue is woken when any of its keys exists (a producer's ZADD,
+// another instance's claim), when its role is no longer this instance's,
+// when its broker is not ready (so that its share of the shards goes to
+// other instances, see holdShare), or by a wake-up on its channel; then it
+// sweeps and bids at once. A task scheduled on a dozing queue is found
+// within IdlePollInterval, as by a quiet queue's sweeps.
+
+// idleScript renews the sweeper role of dozing queues and tells which of
+// them hold anything.
+//
+// Per queue q, in order: KEYS: its sweeper key, then the pending and
+// in-flight set of each of its shards. ARGV: its shard count, "1" if the
+// instance holds its sweeper role (renewed, as leadScript does, while it
+// is still the holder), the instance's id, the role's TTL in ms.
+// Returns the 1-based positions of the queues to wake: any of their sets
+// exists, or the role they hold is no longer theirs.
+var idleScript = redis.NewScript(`
+local wake, k = {}, 1
+for q = 1, #ARGV / 4 do
+  local n, renew, id, ttl = tonumber(ARGV[4 * q - 3]), ARGV[4 * q - 2], ARGV[4 * q - 1], ARGV[4 * q]
+  local woke = false
+  if renew == '1' then
+    if redis.call('GET', KEYS[k]) == id then
+      redis.call('PEXPIRE', KEYS[k], ttl)
+    else
+      woke = true
+    end
+  end
+  for i = k + 1, k + 2 * n, 1000 do
+    if woke then break end
+    woke = redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, k + 2 * n))) > 0
+  end
+  if woke then wake[#wake + 1] = q end
+  k = k + 1 + 2 * n
+end
+return wake
+`)
+
+// IdleWatch watches the dozing queues of one instance on one Redis (not a
+// cluster, where their keys cannot share a script). Start it with
+// NewIdleWatch, pass it to the scanners (Options.IdleWatch), and Close it
+// once they have stopped.
+type IdleWatch struct {
+	rdb   redis.UniversalClient
+	every time.Duration
+
+	mu     sync.Mutex
+	dozing map[*dozer]struct{}
+
+	stop, stopped chan struct{}
+}
+
+// dozer is one dozing queue as the IdleWatch sees it.
+type dozer struct {
+	keys  []string // the sweeper key, then the pending and in-flight set of each shard
+	args  []any    // its part of idleScript's ARGV
+	ready func() bool
+	nudge chan struct{} // wakes the queue's loop
+}
+
+// poke wakes the dozing queue.
+func (d *dozer) poke() {
+	select {
+	case d.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// NewIdleWatch starts the IdleWatch that looks at dozing queues every
+// interval (IdlePollInterval, on the sweeps' grid). Nil for a cluster
+// client: there queues do not doze.
+func NewIdleWatch(rdb redis.UniversalClient, every time.Duration) *IdleWatch {
+	if _, cluster := rdb.(*redis.ClusterClient); cluster || every <= 0 {
+		return nil
+	}
+	w := &IdleWatch{rdb: rdb, every: every, dozing: map[*dozer]struct{}{}, stop: make(chan struct{}), stopped: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+// Close stops the IdleWatch; queues still dozing are woken.
+func (w *IdleWatch) Close() {
+	if w == nil {
+		return
+	}
+	close(w.stop)
+	<-w.stopped
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for d := range w.dozing {
+		d.poke()
+	}
+}
+
+func (w *IdleWatch) add(d *dozer) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.dozing[d] = struct{}{}
+}
+
+func (w *IdleWatch) remove(d *dozer) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.dozing, d)
+}
+
+func (w *IdleWatch) run() {
+	defer close(w.stopped)
+	for {
+		t := time.NewTimer(time.Until(gridNext(time.Now(), w.every)))
+		select {
+		case <-w.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		w.look()
+	}
+}
+
+// idleKeysPerCall bounds one idleScript call, so that a thousand queues'
+// look does not hold Redis in one script.
+const idleKeysPerCall = 4096
+
+// look runs idleScript over the dozing queues and wakes those it names;
+// on any failure it wakes the queues it asked about, which then find out
+// for themselves.
+func (w *IdleWatch) look() {
+	w.mu.Lock()
+	var ask []*dozer
+	for d := range w.dozing {
+		if d.ready() {
+			ask = append(ask, d)
+		} else {
+			d.poke()
+		}
+	}
+	w.mu.Unlock()
+	if len(ask) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	defer cancel()
+	type call struct {
+		ds   []*dozer
+		keys []string
+		args []any
+		cmd  *redis.Cmd
+	}
+	var calls []*call
+	for len(ask) > 0 {
+		c := &call{}
+		for len(ask) > 0 && (len(c.ds) == 0 || len(c.keys)+len(ask[0].keys) <= idleKeysPerCall) {
+			c.ds = append(c.ds, ask[0])
+			c.keys = append(c.keys, ask[0].keys...)
+			c.args = append(c.args, ask[0].args...)
+			ask = ask[1:]
+		}
+		calls = append(calls, c)
+	}
+	pipe := w.rdb.Pipeline()
+	for _, c := range calls {
+		c.cmd = idleScript.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx) // each call's own error is read below
+	for _, c := range calls {
+		woke, err := c.cmd.Int64Slice()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			woke, err = idleScript.Run(ctx, w.rdb, c.keys, c.args...).Int64Slice()
+		}
+		if err != nil {
+			for _, d := range c.ds {
+				d.poke()
+			}
+			continue
+		}
+		for _, q := range woke {
+			if q >= 1 && int(q) <= len(c.ds) {
+				c.ds[q-1].poke()
+			}
+		}
+	}
+}
+
+// canDoze reports whether the queue may doze: this instance sweeps it, its
+// last sweep found every shard empty and its sweeps have stretched to the
+// idle interval, and it has nothing claimed, held, publishing or backed
+// off.
+func (s *Scanner) canDoze(busy bool, outstanding int) bool {
+	if s.opt.IdleWatch == nil || busy || outstanding > 0 || !s.quiet || s.role.leading || !s.sweeps() {
+		return false
+	}
+	if s.due.every < s.due.idleEvery() || len(s.due.known) > 0 || len(s.prim.unanswered) > 0 {
+		return false
+	}
+	if s.publishing.Load() > 0 || s.reservedAhead.Load() > 0 || s.hold.len() > 0 || !s.brokerReady() {
+		return false
+	}
+	now := time.Now()
+	for i := 0; i < s.opt.Shards; i++ {
+		if s.due.aside(i, now) {
+			return false
+		}
+	}
+	for _, n := range s.prim.nodes {
+		if n.claiming || n.until.After(now) {
+			return false
+		}
+	}
+	return true
+}
+
+// doze leaves the queue to the IdleWatch until it or a wake-up wakes it,
+// or ctx ends; then the queue sweeps every primary and bids for its role
+// at once.
+func (s *Scanner) doze(ctx context.Context) {
+	d := &dozer{ready: s.brokerReady, nudge: make(chan struct{}, 1)}
+	d.keys = append(d.keys, s.keys.Sweeper())
+	for i := 0; i < s.opt.Shards; i++ {
+		d.keys = append(d.keys, s.keys.Pending(i), s.keys.Inflight(i))
+	}
+	renew := "0"
+	if s.role.leader {
+		renew = "1"
+	}
+	d.args = []any{s.opt.Shards, renew, s.role.instance, strconv.FormatInt(s.role.ttl().Milliseconds(), 10)}
+	s.opt.IdleWatch.add(d)
+	s.met.dozing(1)
+	select {
+	case <-d.nudge:
+	case <-s.wake.ch:
+	case <-ctx.Done():
+	}
+	s.opt.IdleWatch.remove(d)
+	s.met.dozing(0)
+	s.quiet = false
+	for _, n := range s.prim.nodes {
+		n.sweptAt = time.Time{}
+	}
+	s.role.free()
+}

@@ -1,0 +1,113 @@
+package scanner
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/internal/testenv"
+	"github.com/dispatcher/dispatcher/publisher"
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// count is how many queues doze.
+func (w *IdleWatch) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.dozing)
+}
+
+// TestQuietQueueDozes: an empty queue's sweeps stop once they have
+// stretched to the idle interval; while it dozes Redis sees only the
+// IdleWatch's one call per interval (no sweep: no ZRANGE, no TIME). A task
+// a producer ZADDs without a wake-up wakes it and is delivered; so is one
+// scheduled with a wake-up; and a queue whose sweeper role another
+// instance took is woken, stops sweeping and does not doze again. Counted
+// on a private Redis.
+func TestQuietQueueDozes(t *testing.T) {
+	rdb := testenv.StartRedis(t, testenv.RedisOptions{}).Client()
+	k := shard.Keys{Prefix: testenv.Name(t), Queue: "q"}
+	conn := testenv.AMQP(t)
+	exchange := k.Prefix + ".q"
+	got := testenv.Consumer(t, conn, exchange, "q")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := publisher.New(publisher.Options{URLs: []string{testenv.AMQPURL(t)}, Exchanges: []string{exchange}, ConfirmTimeout: 5 * time.Second})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = pub.Run(ctx) }()
+	w := NewIdleWatch(rdb, 100*time.Millisecond)
+	s := New(rdb, pub, Options{Queue: "q", Shards: 16, Exchange: exchange, RoutingKey: "q", KeyPrefix: k.Prefix,
+		BatchSize: 10, Pipeline: 2, PollInterval: 20 * time.Millisecond, IdlePollInterval: 100 * time.Millisecond,
+		Lease: 30 * time.Second, Lookahead: 100 * time.Millisecond, ShutdownTimeout: time.Second, MaxMessageBytes: 1 << 20,
+		MaxAttempts: 5, RetryMin: time.Second, RetryMax: time.Minute, IdleWatch: w})
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = s.Run(ctx) }()
+	defer func() {
+		cancel()
+		wg.Wait()
+		w.Close()
+	}()
+
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("not %s within 10s", what)
+			}
+		}
+	}
+	receive := func(body string) {
+		t.Helper()
+		select {
+		case d := <-got:
+			if string(d.Body) != body {
+				t.Fatalf("delivered %q, want %q", d.Body, body)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%q not delivered within 10s; dozing %d", body, w.count())
+		}
+	}
+
+	waitFor("dozing", func() bool { return w.count() == 1 })
+	before := commandCalls(t, rdb)
+	time.Sleep(time.Second)
+	after := commandCalls(t, rdb)
+	if w.count() != 1 {
+		t.Fatal("woke up with nothing to do")
+	}
+	for name, n := range after {
+		after[name] = n - before[name]
+	}
+	if after["zrange"] != 0 || after["time"] != 0 || after["evalsha"] > 15 || after["exists"] > 15 {
+		t.Fatalf("a dozing queue of 16 shards in 1s: %v; want no sweep (zrange, time) and about 10 IdleWatch calls", after)
+	}
+
+	// A raw ZADD, no wake-up: the IdleWatch finds it.
+	rdb.ZAdd(ctx, k.Pending(5), redis.Z{Score: float64(time.Now().UnixMilli()), Member: "raw"})
+	receive("raw")
+	waitFor("dozing again", func() bool { return w.count() == 1 })
+
+	// The Go producer's wake-up.
+	prod, err := shard.NewProducer(rdb, k.Prefix, "q", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prod.Schedule(ctx, []byte("woken"), time.Now().Add(50*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	receive("woken")
+	waitFor("dozing again", func() bool { return w.count() == 1 })
+
+	// Another instance holds the role now: woken, it no longer sweeps.
+	rdb.Set(ctx, k.Sweeper(), "another", time.Minute)
+	waitFor("woken and no longer sweeping", func() bool { return w.count() == 0 && !s.Sweeping() })
+	time.Sleep(500 * time.Millisecond)
+	if w.count() != 0 {
+		t.Fatal("dozes though another instance sweeps the queue")
+	}
+}
