@@ -123,7 +123,7 @@ func (s *Scanner) runSweep(ctx context.Context, j claimJob, d claimDone) claimDo
 	for attempt := 0; ; attempt++ {
 		var cmd *redis.Cmd
 		before, after, err := s.roundTrip(ctx, j.node, true, func(pipe redis.Pipeliner) {
-			cmd = s.st.sweepCmd(ctx, pipe, j.shards)
+			cmd = s.st.sweepCmd(ctx, pipe, j.shards, j.probe)
 		})
 		if err == nil {
 			var vals []any

@@ -383,7 +383,9 @@ func (s *Scanner) sweep(ctx context.Context, launch func(claimJob)) {
 		}
 	}
 	jobs := s.prim.jobs(ctx, shards, 0, len(shards))
+	probe := len(s.due.known) == 0
 	for _, j := range jobs {
+		j.probe = probe
 		s.prim.node(j.node).sweptAt = now
 		launch(j)
 	}

@@ -57,6 +57,9 @@ type claimJob struct {
 	// ahead: a claim of tasks not due yet (look-ahead), which may wait the
 	// Coalescer's few ms to share a round trip with other queues' claims.
 	ahead bool
+	// probe: a sweep that looks with one EXISTS first (nothing was known
+	// to be due in the queue: it is likely empty).
+	probe bool
 	// aheads: per shard, how far ahead of their due time its claim takes
 	// tasks (nil or 0: due ones only); reserved: per shard, the room taken
 	// in the holder for them (see Scanner.reserveAhead).

@@ -671,13 +671,16 @@ return out
 //
 // KEYS[2i-1], KEYS[2i] the pending set and the in-flight set of the
 // sweep's i-th shard
+// ARGV[1] "1": look with EXISTS first (the queue was found empty last);
+// otherwise read every shard (a busy queue would pay the EXISTS for nothing)
 // Returns {now_us, then per shard: earliest pending score|"", earliest
 // lease|""} (an error in place of a shard's pair of values).
 var sweepScript = redis.NewScript(`#!lua flags=allow-oom
 local t = redis.call('TIME')
 local out = {tonumber(t[1]) * 1000000 + tonumber(t[2])}
-local any = false
+local any = ARGV[1] ~= '1'
 for i = 1, #KEYS, 1000 do
+  if any then break end
   if redis.call('EXISTS', unpack(KEYS, i, math.min(i + 999, #KEYS))) > 0 then
     any = true
     break

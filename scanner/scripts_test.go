@@ -1057,10 +1057,10 @@ func TestSweepOfAQuietQueue(t *testing.T) {
 	for i := range shards {
 		shards[i] = i
 	}
-	sweep := func() []any {
+	sweep := func(probe bool) []any {
 		t.Helper()
 		pipe := rdb.Pipeline()
-		cmd := st.sweepCmd(ctx, pipe, shards)
+		cmd := st.sweepCmd(ctx, pipe, shards, probe)
 		_, _ = pipe.Exec(ctx)
 		vals, err := cmd.Slice()
 		if err != nil {
@@ -1072,7 +1072,7 @@ func TestSweepOfAQuietQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := commandCalls(t, rdb)
-	vals := sweep()
+	vals := sweep(true)
 	got := commandCalls(t, rdb)
 	total := 0
 	for name, n := range got {
@@ -1093,7 +1093,22 @@ func TestSweepOfAQuietQueue(t *testing.T) {
 	rdb.ZAdd(ctx, k.Inflight(3), redis.Z{Score: 42, Member: "1:c"})
 	rdb.ZAdd(ctx, k.Inflight(9), redis.Z{Score: 7, Member: "1:d"})
 	rdb.Set(ctx, k.Pending(5), "not a set", 0)
-	vals = sweep()
+	// A queue with tasks, swept without the probe (as one with tasks known
+	// is): no EXISTS, the same answers.
+	for _, probe := range []bool{true, false} {
+		before = commandCalls(t, rdb)
+		vals = sweep(probe)
+		if n := commandCalls(t, rdb)["exists"] - before["exists"]; n != map[bool]int{true: 1, false: 0}[probe] {
+			t.Fatalf("sweep (probe %v) ran %d EXISTS", probe, n)
+		}
+		checkBusySweep(t, vals, shards)
+	}
+}
+
+// checkBusySweep checks TestSweepOfAQuietQueue's sweep of a queue with
+// tasks in shards 3 and 9 and a string at shard 5's pending key.
+func checkBusySweep(t *testing.T, vals []any, shards []int) {
+	t.Helper()
 	for at := range shards {
 		v, err := sweptShard(vals, at)
 		switch at {

@@ -66,13 +66,18 @@ func (st *store) claimCmd(ctx context.Context, pipe redis.Pipeliner, i, limit in
 	return claimScript.EvalSha(ctx, pipe, st.claimKeys(i), limit, st.lease.Milliseconds(), token, ahead.Milliseconds(), claimBytes, owner)
 }
 
-// sweepCmd queues a sweep of shards (sweepScript) on pipe.
-func (st *store) sweepCmd(ctx context.Context, pipe redis.Pipeliner, shards []int) *redis.Cmd {
+// sweepCmd queues a sweep of shards (sweepScript) on pipe; probe: look
+// with one EXISTS first.
+func (st *store) sweepCmd(ctx context.Context, pipe redis.Pipeliner, shards []int, probe bool) *redis.Cmd {
 	keys := make([]string, 0, 2*len(shards))
 	for _, i := range shards {
 		keys = append(keys, st.keys.Pending(i), st.keys.Inflight(i))
 	}
-	return sweepScript.EvalSha(ctx, pipe, keys)
+	p := "0"
+	if probe {
+		p = "1"
+	}
+	return sweepScript.EvalSha(ctx, pipe, keys, p)
 }
 
 // sweptShard is the at-th shard's part of a sweepScript reply, in the
