@@ -97,7 +97,9 @@ func (q *Queue) Run(ctx context.Context) error {
 // shards a shrink retired, and what producers hashing with a larger count
 // than the recorded one write to any index beyond (sweepStrays).
 func (q *Queue) watch(ctx context.Context, sc *Scanner) (shard.Layout, bool) {
-	t := time.NewTicker(LayoutPoll)
+	// On the grid, so that every queue's read goes in one round trip
+	// (readLayout).
+	t := time.NewTimer(time.Until(gridNext(time.Now(), LayoutPoll)))
 	defer t.Stop()
 	for {
 		select {
@@ -105,8 +107,9 @@ func (q *Queue) watch(ctx context.Context, sc *Scanner) (shard.Layout, bool) {
 			return shard.Layout{}, false
 		case <-q.poke:
 		case <-t.C:
+			t.Reset(time.Until(gridNext(time.Now(), LayoutPoll)))
 		}
-		l, err := shard.ReadLayout(ctx, q.rdb, q.keys)
+		l, look, err := q.readLayout(ctx, sc.Sweeping())
 		if err != nil {
 			if ctx.Err() == nil {
 				q.log.Debug("cannot read the shard layout; serving the last one read", "err", err)
@@ -146,9 +149,42 @@ func (q *Queue) watch(ctx context.Context, sc *Scanner) (shard.Layout, bool) {
 			}
 		}
 		if sc.Sweeping() {
-			q.sweepStrays(ctx, l)
+			q.sweepStrays(ctx, l, look)
 		}
 	}
+}
+
+// readLayout reads the queue's layout and, for the sweeper, whether the
+// next chunk of its walk of the indexes beyond holds anything (strays.go):
+// on one Redis in one round trip shared with the other queues' (the
+// instance's Coalescer), so that a thousand queues' reads every LayoutPoll
+// cost one round trip, not two each.
+func (q *Queue) readLayout(ctx context.Context, sweeping bool) (shard.Layout, strayLook, error) {
+	_, cluster := q.rdb.(*redis.ClusterClient)
+	if cluster || q.opt.Coalescer == nil {
+		l, err := shard.ReadLayout(ctx, q.rdb, q.keys)
+		return l, strayLook{}, err
+	}
+	var look strayLook
+	if cur := q.Layout(); sweeping && !cur.Changing() {
+		look = q.nextStrays(cur)
+	}
+	var layout func() (shard.Layout, error)
+	var exists *redis.IntCmd
+	if _, _, err := q.opt.Coalescer.Do(ctx, "", func(pipe redis.Pipeliner) {
+		layout = shard.QueueLayoutRead(ctx, pipe, q.keys)
+		if len(look.keys) > 0 {
+			exists = pipe.Exists(ctx, look.keys...)
+		}
+	}); err != nil {
+		return shard.Layout{}, strayLook{}, err
+	}
+	l, err := layout()
+	if exists != nil {
+		look.read = true
+		look.any, look.err = exists.Val() > 0, exists.Err()
+	}
+	return l, look, err
 }
 
 // Wake makes the queue's scanner look at every shard now.

@@ -42,25 +42,49 @@ func (w *strayWalk) chunk(from int) (lo, hi int) {
 	return lo, hi
 }
 
+// strayLook is the next chunk of the walk, looked at with one EXISTS in
+// the layout's round trip (Queue.readLayout); read is false if it was not.
+type strayLook struct {
+	lo        int
+	keys      []string
+	read, any bool
+	err       error
+}
+
+// nextStrays is the next chunk of the walk for layout l.
+func (q *Queue) nextStrays(l shard.Layout) strayLook {
+	lo, hi := q.strays.chunk(max(l.Span(), l.Retired))
+	look := strayLook{lo: lo}
+	for i := lo; i < hi; i++ {
+		look.keys = append(look.keys, q.keys.Pending(i))
+	}
+	return look
+}
+
 // sweepStrays looks at the next chunk of the indexes beyond those served
 // (and beyond the retired ones, watched on their own) and moves what
 // producers wrote there to its shard by the current count, due or not:
 // the due ones are then dispatched from there at once. They count as
 // misplaced and are warned of with their keys. Nothing is done during a
-// change of the shard count, whose mover holds the lock.
-func (q *Queue) sweepStrays(ctx context.Context, l shard.Layout) {
+// change of the shard count, whose mover holds the lock. look is the
+// chunk if readLayout looked at it already (with the layout l was read
+// with, the one served).
+func (q *Queue) sweepStrays(ctx context.Context, l shard.Layout, look strayLook) {
 	if l.Changing() {
 		return
 	}
-	lo, hi := q.strays.chunk(max(l.Span(), l.Retired))
-	if lo == hi {
+	if !look.read {
+		look = q.nextStrays(l)
+	}
+	keys, lo := look.keys, look.lo
+	if len(keys) == 0 || look.read && look.err == nil && !look.any {
 		return
 	}
-	keys := make([]string, 0, hi-lo)
-	for i := lo; i < hi; i++ {
-		keys = append(keys, q.keys.Pending(i))
+	err := look.err
+	var found []int
+	if err == nil {
+		found, err = shard.Occupied(ctx, q.rdb, keys)
 	}
-	found, err := shard.Occupied(ctx, q.rdb, keys)
 	if err != nil {
 		if ctx.Err() == nil {
 			q.log.Warn("cannot look for tasks in shard keys beyond the shard count", "from", keys[0], "to", keys[len(keys)-1], "err", err)

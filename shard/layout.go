@@ -59,32 +59,40 @@ var ErrNoLayout = errors.New("no shard count recorded")
 // wrapped, when no shard count is recorded.
 func ReadLayout(ctx context.Context, rdb redis.UniversalClient, keys Keys) (Layout, error) {
 	pipe := rdb.Pipeline()
+	layout := QueueLayoutRead(ctx, pipe, keys)
+	_, _ = pipe.Exec(ctx)
+	return layout()
+}
+
+// QueueLayoutRead queues ReadLayout's reads on pipe, so that they can
+// share a round trip with other commands; the function it returns gives
+// the layout once pipe has run.
+func QueueLayoutRead(ctx context.Context, pipe redis.Pipeliner, keys Keys) func() (Layout, error) {
 	m := pipe.Get(ctx, keys.ShardCount())
 	from := pipe.HGet(ctx, keys.Reshard(), "from")
 	retired := pipe.Get(ctx, keys.Retired())
-	_, _ = pipe.Exec(ctx)
-	var l Layout
-	var err error
-	if l.Shards, err = count(m, keys.ShardCount()); err != nil {
-		return Layout{}, err
+	return func() (Layout, error) {
+		var l Layout
+		var err error
+		if l.Shards, err = count(m, keys.ShardCount()); err != nil {
+			return Layout{}, err
+		}
+		if l.Shards == 0 {
+			return Layout{}, fmt.Errorf("queue %s: %w at %s", keys.Queue, ErrNoLayout, keys.ShardCount())
+		}
+		if l.From, err = count(from, keys.Reshard()+" from"); err != nil {
+			return Layout{}, err
+		}
+		if l.Retired, err = count(retired, keys.Retired()); err != nil {
+			return Layout{}, err
+		}
+		if l.Retired <= l.Shards {
+			l.Retired = 0
+		}
+		return l, nil
 	}
-	if l.Shards == 0 {
-		return Layout{}, fmt.Errorf("queue %s: %w at %s", keys.Queue, ErrNoLayout, keys.ShardCount())
-	}
-	if l.From, err = count(from, keys.Reshard()+" from"); err != nil {
-		return Layout{}, err
-	}
-	if l.Retired, err = count(retired, keys.Retired()); err != nil {
-		return Layout{}, err
-	}
-	if l.Retired <= l.Shards {
-		l.Retired = 0
-	}
-	return l, nil
 }
 
-// count reads a recorded shard count: 0 if absent, an error naming the
-// key if it is not one.
 func count(cmd *redis.StringCmd, what string) (int, error) {
 	v, err := cmd.Result()
 	if errors.Is(err, redis.Nil) {
