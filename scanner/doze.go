@@ -17,7 +17,8 @@ import (
 // queues together, on the sweeps' grid, in one script call per Redis: one
 // EXISTS over each queue's pending and in-flight sets, and its sweeper role
 // renewed. A queue is woken when any of its keys exists (a producer's ZADD,
-// another instance's claim), when its role is no longer this instance's,
+// another instance's claim), when its role is no longer this instance's or
+// is free (an instance that shares the queue's shards dozes without it),
 // when its broker is not ready (so that its share of the shards goes to
 // other instances, see holdShare), or by a wake-up on its channel; then it
 // sweeps and bids at once. A task scheduled on a dozing queue is found
@@ -31,18 +32,18 @@ import (
 // instance holds its sweeper role (renewed, as leadScript does, while it
 // is still the holder), the instance's id, the role's TTL in ms.
 // Returns the 1-based positions of the queues to wake: any of their sets
-// exists, or the role they hold is no longer theirs.
+// exists, the role they hold is no longer theirs, or the role they do not
+// hold is free (its holder died: they bid for it, as they would awake).
 var idleScript = redis.NewScript(`
 local wake, k = {}, 1
 for q = 1, #ARGV / 4 do
   local n, renew, id, ttl = tonumber(ARGV[4 * q - 3]), ARGV[4 * q - 2], ARGV[4 * q - 1], ARGV[4 * q]
   local woke = false
-  if renew == '1' then
-    if redis.call('GET', KEYS[k]) == id then
-      redis.call('PEXPIRE', KEYS[k], ttl)
-    else
-      woke = true
-    end
+  local holder = redis.call('GET', KEYS[k])
+  if renew == '1' and holder == id then
+    redis.call('PEXPIRE', KEYS[k], ttl)
+  elseif renew == '1' or not holder then
+    woke = true
   end
   for i = k + 1, k + 2 * n, 1000 do
     if woke then break end

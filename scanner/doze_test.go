@@ -111,3 +111,53 @@ func TestQuietQueueDozes(t *testing.T) {
 		t.Fatal("dozes though another instance sweeps the queue")
 	}
 }
+
+// twoMembers is a liveness in which this instance ("me") shares the queue
+// with another live one.
+type twoMembers struct{}
+
+func (twoMembers) ID() string                    { return "me" }
+func (twoMembers) Check(string) (ok, fenced bool) { return true, false }
+func (twoMembers) Members(string) []string       { return []string{"me", "other"} }
+
+// TestDozingInstanceTakesAFreeRole: with two live instances each sweeps
+// its share, so one that does not hold the sweeper role dozes too; when
+// the role falls free (its holder died) the IdleWatch wakes it and it
+// takes the role over, as a bid would have.
+func TestDozingInstanceTakesAFreeRole(t *testing.T) {
+	rdb := testenv.StartRedis(t, testenv.RedisOptions{}).Client()
+	k := shard.Keys{Prefix: testenv.Name(t), Queue: "q"}
+	conn := testenv.AMQP(t)
+	exchange := k.Prefix + ".q"
+	testenv.Consumer(t, conn, exchange, "q")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rdb.Set(ctx, k.Sweeper(), "another", time.Minute)
+	pub := publisher.New(publisher.Options{URLs: []string{testenv.AMQPURL(t)}, Exchanges: []string{exchange}, ConfirmTimeout: 5 * time.Second})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = pub.Run(ctx) }()
+	w := NewIdleWatch(rdb, 100*time.Millisecond)
+	s := New(rdb, pub, Options{Queue: "q", Shards: 4, Exchange: exchange, RoutingKey: "q", KeyPrefix: k.Prefix,
+		BatchSize: 10, Pipeline: 2, PollInterval: 20 * time.Millisecond, IdlePollInterval: 100 * time.Millisecond,
+		Lease: 30 * time.Second, ShutdownTimeout: time.Second, MaxMessageBytes: 1 << 20,
+		MaxAttempts: 5, RetryMin: time.Second, RetryMax: time.Minute, IdleWatch: w, Liveness: twoMembers{}})
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = s.Run(ctx) }()
+	defer func() {
+		cancel()
+		wg.Wait()
+		w.Close()
+	}()
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("not %s within 10s", what)
+			}
+		}
+	}
+	waitFor("dozing without the role", func() bool { return w.count() == 1 && !s.Sweeping() })
+	rdb.Del(ctx, k.Sweeper())
+	waitFor("holding the role fallen free", func() bool { return s.Sweeping() })
+}
