@@ -116,9 +116,9 @@ func TestQuietQueueDozes(t *testing.T) {
 // with another live one.
 type twoMembers struct{}
 
-func (twoMembers) ID() string                    { return "me" }
+func (twoMembers) ID() string                     { return "me" }
 func (twoMembers) Check(string) (ok, fenced bool) { return true, false }
-func (twoMembers) Members(string) []string       { return []string{"me", "other"} }
+func (twoMembers) Members(string) []string        { return []string{"me", "other"} }
 
 // TestDozingInstanceTakesAFreeRole: with two live instances each sweeps
 // its share, so one that does not hold the sweeper role dozes too; when
