@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -52,6 +53,7 @@ func runDaemon(stderr io.Writer) int {
 			defer func() { pprof.StopCPUProfile(); f.Close() }()
 		}
 	}
+
 	log := newLogger(cfg, stderr)
 	if cfg.IdlePollInterval > shard.DefaultWakeWithin {
 		// Tasks due between the two after their ZADD get no wake-up from the
@@ -68,6 +70,18 @@ func runDaemon(stderr io.Writer) int {
 	redis.SetLogger(newRedisLogger(log.With("component", "redis-client")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	if path := os.Getenv("DISPATCHER_TEST_HEAPPROFILE"); path != "" {
+		// For the memory an instance's queues cost: what the heap holds
+		// when the stop signal comes, before anything stops.
+		go func() {
+			<-ctx.Done()
+			runtime.GC()
+			if f, err := os.Create(path); err == nil {
+				_ = pprof.Lookup("heap").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
+	}
 	defer stop()
 
 	ropt, err := redisOptions(cfg)
