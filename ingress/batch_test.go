@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
@@ -105,4 +107,123 @@ func timeCalls(t *testing.T, info string) int {
 		}
 	}
 	return 0
+}
+
+// roundTrips counts what a client sends to Redis: each command or pipeline
+// is one round trip.
+type roundTrips struct {
+	mu    sync.Mutex
+	trips int
+	cmds  []string // each round trip's commands, space-separated
+}
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.add(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+func (r *roundTrips) add(cmds ...redis.Cmder) {
+	names := make([]string, len(cmds))
+	for n, c := range cmds {
+		names[n] = c.Name()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.trips++
+	r.cmds = append(r.cmds, strings.Join(names, " "))
+}
+
+func (r *roundTrips) take() (int, []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, c := r.trips, r.cmds
+	r.trips, r.cmds = 0, nil
+	return n, c
+}
+
+// Under steady traffic a batch is written in one round trip: the tasks'
+// write, then in the same pipeline the batch's cancel marks and the Redis
+// clock reading the next batch's due times are based on. Each message is
+// published only once the one before is in Redis, so every batch holds
+// one; and no due time is earlier than its publish by the Redis clock.
+func TestSteadyBatchOneRoundTrip(t *testing.T) {
+	const n = 20
+	rdb := testenv.Redis(t)
+	name := fmt.Sprintf("ingress-trips-%d", time.Now().UnixNano()%1_000_000_000)
+	testenv.CleanRedis(t, rdb, name)
+	opt := *rdb.Options()
+	client := redis.NewClient(&opt)
+	defer client.Close()
+	trips := &roundTrips{}
+	client.AddHook(trips)
+	ctx := context.Background()
+	prod, err := shard.NewProducer(client, name, name, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testenv.AMQPURL(t)
+	g := New(client, prod, Options{Queue: name, Exchange: name + ".ingress", Prefetch: 16, QueueType: ClassicQueue,
+		MaxDelay: time.Hour, Dial: func() (*amqp.Connection, error) { return amqp.Dial(url) }})
+	if err := g.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	conn := testenv.AMQP(t)
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(QueueName(name), false, false, false)
+			_ = ch.ExchangeDelete(name+".ingress", false, false)
+			ch.Close()
+		}
+	})
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); g.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	publish := func(i int) (before int64) {
+		before = rdb.Time(ctx).Val().UnixMilli()
+		id := "m" + strconv.Itoa(i)
+		if err := ch.PublishWithContext(ctx, name+".ingress", "k", false, false, amqp.Publishing{
+			MessageId: id, Headers: amqp.Table{HeaderDelay: int32(3_600_000)}, Body: []byte("body")}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			score, err := rdb.ZScore(ctx, prod.Keys().Pending(shard.Index([]byte(id), 4)), id).Result()
+			if err == nil {
+				if due := int64(score); due < before+3_600_000 {
+					t.Errorf("%s due %d: earlier than its publish (%d by the Redis clock) plus its x-delay", id, due, before)
+				}
+				return before
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not in Redis after 10 s", id)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	publish(0) // the first batch reads the clock on its own
+	trips.take()
+	for i := 1; i <= n; i++ {
+		publish(i)
+	}
+	got, cmds := trips.take()
+	t.Logf("%d batches in %d round trips: %q", n, got, cmds[:min(2, len(cmds))])
+	if got != n {
+		t.Errorf("%d batches of one message took %d round trips, want %d", n, got, n)
+	}
 }

@@ -61,6 +61,9 @@ type Ingress struct {
 	prod *shard.Producer
 	log  *slog.Logger
 	obs  *observer
+	// clock: the last Redis clock reading; only the consuming goroutine
+	// uses it.
+	clock redisClock
 }
 
 // New makes the ingress of one queue; rdb and prod are the queue's Redis
@@ -262,12 +265,16 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 	for n, d := range batch {
 		items[n] = g.convert(d, nowMs)
 	}
+	// The cancel marks of every task of the batch are read after its last
+	// write, and the Redis clock with them (for the next batch): in that
+	// write's round trip on one Redis (ScheduleIDsThen).
+	marks := g.markCheck(items)
 	// Schedules and cancels in delivery order: a cancel after its task's
 	// scheduling in the same batch must win.
 	var run []shard.IDTask
-	flush := func() error {
+	flush := func(then func(redis.Pipeliner)) error {
 		for len(run) > 0 {
-			err := g.prod.ScheduleIDs(ctx, run)
+			err := g.prod.ScheduleIDsThen(ctx, run, then)
 			if err == nil {
 				break
 			}
@@ -287,7 +294,7 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 		case it.task != nil:
 			run = append(run, *it.task)
 		case it.cancel != nil:
-			if err := flush(); err != nil {
+			if err := flush(nil); err != nil {
 				return nil
 			}
 			for {
@@ -309,10 +316,10 @@ func (g *Ingress) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Del
 			}
 		}
 	}
-	if err := flush(); err != nil {
+	if err := flush(marks.add); err != nil {
 		return nil
 	}
-	if err := g.cancelMarked(ctx, items); err != nil {
+	if err := g.cancelMarked(ctx, marks); err != nil {
 		return nil
 	}
 	for {
@@ -379,26 +386,66 @@ func (g *Ingress) cancelKey(id []byte) string {
 	return k.Prefix + ":{" + k.Queue + "}:ingress-cancelled:" + string(id)
 }
 
-// cancelMarked cancels the tasks just written whose id a cancel marked
-// within CancelWindow: one MGET (one slot, the {Q} tag) per batch. It
-// retries until Redis answers; the batch is not acked before.
-func (g *Ingress) cancelMarked(ctx context.Context, items []item) error {
-	var ids [][]byte
-	var keys []string
+// marks is a batch's check of cancel marks, and of the Redis clock.
+type marks struct {
+	g    *Ingress
+	ids  [][]byte
+	keys []string
+	// sent: add's commands went after the batch's last write; their
+	// replies are in get and clock.
+	sent        bool
+	get         *redis.SliceCmd
+	clock       *redis.TimeCmd
+	clockSentAt time.Time
+}
+
+// markCheck prepares the check of items' tasks.
+func (g *Ingress) markCheck(items []item) *marks {
+	m := &marks{g: g}
 	for _, it := range items {
 		if it.task != nil {
-			ids, keys = append(ids, it.task.ID), append(keys, g.cancelKey(it.task.ID))
+			m.ids, m.keys = append(m.ids, it.task.ID), append(m.keys, g.cancelKey(it.task.ID))
 		}
 	}
-	if len(keys) == 0 {
+	return m
+}
+
+// add puts the check into a write's pipeline, after the write.
+func (m *marks) add(pipe redis.Pipeliner) {
+	m.sent = true
+	m.get = nil
+	if len(m.keys) > 0 {
+		m.get = pipe.MGet(context.Background(), m.keys...)
+	}
+	m.clockSentAt = time.Now()
+	m.clock = pipe.Time(context.Background())
+}
+
+// cancelMarked cancels the tasks just written whose id a cancel marked
+// within CancelWindow: one MGET (one slot, the {Q} tag) per batch, the
+// one sent with the batch's last write when it was, else its own. It
+// retries until Redis answers; the batch is not acked before.
+func (g *Ingress) cancelMarked(ctx context.Context, m *marks) error {
+	if m.sent && m.clock != nil {
+		if t, err := m.clock.Result(); err == nil {
+			g.clock.set(t, m.clockSentAt)
+		}
+	}
+	if len(m.keys) == 0 {
 		return nil
 	}
+	var vs []any
+	var err error
+	if m.sent && m.get != nil {
+		vs, err = m.get.Result()
+	} else {
+		vs, err = g.rdb.MGet(ctx, m.keys...).Result()
+	}
 	for {
-		vs, err := g.rdb.MGet(ctx, keys...).Result()
 		for n := 0; err == nil && n < len(vs); n++ {
 			if vs[n] != nil {
-				if _, err = g.prod.CancelID(ctx, ids[n]); err == nil {
-					g.log.Info("ingress: task cancelled by a cancel ingested before it", "id", string(ids[n]))
+				if _, err = g.prod.CancelID(ctx, m.ids[n]); err == nil {
+					g.log.Info("ingress: task cancelled by a cancel ingested before it", "id", string(m.ids[n]))
 				}
 			}
 		}
@@ -410,6 +457,7 @@ func (g *Ingress) cancelMarked(ctx context.Context, items []item) error {
 		}
 		g.log.Warn("ingress: checking cancels failed; nothing acked, retrying", "err", err)
 		sleep(ctx, time.Second)
+		vs, err = g.rdb.MGet(ctx, m.keys...).Result()
 	}
 }
 
@@ -421,11 +469,45 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 func (g *Ingress) redisNow(ctx context.Context) (int64, error) {
+	if ms, ok := g.clock.now(); ok {
+		return ms, nil
+	}
+	sent := time.Now()
 	t, err := g.rdb.Time(ctx).Result()
 	if err != nil {
 		return 0, fmt.Errorf("reading the Redis clock: %w", err)
 	}
+	g.clock.set(t, sent)
 	return t.UnixMilli(), nil
+}
+
+// ClockFresh is how long a reading of the Redis clock serves the ingress:
+// later batches take it forward by this process's monotonic clock. Under
+// steady traffic each batch's write brings a new one, so no batch waits
+// for a TIME round trip of its own.
+const ClockFresh = time.Second
+
+// redisClock is the last reading of the Redis clock and when its command
+// was sent: the reading is no earlier than that instant on the Redis
+// clock, so an estimate taken forward from it errs late by at most that
+// command's round trip, never early.
+type redisClock struct {
+	read time.Time // the reading (whole microseconds: no truncation to ms before it is taken forward)
+	at   time.Time // when its command was sent, by this process's clock
+}
+
+func (c *redisClock) set(t time.Time, sent time.Time) { c.read, c.at = t, sent }
+
+// now is the estimate, if the reading is fresh.
+func (c *redisClock) now() (int64, bool) {
+	if c.at.IsZero() {
+		return 0, false
+	}
+	age := time.Since(c.at)
+	if age < 0 || age >= ClockFresh {
+		return 0, false
+	}
+	return c.read.Add(age).UnixMilli(), true
 }
 
 // Headers the ingress reads.

@@ -52,9 +52,17 @@ func (tx *shardTx) add(args ...any) { tx.cmds = append(tx.cmds, args) }
 // runs a TxPipeline on one slot only: each shard gets a TxPipeline of its
 // own, sent concurrently, and the wake-ups follow their replies.
 func (p *Producer) runTxs(ctx context.Context, txs []*shardTx) {
+	p.runTxsThen(ctx, txs, nil)
+}
+
+// runTxsThen is runTxs, and then has then add commands to be sent after
+// the transactions: on one server in the same pipeline (one round trip,
+// run after them); on Redis Cluster in a pipeline of its own once every
+// transaction has replied. It reports whether then's commands were sent.
+func (p *Producer) runTxsThen(ctx context.Context, txs []*shardTx, then func(redis.Pipeliner)) bool {
 	if p.ordered {
-		p.runTxsPipelined(ctx, txs)
-		return
+		p.runTxsPipelined(ctx, txs, then)
+		return then != nil
 	}
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
@@ -97,10 +105,11 @@ func (p *Producer) runTxs(ctx context.Context, txs []*shardTx) {
 	if wakes != nil {
 		_, _ = wakes.Exec(ctx)
 	}
+	return false
 }
 
 // runTxsPipelined is runTxs on one server: see there.
-func (p *Producer) runTxsPipelined(ctx context.Context, txs []*shardTx) {
+func (p *Producer) runTxsPipelined(ctx context.Context, txs []*shardTx, then func(redis.Pipeliner)) {
 	pipe := p.rdb.Pipeline()
 	queued := make([][]*redis.Cmd, len(txs))
 	execs := make([]*redis.Cmd, len(txs))
@@ -115,6 +124,9 @@ func (p *Producer) runTxsPipelined(ctx context.Context, txs []*shardTx) {
 		if tx.wake != "" {
 			pipe.Publish(ctx, p.keys.Wake(), tx.wake)
 		}
+	}
+	if then != nil {
+		then(pipe)
 	}
 	_, _ = pipe.Exec(ctx)
 	for n, tx := range txs {
@@ -189,6 +201,19 @@ func (p *Producer) ScheduleID(ctx context.Context, t IDTask) error {
 // shards' tasks are still scheduled, and the error names the shard's key.
 // An id given twice is scheduled as the later of the two.
 func (p *Producer) ScheduleIDs(ctx context.Context, tasks []IDTask) error {
+	return p.ScheduleIDsThen(ctx, tasks, nil)
+}
+
+// ScheduleIDsThen is ScheduleIDs, and then sends the commands then adds
+// to the pipeline it is given, after the tasks are written: on one Redis
+// (or Sentinel) in the write's own round trip, which the server runs after
+// the write; on Redis Cluster in a pipeline of its own once the write has
+// replied. Their replies are read from the commands then made, after
+// ScheduleIDsThen returns, whatever it returns. then may be called more
+// than once (the write is made again when the shard layout changed
+// meanwhile): the commands of its last call hold the replies. It is not
+// called when the tasks are refused before anything is written.
+func (p *Producer) ScheduleIDsThen(ctx context.Context, tasks []IDTask, then func(redis.Pipeliner)) error {
 	if len(tasks) == 0 {
 		return nil
 	}
@@ -196,11 +221,11 @@ func (p *Producer) ScheduleIDs(ctx context.Context, tasks []IDTask) error {
 	if err != nil {
 		return fmt.Errorf("queue %s: %w (nothing scheduled)", p.keys.Queue, err)
 	}
-	return p.settled(ctx, func(l Layout) error { return p.scheduleIDsBy(ctx, l, tasks, props) })
+	return p.settled(ctx, func(l Layout) error { return p.scheduleIDsBy(ctx, l, tasks, props, then) })
 }
 
-// scheduleIDsBy is ScheduleIDs by layout l.
-func (p *Producer) scheduleIDsBy(ctx context.Context, l Layout, tasks []IDTask, props [][]byte) error {
+// scheduleIDsBy is ScheduleIDsThen by layout l.
+func (p *Producer) scheduleIDsBy(ctx context.Context, l Layout, tasks []IDTask, props [][]byte, then func(redis.Pipeliner)) error {
 	byShard := map[int]*shardTx{}
 	earliest := map[int]int64{}
 	var txs []*shardTx
@@ -233,7 +258,14 @@ func (p *Producer) scheduleIDsBy(ctx context.Context, l Layout, tasks []IDTask, 
 			tx.wake = WakeDue(tx.i, earliest[tx.i])
 		}
 	}
-	p.runTxs(ctx, txs)
+	sent := p.runTxsThen(ctx, txs, then)
+	if then != nil && !sent {
+		defer func() {
+			pipe := p.rdb.Pipeline()
+			then(pipe)
+			_, _ = pipe.Exec(ctx)
+		}()
+	}
 	var firstErr error
 	for _, tx := range txs {
 		if tx.err != nil && firstErr == nil {

@@ -125,8 +125,23 @@ func TestScheduleIDs(t *testing.T) {
 	if n := pendingCount(t, rdb, k.Prefix, "orders", m); n != 0 {
 		t.Fatalf("a refused batch wrote %d tasks", n)
 	}
-	if err := p.ScheduleIDs(ctx, tasks); err != nil {
+	// The commands ScheduleIDsThen is given run after the write.
+	var seen []*redis.FloatCmd
+	if err := p.ScheduleIDsThen(ctx, tasks, func(pipe redis.Pipeliner) {
+		seen = seen[:0]
+		for _, task := range tasks {
+			seen = append(seen, pipe.ZScore(ctx, k.Pending(shard.Index(task.ID, m)), string(task.ID)))
+		}
+	}); err != nil {
 		t.Fatal(err)
+	}
+	if len(seen) != count {
+		t.Fatalf("then made %d commands, want %d", len(seen), count)
+	}
+	for n, c := range seen {
+		if v, err := c.Result(); err != nil || int64(v) != tasks[n].Due.UnixMilli() {
+			t.Fatalf("%s as then read it: %v %v", tasks[n].ID, v, err)
+		}
 	}
 	for n, task := range tasks {
 		got := stateOf(t, rdb, k, shard.Index(task.ID, m), string(task.ID))

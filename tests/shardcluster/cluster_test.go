@@ -283,10 +283,24 @@ func TestIDProducerOnCluster(t *testing.T) {
 		tasks = append(tasks, shard.IDTask{ID: []byte(fmt.Sprintf("order-%d", i)), Body: []byte(fmt.Sprintf("body %d", i)),
 			Props: &shard.Properties{Priority: &prio}, Due: due})
 	}
-	if err := p.ScheduleIDs(ctx, tasks); err != nil {
-		t.Fatalf("ScheduleIDs: %v", err)
-	}
 	k := p.Keys()
+	// The commands ScheduleIDsThen is given run once the write replied
+	// (on a cluster in a pipeline of their own, the write's being one per
+	// slot).
+	var seen []*redis.FloatCmd
+	if err := p.ScheduleIDsThen(ctx, tasks, func(pipe redis.Pipeliner) {
+		seen = seen[:0]
+		for _, task := range tasks {
+			seen = append(seen, pipe.ZScore(ctx, k.Pending(shard.Index(task.ID, m)), string(task.ID)))
+		}
+	}); err != nil {
+		t.Fatalf("ScheduleIDsThen: %v", err)
+	}
+	for n, c := range seen {
+		if v, err := c.Result(); err != nil || int64(v) != due.UnixMilli() {
+			t.Fatalf("%s as then read it: %v %v", tasks[n].ID, v, err)
+		}
+	}
 	primaries := map[string]int{}
 	for _, task := range tasks {
 		i := shard.Index(task.ID, m)
