@@ -89,6 +89,11 @@ type Options struct {
 	// (NewCoalescer). Nil: each goes on its own.
 	Coalescer *coalesce.Coalescer
 
+	// WakeHub, shared by the scanners of one instance on one Redis,
+	// carries every queue's wake channel over one subscription
+	// (NewWakeHub). Nil: each queue subscribes on a connection of its own.
+	WakeHub *WakeHub
+
 	// IdleWatch, shared by the scanners of one instance, looks at the
 	// queues that hold nothing in one call per Redis, so that they need no
 	// sweeps of their own (NewIdleWatch; see doze.go). Nil: every queue
@@ -107,7 +112,8 @@ type Options struct {
 	Metrics *Metrics
 
 	// OnLayout, if set, is called when the queue's wake channel says its
-	// layout changed.
+	// layout changed. It must not wait: over a WakeHub it runs on the
+	// goroutine that reads every queue's wake-ups.
 	OnLayout func()
 
 	// Liveness, if set, is the instance's liveness (internal/liveness):
@@ -222,6 +228,7 @@ func New(rdb redis.UniversalClient, pub Publisher, opt Options) *Scanner {
 		met: met, lim: lim}
 	s.wake = newWakeups(rdb, keys, opt.Shards, opt.PollInterval, s.prim.cluster, log, lim)
 	s.wake.onLayout = opt.OnLayout
+	s.wake.hub = opt.WakeHub
 	s.layoutM.Store(int64(opt.Layout))
 	s.hold = newHolder(s.clock.surelyUs, s.clock.localUs, s.fire, opt.PublishTick)
 	s.check = newClockCheck(s.clock, s.clockNode, lim, met)

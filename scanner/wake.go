@@ -33,6 +33,8 @@ type wakeups struct {
 	lim     *logLimiter
 	// onLayout is told of a "layout" message (Options.OnLayout).
 	onLayout func()
+	// hub, if set, is the instance's shared subscription (Options.WakeHub).
+	hub *WakeHub
 
 	ch    chan struct{} // wakes the loop
 	notes notes
@@ -105,6 +107,10 @@ func (n *notes) due(i int, ms int64) {
 // any producer adds for now goes out without waiting for the next poll.
 // Losing messages (e.g. while reconnecting) only falls back to polling.
 func (w *wakeups) listen(ctx context.Context) {
+	if w.hub != nil {
+		w.listenOn(ctx, w.hub)
+		return
+	}
 	ps := w.rdb.Subscribe(ctx, w.keys.Wake())
 	defer ps.Close()
 	// A refusal (an ACL without the channel: Redis 7 users get none by
@@ -140,6 +146,29 @@ func (w *wakeups) listen(ctx context.Context) {
 	}
 }
 
+// listenOn is listen over the instance's shared subscription.
+func (w *wakeups) listenOn(ctx context.Context, hub *WakeHub) {
+	if err := hub.subscribe(ctx, w.keys.Wake(), false, w.heard); isReply(err) {
+		w.log.Warn("cannot subscribe to the wake channel; polling only, and other instances will not help drain a backlog (grant the channel in the ACL)",
+			"channel", w.keys.Wake(), "err", err)
+		return
+	} else if err != nil {
+		return // closed, or ctx ended
+	}
+	defer hub.unsubscribe(w.keys.Wake(), false)
+	if pattern := w.keyspacePattern(ctx); pattern != "" {
+		if err := hub.subscribe(ctx, pattern, true, w.heard); isReply(err) {
+			w.log.Warn("cannot subscribe to keyspace events; polling only", "pattern", pattern, "err", err)
+		} else if err == nil {
+			defer hub.unsubscribe(pattern, true)
+			w.log.Info("Redis publishes sorted-set keyspace events: newly scheduled tasks wake this instance at once")
+		}
+	}
+	<-ctx.Done()
+}
+
+// heard takes in one message. Over a WakeHub it runs on the hub's
+// goroutine, for every queue's messages: it must not wait.
 func (w *wakeups) heard(m *redis.Message) {
 	if m.Pattern != "" {
 		// Keyspace event: channel __keyspace@<db>__:<pending key>, payload

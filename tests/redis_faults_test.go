@@ -36,6 +36,8 @@ type feeder struct {
 	want map[string]int64
 	plan []planned
 
+	// sending is held while a ZADD is on its way: use waits for it.
+	sending  sync.Mutex
 	mu       sync.Mutex
 	p        *shard.Producer
 	failed   int   // failed sends, each retried
@@ -93,16 +95,19 @@ func (f *feeder) send(tasks []shard.Task) bool {
 	deadline := time.Now().Add(30 * time.Second)
 	for _, task := range tasks {
 		for {
+			f.sending.Lock()
 			f.mu.Lock()
 			p := f.p
 			f.mu.Unlock()
 			if p == nil { // paused (see use)
+				f.sending.Unlock()
 				time.Sleep(10 * time.Millisecond)
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			err := p.Schedule(ctx, task.Member, task.Due)
 			cancel()
+			f.sending.Unlock()
 			f.mu.Lock()
 			if err == nil {
 				f.lastOK = time.Now()
@@ -126,8 +131,10 @@ func (f *feeder) send(tasks []shard.Task) bool {
 }
 
 // use switches the feeder to another producer (another server); nil
-// pauses it.
+// pauses it. It returns once no ZADD of the former one is on its way.
 func (f *feeder) use(p *shard.Producer) {
+	f.sending.Lock()
+	defer f.sending.Unlock()
 	f.mu.Lock()
 	f.p = p
 	f.mu.Unlock()
@@ -278,10 +285,20 @@ func TestRedisReadOnlyReplica(t *testing.T) {
 		dispatched = metricSum(t, addr, "dispatcher_tasks_dispatched_total")
 		// Fail-over: the replica catches up with the primary, is promoted,
 		// and the producer follows it.
+		// WAIT waits only for the writes of its own connection: one write
+		// of its own, after every ZADD of the feeder's (use returned),
+		// which the replica acknowledges after all of them. A WAIT on a
+		// connection that wrote nothing returned at once, and a task
+		// ZADDed just before the promotion was lost with the old primary.
 		f.use(nil)
-		if err := h.rdb.Do(ctx, "WAIT", 1, 5000).Err(); err != nil {
+		waitConn := primary.Client().Conn()
+		if err := waitConn.Incr(ctx, h.prefix+":wait").Err(); err != nil {
 			t.Error(err)
 		}
+		if n, err := waitConn.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+			t.Errorf("WAIT 1: %d replicas, %v", n, err)
+		}
+		_ = waitConn.Close()
 		if err := rc.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
 			t.Error(err)
 		}

@@ -132,6 +132,8 @@ func runDaemon(stderr io.Writer) int {
 	// Queues that hold nothing are looked at together (nil on a cluster).
 	idle := scanner.NewIdleWatch(rdb, max(cfg.IdlePollInterval, cfg.PollInterval))
 	defer idle.Close()
+	hub := scanner.NewWakeHub(rdb, log)
+	defer hub.Close() // after the scanners (deferred later, run first)
 
 	// One id for the whole process: the status page and `dispatcher stats`
 	// show it as the holder of the queues' sweeper role.
@@ -164,7 +166,7 @@ func runDaemon(stderr io.Writer) int {
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lookahead: cfg.Lookahead, PublishTick: cfg.PublishTick, ClockReadGap: cfg.ClockReadGap, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts, Unroutable: q.Unroutable, UnroutableAttempts: q.UnroutableAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, IdleWatch: idle, Tracer: tracer,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, IdleWatch: idle, WakeHub: hub, Tracer: tracer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance, Liveness: scLive,
 		}))
 		byQueue[q.Name] = scs[len(scs)-1]
