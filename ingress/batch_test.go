@@ -227,3 +227,27 @@ func TestSteadyBatchOneRoundTrip(t *testing.T) {
 		t.Errorf("%d batches of one message took %d round trips, want %d", n, got, n)
 	}
 }
+
+// The clock estimate serves only while its reading is fresh, and takes it
+// forward by the time since its command was sent (so it errs late, never
+// early).
+func TestRedisClockEstimate(t *testing.T) {
+	var c redisClock
+	if _, ok := c.now(); ok {
+		t.Fatal("an estimate without a reading")
+	}
+	read := time.UnixMicro(1_800_000_000_123_456)
+	sent := time.Now().Add(-20 * time.Millisecond)
+	c.set(read, sent)
+	ms, ok := c.now()
+	if !ok {
+		t.Fatal("a reading 20 ms old is not fresh")
+	}
+	if low := read.Add(20 * time.Millisecond).UnixMilli(); ms < low {
+		t.Fatalf("estimate %d: earlier than the reading taken forward by its age (%d)", ms, low)
+	}
+	c.set(read, time.Now().Add(-ClockFresh))
+	if _, ok := c.now(); ok {
+		t.Fatalf("a reading %s old still serves", ClockFresh)
+	}
+}

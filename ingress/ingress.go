@@ -484,13 +484,16 @@ func (g *Ingress) redisNow(ctx context.Context) (int64, error) {
 // ClockFresh is how long a reading of the Redis clock serves the ingress:
 // later batches take it forward by this process's monotonic clock. Under
 // steady traffic each batch's write brings a new one, so no batch waits
-// for a TIME round trip of its own.
-const ClockFresh = time.Second
+// for a TIME round trip of its own; short, so that a step of the Redis
+// host's clock (or a failover to a primary whose clock differs) is seen
+// within it.
+const ClockFresh = 100 * time.Millisecond
 
 // redisClock is the last reading of the Redis clock and when its command
 // was sent: the reading is no earlier than that instant on the Redis
 // clock, so an estimate taken forward from it errs late by at most that
-// command's round trip, never early.
+// command's round trip, never early (clock rates differ by parts per
+// million: microseconds over ClockFresh).
 type redisClock struct {
 	read time.Time // the reading (whole microseconds: no truncation to ms before it is taken forward)
 	at   time.Time // when its command was sent, by this process's clock
@@ -498,13 +501,18 @@ type redisClock struct {
 
 func (c *redisClock) set(t time.Time, sent time.Time) { c.read, c.at = t, sent }
 
-// now is the estimate, if the reading is fresh.
+// now is the estimate, if the reading is fresh. The wall clock's age must
+// agree with the monotonic one: Go's monotonic clock stops while the host
+// is suspended (a paused VM), and an estimate taken forward by it would
+// then be early.
 func (c *redisClock) now() (int64, bool) {
 	if c.at.IsZero() {
 		return 0, false
 	}
-	age := time.Since(c.at)
-	if age < 0 || age >= ClockFresh {
+	now := time.Now()
+	age := now.Sub(c.at)
+	wall := now.Round(0).Sub(c.at.Round(0))
+	if age < 0 || age >= ClockFresh || wall-age > time.Millisecond || age-wall > time.Millisecond {
 		return 0, false
 	}
 	return c.read.Add(age).UnixMilli(), true

@@ -146,20 +146,24 @@ func (w *wakeups) listen(ctx context.Context) {
 	}
 }
 
-// listenOn is listen over the instance's shared subscription.
+// listenOn is listen over the instance's shared subscription. A refusal
+// is logged for this queue whenever Redis gives it (also after a
+// reconnect), and the channel dropped.
 func (w *wakeups) listenOn(ctx context.Context, hub *WakeHub) {
-	if err := hub.subscribe(ctx, w.keys.Wake(), false, w.heard); isReply(err) {
+	ch := w.keys.Wake()
+	err := hub.subscribe(ctx, ch, false, w.heard, func(err error) {
 		w.log.Warn("cannot subscribe to the wake channel; polling only, and other instances will not help drain a backlog (grant the channel in the ACL)",
-			"channel", w.keys.Wake(), "err", err)
-		return
-	} else if err != nil {
-		return // closed, or ctx ended
+			"channel", ch, "err", err)
+	})
+	if err != nil {
+		return // refused (logged), closed, or ctx ended
 	}
-	defer hub.unsubscribe(w.keys.Wake(), false)
+	defer hub.unsubscribe(ch, false)
 	if pattern := w.keyspacePattern(ctx); pattern != "" {
-		if err := hub.subscribe(ctx, pattern, true, w.heard); isReply(err) {
+		err := hub.subscribe(ctx, pattern, true, w.heard, func(err error) {
 			w.log.Warn("cannot subscribe to keyspace events; polling only", "pattern", pattern, "err", err)
-		} else if err == nil {
+		})
+		if err == nil {
 			defer hub.unsubscribe(pattern, true)
 			w.log.Info("Redis publishes sorted-set keyspace events: newly scheduled tasks wake this instance at once")
 		}

@@ -16,6 +16,15 @@ import (
 // thousand connections to Redis and about half its heap for them. A
 // WakeHub carries every queue's wake channel (and keyspace pattern) over
 // one subscription per instance and hands each message to its queue.
+//
+// What a shared subscription must not do is let one queue's refused
+// channel (an ACL without it) cost the others their wake-ups. Redis
+// refuses a SUBSCRIBE of several channels whole if it may not have one of
+// them, and go-redis subscribes everything again in one command whenever
+// it reconnects. So channels are sent one a command, the refusal (an
+// error reply, which names no channel) is the oldest unanswered one's,
+// and a refusal that may be of go-redis's all-in-one resubscription makes
+// the hub open the subscription again one channel a command.
 
 // hubPing: a subscription silent this long is pinged; silent as long again
 // after the ping, its connection is taken for dead and opened again.
@@ -28,23 +37,37 @@ type WakeHub struct {
 	rdb redis.UniversalClient
 	log *slog.Logger
 
+	// send: one writer to the subscription at a time, held across its
+	// network writes; mu is never held across one.
+	send sync.Mutex
+
 	mu    sync.Mutex
 	ps    *redis.PubSub
-	chans map[string]func(*redis.Message) // channel -> its queue's handler
-	pats  map[string]func(*redis.Message) // pattern -> its queue's handler
-	// asked are the subscriptions sent and not yet confirmed, in the order
-	// sent: Redis answers them in that order, so a refusal (an error reply,
-	// which names no channel) is the oldest one's.
-	asked  []*asked
-	closed bool
+	chans map[string]*route // channel -> its queue's route
+	pats  map[string]*route // pattern -> its queue's route
+	// asked are the subscriptions sent on the current connection and not
+	// yet answered, in the order sent: Redis answers them in that order.
+	asked []*asked
+	// resent: the connection broke since the last confirmation; go-redis
+	// subscribes everything again in one command, which a single
+	// refused channel refuses whole.
+	resent   bool
+	reopened time.Time // the last reopen
+	closed   bool
 
 	stopped chan struct{}
+}
+
+// route is a queue's end of a channel or pattern.
+type route struct {
+	f       func(*redis.Message)
+	refused func(error) // told when Redis refuses it; it is dropped then
 }
 
 type asked struct {
 	name    string
 	pattern bool
-	done    chan error // buffered: the answer, once
+	done    chan error // buffered: the answer, once (nil: subscribed, or not known)
 }
 
 // NewWakeHub starts the shared subscription. Nil for a cluster client:
@@ -57,8 +80,7 @@ func NewWakeHub(rdb redis.UniversalClient, log *slog.Logger) *WakeHub {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &WakeHub{rdb: rdb, log: log, chans: map[string]func(*redis.Message){}, pats: map[string]func(*redis.Message){},
-		stopped: make(chan struct{})}
+	h := &WakeHub{rdb: rdb, log: log, chans: map[string]*route{}, pats: map[string]*route{}, stopped: make(chan struct{})}
 	h.ps = rdb.Subscribe(context.Background())
 	go h.run()
 	return h
@@ -72,88 +94,93 @@ func (h *WakeHub) Close() {
 	h.mu.Lock()
 	h.closed = true
 	ps := h.ps
-	for _, a := range h.asked {
-		a.done <- redis.ErrClosed
-	}
-	h.asked = nil
+	h.settleAll(redis.ErrClosed)
 	h.mu.Unlock()
 	_ = ps.Close()
 	<-h.stopped
 }
 
-// subscribe adds a channel (or, pattern, a pattern) and its handler, and
-// waits up to 5 s for Redis's answer: an error reply (a refusal: an ACL
-// without the channel) is returned and the channel dropped; a connection
-// error or no answer in time is not returned (the subscription is kept,
-// and go-redis subscribes it again whenever it reconnects).
-func (h *WakeHub) subscribe(ctx context.Context, name string, pattern bool, f func(*redis.Message)) error {
+// settleAll answers every unanswered subscription with err. h.mu is held.
+func (h *WakeHub) settleAll(err error) {
+	for _, a := range h.asked {
+		a.done <- err
+	}
+	h.asked = nil
+}
+
+// subscribe adds a channel (or, pattern, a pattern) with its route and
+// waits up to 5 s for Redis's answer. A refusal is told to refused (and
+// the channel dropped) whenever it comes, and returned if it came in that
+// time; no answer in time, or a connection error, returns nil (go-redis
+// subscribes it again whenever it reconnects). If ctx ends first the
+// channel is dropped.
+func (h *WakeHub) subscribe(ctx context.Context, name string, pattern bool, f func(*redis.Message), refused func(error)) error {
 	a := &asked{name: name, pattern: pattern, done: make(chan error, 1)}
+	h.send.Lock()
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
+		h.send.Unlock()
 		return redis.ErrClosed
 	}
-	routes := h.chans
-	if pattern {
-		routes = h.pats
-	}
-	routes[name] = f
+	h.routes(pattern)[name] = &route{f: f, refused: refused}
 	h.asked = append(h.asked, a)
+	ps := h.ps
+	h.mu.Unlock()
 	var err error
 	if pattern {
-		err = h.ps.PSubscribe(ctx, name)
+		err = ps.PSubscribe(ctx, name)
 	} else {
-		err = h.ps.Subscribe(ctx, name)
+		err = ps.Subscribe(ctx, name)
 	}
-	h.mu.Unlock()
+	h.send.Unlock()
 	if err != nil {
-		h.forget(a)
-		return nil // not sent: go-redis sends it again when it reconnects
+		// go-redis reconnected, subscribing what it had before this one;
+		// this one is sent again with everything else.
+		h.reopen("a subscribe could not be sent")
 	}
 	t := time.NewTimer(5 * time.Second)
 	defer t.Stop()
 	select {
 	case err = <-a.done:
 	case <-t.C:
-		h.forget(a)
-		return nil
+		return nil // its answer, when it comes, still settles it
 	case <-ctx.Done():
-		h.forget(a)
+		h.unsubscribe(name, pattern)
 		return ctx.Err()
 	}
 	if isReply(err) {
-		h.unsubscribe(name, pattern)
+		return err
 	}
-	return err
+	return nil
 }
 
-// forget stops waiting for a's answer.
-func (h *WakeHub) forget(a *asked) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for n, b := range h.asked {
-		if b == a {
-			h.asked = append(h.asked[:n:n], h.asked[n+1:]...)
-			return
-		}
+// routes is the map of channels or of patterns. h.mu is held.
+func (h *WakeHub) routes(pattern bool) map[string]*route {
+	if pattern {
+		return h.pats
 	}
+	return h.chans
 }
 
-// unsubscribe drops a channel (or pattern) and its handler.
+// unsubscribe drops a channel (or pattern) and its route.
 func (h *WakeHub) unsubscribe(name string, pattern bool) {
+	h.send.Lock()
+	defer h.send.Unlock()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
+		h.mu.Unlock()
 		return
 	}
+	delete(h.routes(pattern), name)
+	ps := h.ps
+	h.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if pattern {
-		delete(h.pats, name)
-		_ = h.ps.PUnsubscribe(ctx, name)
+		_ = ps.PUnsubscribe(ctx, name)
 	} else {
-		delete(h.chans, name)
-		_ = h.ps.Unsubscribe(ctx, name)
+		_ = ps.Unsubscribe(ctx, name)
 	}
 }
 
@@ -162,6 +189,7 @@ func (h *WakeHub) run() {
 	defer close(h.stopped)
 	ctx := context.Background()
 	pinged := false
+	var last *redis.PubSub
 	for {
 		h.mu.Lock()
 		ps, closed := h.ps, h.closed
@@ -173,89 +201,138 @@ func (h *WakeHub) run() {
 		var ne net.Error
 		switch {
 		case errors.Is(err, redis.ErrClosed):
-			continue // Close, or run's own reopen: the loop's head says which
+			if ps == last { // closed under the hub (the client closed first)
+				time.Sleep(100 * time.Millisecond)
+			}
+			last = ps // Close, or a reopen: the loop's head says which
+			continue
 		case errors.As(err, &ne) && ne.Timeout():
 			if pinged {
-				h.reopen()
+				h.reopen("the wake-up subscription answered no ping")
 				pinged = false
 			} else {
 				pinged = ps.Ping(ctx) == nil
 			}
 			continue
 		case isReply(err):
-			h.answer(nil, err)
+			h.refused(err)
 			continue
 		case err != nil:
 			// go-redis reconnects, and subscribes everything again, on
 			// the next read; meanwhile wake-ups wait for the next poll.
-			h.sleep(100 * time.Millisecond)
+			h.mu.Lock()
+			h.resent = true
+			h.mu.Unlock()
+			time.Sleep(100 * time.Millisecond)
 			continue
 		}
 		pinged = false
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" || m.Kind == "psubscribe" {
-				h.answer(m, nil)
+				h.confirmed(m)
 			}
 		case *redis.Message:
 			h.mu.Lock()
-			f := h.chans[m.Channel]
+			r := h.chans[m.Channel]
 			if m.Pattern != "" {
-				f = h.pats[m.Pattern]
+				r = h.pats[m.Pattern]
 			}
 			h.mu.Unlock()
-			if f != nil {
-				f(m)
+			if r != nil {
+				r.f(m)
 			}
 		}
 	}
 }
 
-// answer settles the subscription m confirms, or the oldest one, refused
-// with err.
-func (h *WakeHub) answer(m *redis.Subscription, err error) {
+// confirmed settles the subscription m confirms.
+func (h *WakeHub) confirmed(m *redis.Subscription) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.resent = false
 	for n, a := range h.asked {
-		if m == nil || a.name == m.Channel && a.pattern == (m.Kind == "psubscribe") {
-			a.done <- err
+		if a.name == m.Channel && a.pattern == (m.Kind == "psubscribe") {
+			a.done <- nil
 			h.asked = append(h.asked[:n:n], h.asked[n+1:]...)
 			return
 		}
 	}
 }
 
-// reopen replaces a subscription whose connection answers nothing (not
-// even a ping) with a new one of every channel and pattern.
-func (h *WakeHub) reopen() {
+// refused settles the oldest subscription sent with a refusal: it is
+// dropped and its queue told. A refusal that may be of go-redis's
+// resubscription of everything after a reconnect (or that has no
+// subscription sent to be of) opens the subscription again, one channel
+// a command, so that each refusal is its own channel's.
+func (h *WakeHub) refused(err error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
+	if h.resent || len(h.asked) == 0 {
+		h.mu.Unlock()
+		go h.reopen("Redis refused the resubscription of every queue's wake-ups after a reconnect")
 		return
 	}
-	h.log.Warn("the wake-up subscription answered no ping: opening it again")
-	_ = h.ps.Close()
+	a := h.asked[0]
+	h.asked = h.asked[1:]
+	r := h.routes(a.pattern)[a.name]
+	h.mu.Unlock()
+	a.done <- err
+	if r != nil {
+		r.refused(err)
+	}
+	go h.unsubscribe(a.name, a.pattern) // go-redis would send it again at its next reconnect
+}
+
+// reopen replaces the subscription with a new one of every channel and
+// pattern, one a command.
+func (h *WakeHub) reopen(why string) {
+	h.send.Lock()
+	defer h.send.Unlock()
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	// At most once a second: a refusal that keeps coming must not make
+	// the hub reconnect in a loop.
+	if wait := time.Second - time.Since(h.reopened); wait > 0 {
+		h.mu.Unlock()
+		time.Sleep(wait)
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			return
+		}
+	}
+	h.reopened = time.Now()
+	h.log.Warn("opening the wake-up subscription again", "why", why)
+	h.settleAll(nil)
+	old := h.ps
+	ps := h.rdb.Subscribe(context.Background())
+	h.ps, h.resent = ps, false
+	var chans, pats []string
+	for name := range h.chans {
+		chans = append(chans, name)
+		h.asked = append(h.asked, &asked{name: name, done: make(chan error, 1)})
+	}
+	for name := range h.pats {
+		pats = append(pats, name)
+		h.asked = append(h.asked, &asked{name: name, pattern: true, done: make(chan error, 1)})
+	}
+	h.mu.Unlock()
+	_ = old.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	h.ps = h.rdb.Subscribe(ctx)
-	if len(h.chans) > 0 {
-		_ = h.ps.Subscribe(ctx, keys(h.chans)...)
+	failed := false
+	for _, name := range chans {
+		failed = ps.Subscribe(ctx, name) != nil || failed
 	}
-	if len(h.pats) > 0 {
-		_ = h.ps.PSubscribe(ctx, keys(h.pats)...)
+	for _, name := range pats {
+		failed = ps.PSubscribe(ctx, name) != nil || failed
 	}
-}
-
-func (h *WakeHub) sleep(d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	<-t.C
-}
-
-func keys(m map[string]func(*redis.Message)) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
+	if failed { // go-redis reconnected meanwhile, sending all it had in one command
+		h.mu.Lock()
+		h.resent = true
+		h.mu.Unlock()
 	}
-	return out
 }

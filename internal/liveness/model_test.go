@@ -207,6 +207,18 @@ func TestModelLiveness(t *testing.T) {
 	}
 	pending.Wait()
 	time.Sleep(timeout + time.Second)
+	// Every instance is subscribed again once the faults are over: the
+	// check above counts an instance as subscribed only once Redis
+	// confirmed it, so a subscription that never comes back would
+	// otherwise go unseen.
+	for _, in := range live {
+		in.l.mu.Lock()
+		sub, id := !in.l.subAt.IsZero(), in.l.id
+		in.l.mu.Unlock()
+		if !sub {
+			t.Errorf("%s not subscribed %s after the last fault ended", id, timeout+time.Second)
+		}
+	}
 	for _, in := range live {
 		in.hook.stopped.Store(false)
 		in.hook.cut.Store(false)
