@@ -51,9 +51,13 @@ type WakeHub struct {
 	// resent: the connection broke since the last confirmation; go-redis
 	// subscribes everything again in one command, which a single
 	// refused channel refuses whole.
-	resent   bool
-	reopened time.Time // the last reopen
-	closed   bool
+	resent bool
+	// missing: subscriptions whose send failed (name -> pattern), sent
+	// again once a read shows a connection; resending: that is under way.
+	missing   map[string]bool
+	resending bool
+	reopened  time.Time // the last reopen
+	closed    bool
 
 	stopped chan struct{}
 }
@@ -80,7 +84,8 @@ func NewWakeHub(rdb redis.UniversalClient, log *slog.Logger) *WakeHub {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &WakeHub{rdb: rdb, log: log, chans: map[string]*route{}, pats: map[string]*route{}, stopped: make(chan struct{})}
+	h := &WakeHub{rdb: rdb, log: log, chans: map[string]*route{}, pats: map[string]*route{}, missing: map[string]bool{},
+		stopped: make(chan struct{})}
 	h.ps = rdb.Subscribe(context.Background())
 	go h.run()
 	return h
@@ -135,9 +140,14 @@ func (h *WakeHub) subscribe(ctx context.Context, name string, pattern bool, f fu
 	}
 	h.send.Unlock()
 	if err != nil {
-		// go-redis reconnected, subscribing what it had before this one;
-		// this one is sent again with everything else.
-		h.reopen("a subscribe could not be sent")
+		// Not sent (or sent on a connection that broke). go-redis, if it
+		// reconnected meanwhile, subscribed what it had before this one:
+		// it is sent again once a read shows a connection (resend).
+		h.mu.Lock()
+		h.drop(a)
+		h.missing[name] = pattern
+		h.mu.Unlock()
+		return nil
 	}
 	t := time.NewTimer(5 * time.Second)
 	defer t.Stop()
@@ -153,6 +163,51 @@ func (h *WakeHub) subscribe(ctx context.Context, name string, pattern bool, f fu
 		return err
 	}
 	return nil
+}
+
+// drop takes a out of the subscriptions waiting for an answer. h.mu is held.
+func (h *WakeHub) drop(a *asked) {
+	for n, b := range h.asked {
+		if b == a {
+			h.asked = append(h.asked[:n:n], h.asked[n+1:]...)
+			return
+		}
+	}
+}
+
+// resend sends again, one a command, the subscriptions whose send failed.
+func (h *WakeHub) resend() {
+	h.send.Lock()
+	defer h.send.Unlock()
+	h.mu.Lock()
+	missing := h.missing
+	h.missing = map[string]bool{}
+	ps := h.ps
+	var sent []*asked
+	for name, pattern := range missing {
+		if _, ok := h.routes(pattern)[name]; ok && !h.closed { // not dropped meanwhile
+			a := &asked{name: name, pattern: pattern, done: make(chan error, 1)}
+			h.asked = append(h.asked, a)
+			sent = append(sent, a)
+		}
+	}
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, a := range sent {
+		var err error
+		if a.pattern {
+			err = ps.PSubscribe(ctx, a.name)
+		} else {
+			err = ps.Subscribe(ctx, a.name)
+		}
+		if err != nil {
+			h.mu.Lock()
+			h.drop(a)
+			h.missing[a.name] = a.pattern
+			h.mu.Unlock()
+		}
+	}
 }
 
 // routes is the map of channels or of patterns. h.mu is held.
@@ -189,6 +244,7 @@ func (h *WakeHub) run() {
 	defer close(h.stopped)
 	ctx := context.Background()
 	pinged := false
+	backoff := 100 * time.Millisecond // between reads that fail
 	var last *redis.PubSub
 	for {
 		h.mu.Lock()
@@ -214,7 +270,10 @@ func (h *WakeHub) run() {
 				pinged = ps.Ping(ctx) == nil
 			}
 			continue
-		case isReply(err):
+		case redis.HasErrorPrefix(err, "NOPERM"):
+			// The ACL's answer to a subscribe. Any other error, a reply
+			// too (WRONGPASS, a database the server lacks: answers to the
+			// connection's own setup), is the connection's.
 			h.refused(err)
 			continue
 		case err != nil:
@@ -223,10 +282,23 @@ func (h *WakeHub) run() {
 			h.mu.Lock()
 			h.resent = true
 			h.mu.Unlock()
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
-		pinged = false
+		pinged, backoff = false, 100*time.Millisecond
+		h.mu.Lock()
+		resend := len(h.missing) > 0 && !h.resending
+		h.resending = h.resending || resend
+		h.mu.Unlock()
+		if resend {
+			go func() {
+				h.resend()
+				h.mu.Lock()
+				h.resending = false
+				h.mu.Unlock()
+			}()
+		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" || m.Kind == "psubscribe" {
@@ -262,14 +334,18 @@ func (h *WakeHub) confirmed(m *redis.Subscription) {
 
 // refused settles the oldest subscription sent with a refusal: it is
 // dropped and its queue told. A refusal that may be of go-redis's
-// resubscription of everything after a reconnect (or that has no
-// subscription sent to be of) opens the subscription again, one channel
-// a command, so that each refusal is its own channel's.
+// resubscription of everything after a reconnect opens the subscription
+// again, one channel a command, so that each refusal is its own
+// channel's.
 func (h *WakeHub) refused(err error) {
 	h.mu.Lock()
-	if h.resent || len(h.asked) == 0 {
+	if h.resent {
 		h.mu.Unlock()
 		go h.reopen("Redis refused the resubscription of every queue's wake-ups after a reconnect")
+		return
+	}
+	if len(h.asked) == 0 { // of no subscribe (a ping the ACL refuses): nothing to settle
+		h.mu.Unlock()
 		return
 	}
 	a := h.asked[0]
@@ -307,6 +383,7 @@ func (h *WakeHub) reopen(why string) {
 	h.reopened = time.Now()
 	h.log.Warn("opening the wake-up subscription again", "why", why)
 	h.settleAll(nil)
+	clear(h.missing) // every route is sent below
 	old := h.ps
 	ps := h.rdb.Subscribe(context.Background())
 	h.ps, h.resent = ps, false

@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -201,3 +202,56 @@ func numsubOf(admin *redis.Client, prefix string, q int) int64 {
 func has(m map[int]int64, i int) bool { _, ok := m[i]; return ok }
 
 func queueName(q int) string { return "q" + string(rune('a'+q)) }
+
+// TestWakeHubBacksOff: a subscription whose connection Redis keeps
+// refusing (a wrong password) is tried again with a growing pause, not in
+// a loop, and its refusals are not taken for a channel's: nothing is
+// logged as refused or reopened.
+func TestWakeHubBacksOff(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisOptions{})
+	admin := srv.Client()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "app", "on", ">right", "allchannels", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	opt, err := redis.ParseURL(srv.URLFor("app", "wrong"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	var logs syncBuffer
+	hub := NewWakeHub(rdb, slog.New(slog.NewTextHandler(&logs, nil)))
+	defer hub.Close()
+	refused := false
+	if err := hub.subscribe(ctx, "ch", false, func(*redis.Message) {}, func(error) { refused = true }); err != nil {
+		t.Fatalf("subscribe on a connection Redis refuses: %v, want nil (a connection error)", err)
+	}
+	connections := func() int64 {
+		n, err := strconv.ParseInt(redisInfoField(admin.Info(ctx, "stats").Val(), "total_connections_received"), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := connections()
+	time.Sleep(2 * time.Second)
+	tried := connections() - before
+	t.Logf("%d connections tried in 2 s", tried)
+	if tried > 30 { // 100 ms doubling to 2 s: about 5; go-redis may dial a few times each
+		t.Errorf("%d connections in 2 s: the hub retries a refused connection in a loop", tried)
+	}
+	if refused || strings.Contains(logs.String(), "opening the wake-up subscription again") {
+		t.Errorf("a refused connection taken for a refused channel:\n%s", logs.String())
+	}
+}
+
+// redisInfoField reads one field of an INFO reply.
+func redisInfoField(info, field string) string {
+	for l := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
