@@ -274,7 +274,7 @@ func (h *WakeHub) run() {
 			// The ACL's answer to a subscribe. Any other error, a reply
 			// too (WRONGPASS, a database the server lacks: answers to the
 			// connection's own setup), is the connection's.
-			h.refused(err)
+			h.refused(ps, err)
 			continue
 		case err != nil:
 			// go-redis reconnects, and subscribes everything again, on
@@ -302,7 +302,7 @@ func (h *WakeHub) run() {
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" || m.Kind == "psubscribe" {
-				h.confirmed(m)
+				h.confirmed(ps, m)
 			}
 		case *redis.Message:
 			h.mu.Lock()
@@ -319,9 +319,12 @@ func (h *WakeHub) run() {
 }
 
 // confirmed settles the subscription m confirms.
-func (h *WakeHub) confirmed(m *redis.Subscription) {
+func (h *WakeHub) confirmed(ps *redis.PubSub, m *redis.Subscription) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if ps != h.ps {
+		return // of a subscription replaced meanwhile (reopen)
+	}
 	h.resent = false
 	for n, a := range h.asked {
 		if a.name == m.Channel && a.pattern == (m.Kind == "psubscribe") {
@@ -337,8 +340,15 @@ func (h *WakeHub) confirmed(m *redis.Subscription) {
 // resubscription of everything after a reconnect opens the subscription
 // again, one channel a command, so that each refusal is its own
 // channel's.
-func (h *WakeHub) refused(err error) {
+func (h *WakeHub) refused(ps *redis.PubSub, err error) {
 	h.mu.Lock()
+	if ps != h.ps {
+		// Read from a subscription a reopen replaced: the asks are the
+		// new one's. (A bulk resubscription is refused twice, channels
+		// and patterns; the second came after the first's reopen.)
+		h.mu.Unlock()
+		return
+	}
 	if h.resent {
 		h.mu.Unlock()
 		go h.reopen("Redis refused the resubscription of every queue's wake-ups after a reconnect")
