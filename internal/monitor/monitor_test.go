@@ -420,3 +420,46 @@ func TestPauseAndResumeLogged(t *testing.T) {
 		t.Errorf("resumed: %d shards paused, log:\n%s", n, log.String())
 	}
 }
+
+// TestDozingQueueReadLess: a dozing queue, read once, is not read again
+// on every tick (a task added meanwhile does not show), and is read at
+// the first tick after it wakes.
+func TestDozingQueueReadLess(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	k := shard.Keys{Prefix: prefix, Queue: "q"}
+	var dozing atomic.Bool
+	dozing.Store(true)
+	m := New(rdb, Options{Queues: []queuestate.Target{{Name: "q", Shards: 1}}, KeyPrefix: prefix,
+		Interval: time.Second, StallAfter: time.Minute, Sweeping: func(string) bool { return true },
+		Dozing: func(string) bool { return dozing.Load() }})
+	v := m.queues[0]
+	m.refresh(ctx)
+	if v.ReadAt.IsZero() {
+		t.Fatal("a dozing queue never read is not read at the first tick")
+	}
+	first := v.ReadAt
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(time.Now().UnixMilli() + 600_000), Member: "x"})
+	for range 3 {
+		readNow(ctx, m) // every read due but for the dozing
+	}
+	if v.ReadAt != first || v.State.Pending != 0 {
+		t.Fatalf("a dozing queue was read again within %s (pending %d)", dozeReads, v.State.Pending)
+	}
+	// A minute on, a dozing queue is read again.
+	v.ReadAt = first.Add(-dozeReads)
+	m.refresh(ctx)
+	if v.ReadAt == first.Add(-dozeReads) || v.State.Pending != 1 {
+		t.Fatalf("a dozing queue last read %s ago was not read (pending %d)", dozeReads, v.State.Pending)
+	}
+	// Woken: read at the next tick, though its quiet interval is not up.
+	rdb.ZAdd(ctx, k.Pending(0), redis.Z{Score: float64(time.Now().UnixMilli() + 600_000), Member: "y"})
+	v.next = time.Now().Add(time.Hour)
+	dozing.Store(false)
+	m.refresh(ctx)
+	if v.State.Pending != 2 {
+		t.Fatalf("a queue that woke was not read at the next tick (pending %d)", v.State.Pending)
+	}
+}
