@@ -45,26 +45,43 @@ type clockCheck struct {
 	readers sync.WaitGroup
 	nodes   map[string]*reading
 	stopped bool
+	quit    chan struct{} // closed by stop: the readers end
 }
 
-// reading is the last reading of one primary's clock.
+// reading is the last reading of one primary's clock, and the goroutine
+// that reads it: one that lives while readings are asked for, not one per
+// reading, which under steady traffic (a reading every gap) grew a new
+// stack through go-redis each time, most of the check's CPU.
 type reading struct {
 	serverUs int64     // what it read, µs
 	sentUs   int64     // local µs at which its request was sent: it was taken after
 	busy     bool      // a TIME is on its way
 	lastTIME time.Time // when this instance's last TIME to it was (to be) sent
 	shards   map[int]bool
+	// The reader: running while its goroutine lives; kick asks it for
+	// the next reading, of shard i through cl (nodeErr: the node could
+	// not be named), after wait.
+	running bool
+	kick    chan struct{}
+	i       int
+	cl      redis.Cmdable
+	nodeErr error
+	wait    time.Duration
 }
 
+// readerIdle is how long a primary's reader waits for the next ask
+// before it ends (a quiet queue keeps no goroutine for it).
+const readerIdle = time.Minute
+
 func newClockCheck(clock *serverClock, node func(context.Context, int) (string, redis.Cmdable, error), lim *logLimiter, met queueMetrics) *clockCheck {
-	return &clockCheck{clock: clock, node: node, lim: lim, met: met, wake: func() {}, nodes: map[string]*reading{}}
+	return &clockCheck{clock: clock, node: node, lim: lim, met: met, wake: func() {}, nodes: map[string]*reading{}, quit: make(chan struct{})}
 }
 
 // readingOf returns the reading of primary addr (mu held).
 func (c *clockCheck) readingOf(addr string) *reading {
 	r := c.nodes[addr]
 	if r == nil {
-		r = &reading{shards: map[int]bool{}}
+		r = &reading{shards: map[int]bool{}, kick: make(chan struct{}, 1)}
 		c.nodes[addr] = r
 	}
 	return r
@@ -87,12 +104,46 @@ func (c *clockCheck) due(i int, dueUs, heldUs int64) bool {
 	r.shards[i] = true
 	if !r.busy && !c.stopped {
 		r.busy = true
-		c.readers.Add(1)
 		wait := max(time.Until(r.lastTIME.Add(c.gap)), 0)
 		r.lastTIME = time.Now().Add(wait) // when this one goes
-		go c.read(i, addr, cl, err, r, wait)
+		r.i, r.cl, r.nodeErr, r.wait = i, cl, err, wait
+		if !r.running {
+			r.running = true
+			c.readers.Add(1)
+			go c.reader(addr, r)
+		}
+		r.kick <- struct{}{} // room: one ask at a time (busy)
 	}
 	return false
+}
+
+// reader reads primary addr's clock each time it is asked, until stop, or
+// until it was not asked for readerIdle.
+func (c *clockCheck) reader(addr string, r *reading) {
+	defer c.readers.Done()
+	idle := time.NewTimer(readerIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case <-c.quit:
+			return
+		case <-idle.C:
+			c.mu.Lock()
+			if len(r.kick) == 0 {
+				r.running = false
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Unlock()
+			continue // asked as the timer fired: take the ask
+		case <-r.kick:
+		}
+		c.mu.Lock()
+		i, cl, nodeErr, wait := r.i, r.cl, r.nodeErr, r.wait
+		c.mu.Unlock()
+		c.read(i, addr, cl, nodeErr, r, wait)
+		idle.Reset(readerIdle)
+	}
 }
 
 // primaryOf names the primary of shard i now ("" if not known), for note.
@@ -128,7 +179,6 @@ func (c *clockCheck) note(i int, serverUs int64, before time.Time, sentTo string
 // tried again after a pause: the tasks stay held meanwhile (their lease
 // covers a Redis that does not answer, as for any claimed task).
 func (c *clockCheck) read(i int, addr string, cl redis.Cmdable, nodeErr error, r *reading, wait time.Duration) {
-	defer c.readers.Done()
 	if wait > 0 {
 		time.Sleep(wait) // the gap; busy meanwhile, so the waiting shards share this one
 	}
@@ -164,7 +214,10 @@ func (c *clockCheck) read(i int, addr string, cl redis.Cmdable, nodeErr error, r
 // stop lets no more reads start and waits for those on their way.
 func (c *clockCheck) stop() {
 	c.mu.Lock()
-	c.stopped = true
+	if !c.stopped {
+		c.stopped = true
+		close(c.quit)
+	}
 	c.mu.Unlock()
 	c.readers.Wait()
 }

@@ -2,7 +2,9 @@ package scanner
 
 import (
 	"context"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,4 +109,51 @@ func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (timeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// The readings of one primary's clock come from one goroutine that lives
+// while they are asked for, not from a goroutine started for each: under
+// steady traffic each new one grew its stack through go-redis, most of the
+// check's CPU.
+func TestClockReadsShareOneGoroutine(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis: %v", err)
+	}
+	var mu sync.Mutex
+	readers := map[string]int{}
+	rdb.AddHook(timeHook{func() {
+		buf := make([]byte, 64)
+		id, _, _ := strings.Cut(strings.TrimPrefix(string(buf[:runtime.Stack(buf, false)]), "goroutine "), " ")
+		mu.Lock()
+		readers[id]++
+		mu.Unlock()
+	}})
+	s := New(nil, nil, Options{Queue: "q", Shards: 1, KeyPrefix: "p"})
+	c := newClockCheck(s.clock, func(context.Context, int) (string, redis.Cmdable, error) { return "", rdb, nil }, s.lim, s.met)
+	c.gap = 0
+	read := make(chan struct{}, 1)
+	c.wake = func() { read <- struct{}{} }
+	for range 20 {
+		// Due a second on: no reading confirms it, each asks for one.
+		if c.due(0, s.clock.serverNowUs(0)+time.Second.Microseconds(), s.clock.localUs()) {
+			t.Fatal("a task due in a second let out")
+		}
+		select {
+		case <-read:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no reading came")
+		}
+	}
+	c.stop()
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for _, k := range readers {
+		n += k
+	}
+	if n != 20 || len(readers) != 1 {
+		t.Fatalf("%d readings on %d goroutines (%v), want 20 on one", n, len(readers), readers)
+	}
 }
