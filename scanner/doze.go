@@ -245,13 +245,11 @@ func (s *Scanner) doze(ctx context.Context) {
 	d.args = []any{s.opt.Shards, renew, s.role.instance, strconv.FormatInt(s.role.ttl().Milliseconds(), 10)}
 	s.opt.IdleWatch.add(d)
 	s.met.dozing(1)
-	s.dozing.Store(true)
 	select {
 	case <-d.nudge:
 	case <-s.wake.ch:
 	case <-ctx.Done():
 	}
-	s.dozing.Store(false)
 	s.opt.IdleWatch.remove(d)
 	s.met.dozing(0)
 	s.quiet = false

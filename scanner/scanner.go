@@ -173,7 +173,6 @@ type Scanner struct {
 
 	// What the queue's watchdog asks (Waiting): read off the loop.
 	publishing atomic.Int64 // batches being published
-	dozing     atomic.Bool  // the loop dozes (doze.go)
 	// quiet: the last job answered was a sweep that found every shard it
 	// read empty, and no wake-up came since (canDoze). Owned by Run's
 	// goroutine.
@@ -297,11 +296,6 @@ func (s *Scanner) Run(ctx context.Context) error {
 // Sweeping reports whether this instance holds the queue's sweeper role:
 // then it alone keeps the queue's state metrics and watches for stalls.
 func (s *Scanner) Sweeping() bool { return s.role.sweeping.Load() }
-
-// Dozing reports whether the queue dozes: its last sweeps found every
-// shard empty, and the IdleWatch wakes it when any pending or in-flight
-// set exists.
-func (s *Scanner) Dozing() bool { return s.dozing.Load() }
 
 // Waiting says what this instance sees holding up the queue's due tasks:
 // Redis refusing its scripts, every publish slot waiting for confirms, or

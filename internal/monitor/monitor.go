@@ -34,11 +34,6 @@ type Options struct {
 	StallAfter time.Duration
 	// Sweeping reports whether this instance sweeps the queue now.
 	Sweeping func(queue string) bool
-	// Dozing, if set, reports whether the queue is dozing now: its
-	// instance's last look found none of its pending and in-flight sets
-	// (see scanner's IdleWatch). A dozing queue is read every dozeReads,
-	// not every few intervals, and at once when it wakes.
-	Dozing func(queue string) bool
 	// Waiting says what this instance sees holding the queue up (the
 	// broker, Redis, its publishes), for the stall report.
 	Waiting func(queue string) []string
@@ -125,8 +120,6 @@ type queueView struct {
 	// pausedWas; the next one that finds otherwise logs the change.
 	pauseKnown bool
 	pausedWas  int
-	// dozed: the queue was dozing at the last refresh.
-	dozed bool
 }
 
 // undatedSeen is the first undated task of a shard and when it was first
@@ -142,14 +135,6 @@ type undatedSeen struct {
 // queue nobody uses then costs Redis little, while one in use, and any
 // with a due task (the watchdog's concern), is read every Interval.
 const quietReads = 8
-
-// dozeReads is how often a dozing queue is read. Its pending and in-flight
-// figures are known to be nought (the IdleWatch wakes it within
-// IdlePollInterval of a task), so only what no task changes can go
-// stale meanwhile: dead letters removed by hand, a shard paused. A
-// thousand idle queues read every few seconds cost an instance more CPU
-// than anything else it does while they idle.
-const dozeReads = time.Minute
 
 // Monitor reads and watches the queues. Run it once.
 type Monitor struct {
@@ -231,14 +216,6 @@ func (m *Monitor) refresh(ctx context.Context) {
 			v.every, v.next, v.nextAhead = 0, time.Time{}, time.Time{} // read it at once, as news
 		}
 		v.Swept = on
-		dozing := on && m.opt.Dozing != nil && m.opt.Dozing(v.target.Name)
-		if v.dozed && !dozing {
-			v.next = time.Time{} // woken: a task came, read it at once
-		}
-		v.dozed = dozing
-		if dozing && !v.ReadAt.IsZero() && now.Sub(v.ReadAt) < dozeReads-m.opt.Interval/4 {
-			continue
-		}
 		if on && !now.Before(v.next) {
 			swept = append(swept, v)
 		}
