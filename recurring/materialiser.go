@@ -33,6 +33,12 @@ type Options struct {
 	// Coalescer, if set (one Redis, not a cluster), carries the revision
 	// reads: read on the RevPoll grid, every queue's go in one round trip.
 	Coalescer *coalesce.Coalescer
+	// RevWatch, if set (one Redis, not a cluster), reads the revision
+	// counter in place of the materialiser, with every other queue's,
+	// and wakes it when the counter changed; the materialiser reads it
+	// itself once a minute besides (a counter of the wrong type is then
+	// reported). RevPoll is then the RevWatch's.
+	RevWatch *RevWatch
 	// WakeWithin: an occurrence materialised due sooner than this wakes the
 	// queue's sweep at once (default 1s, as the Go producer).
 	WakeWithin time.Duration
@@ -82,12 +88,26 @@ func New(rdb redis.UniversalClient, opt Options) *Materialiser {
 // the sweeper (no Redis command: the role is known locally).
 const idleCheck = 250 * time.Millisecond
 
+// revFallback is how often a materialiser watched by a RevWatch reads its
+// revision counter itself.
+const revFallback = time.Minute
+
 // Run materialises until ctx ends.
 func (m *Materialiser) Run(ctx context.Context) error {
 	var nextRev time.Time
+	var sub *revSub // the RevWatch's watch while sweeping
+	defer func() {
+		if sub != nil {
+			m.opt.RevWatch.unwatch(sub)
+		}
+	}()
 	errDelay, lastErr := time.Duration(0), ""
 	for {
 		if !m.opt.Sweeping() {
+			if sub != nil {
+				m.opt.RevWatch.unwatch(sub)
+				sub = nil
+			}
 			if m.active {
 				m.entries, m.rev, m.active = map[string]*entry{}, -1, false
 				m.opt.Metrics.forgetQueue(m.opt.Keys.Queue)
@@ -97,10 +117,26 @@ func (m *Materialiser) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		if sub == nil && m.opt.RevWatch != nil {
+			sub = m.opt.RevWatch.watch(m.opt.Keys.RecurringRev())
+			nextRev = time.Time{} // just became the sweeper: read at once
+		}
 		now := time.Now()
-		if !now.Before(nextRev) {
-			// On the grid: every queue's read falls due at once.
-			nextRev = now.Truncate(m.opt.RevPoll).Add(m.opt.RevPoll)
+		told := false
+		if sub != nil {
+			select {
+			case <-sub.ch:
+				told = true
+			default:
+			}
+		}
+		if told || !now.Before(nextRev) {
+			if sub != nil {
+				nextRev = now.Add(revFallback)
+			} else {
+				// On the grid: every queue's read falls due at once.
+				nextRev = now.Truncate(m.opt.RevPoll).Add(m.opt.RevPoll)
+			}
 			if err := m.refresh(ctx); err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -109,6 +145,9 @@ func (m *Materialiser) Run(ctx context.Context) error {
 				if err.Error() != lastErr { // once per kind: Redis may refuse for minutes
 					lastErr = err.Error()
 					m.log.Warn("cannot read the recurring schedules; trying again", "err", err, "every", "5s")
+				}
+				if sub != nil {
+					nextRev = time.Time{} // the RevWatch tells only of changes: try again
 				}
 				if !sleep(ctx, errDelay) {
 					return nil
@@ -138,10 +177,29 @@ func (m *Materialiser) Run(ctx context.Context) error {
 				wait = min(wait, time.Until(e.wakeAt))
 			}
 		}
-		if !sleep(ctx, max(wait, time.Millisecond)) {
+		var wake <-chan struct{}
+		if sub != nil {
+			wake = sub.ch
+		}
+		if !sleepOr(ctx, max(wait, time.Millisecond), wake, sub) {
 			return nil
 		}
 	}
+}
+
+// sleepOr sleeps as sleep does, or until the RevWatch tells sub of a
+// change, which it then leaves for the loop to take.
+func sleepOr(ctx context.Context, d time.Duration, wake <-chan struct{}, sub *revSub) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-wake:
+		sub.tell()
+	}
+	return true
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -11,8 +11,11 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/config"
+	"github.com/dispatcher/dispatcher/ingress"
 	"github.com/dispatcher/dispatcher/internal/testenv"
 	"github.com/dispatcher/dispatcher/shard"
 )
@@ -54,7 +57,18 @@ func TestDocumentedACLWholeRun(t *testing.T) {
 	h.extra["DISPATCHER_REDIS_URL"] = srv.URLFor("dispatcher", password)
 	h.extra["DISPATCHER_MAX_MESSAGE_BYTES"] = "100"
 	h.extra["DISPATCHER_HTTP_ADDR"] = testenv.FreeAddr(t)
+	// The AMQP ingress too: its batches read cancel marks (MGET).
+	ingEx := h.prefix + ".ingress"
+	h.extra[config.QueuePrefix(q.Name)+"_INGRESS_EXCHANGE"] = ingEx
+	t.Cleanup(func() {
+		if c, err := h.conn.Channel(); err == nil {
+			_, _ = c.QueueDelete(ingress.QueueName(q.Name), false, false, false)
+			_ = c.ExchangeDelete(ingEx, false, false)
+			c.Close()
+		}
+	})
 	p := h.start()
+	waitStarted(t, p)
 	cli := func(args ...string) string {
 		t.Helper()
 		out, errOut, code := runCLI(t, h.env(), args...)
@@ -82,6 +96,37 @@ func TestDocumentedACLWholeRun(t *testing.T) {
 		cli("list", "--queue", q.Name)
 		cli("stats", "--queue", q.Name)
 	})
+
+	// Messages to the ingress, as the delayed-message plugin's users send
+	// them: each arrives once.
+	pub, err := h.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	ingWant := map[string]int64{}
+	for i := range 5 {
+		id := fmt.Sprintf("aclrun-ing-%d", i)
+		if err := pub.PublishWithContext(ctx, ingEx, h.queues[0].RoutingKey, false, false, amqp.Publishing{
+			MessageId: id, Body: []byte(id), Headers: amqp.Table{"x-delay": int32(500)}}); err != nil {
+			t.Fatal(err)
+		}
+		ingWant[id] = 0
+	}
+	ingDeadline := time.After(20 * time.Second)
+	for left := len(ingWant); left > 0; {
+		select {
+		case d := <-h.got[q.Name]:
+			n, ok := ingWant[string(d.Body)]
+			if !ok || n > 0 {
+				t.Fatalf("unexpected delivery %q (delivered %d times before; ingress messages left: %d); output:\n%s", d.Body, n, left, tail(p.out.String(), 3000))
+			}
+			ingWant[string(d.Body)]++
+			left--
+		case <-ingDeadline:
+			t.Fatalf("%d of the 5 ingress messages did not arrive within 20 s; output:\n%s", left, tail(p.out.String(), 3000))
+		}
+	}
 
 	// A recurring schedule, added and removed from the CLI: an occurrence
 	// arrives.

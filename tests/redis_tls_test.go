@@ -18,7 +18,7 @@ import (
 // included (ACLs check those too): nothing else is granted to its user.
 const dispatcherCommands = "+ping +evalsha +eval +script|load +time +type " +
 	"+zadd +zrem +zrange +zrangebyscore +zrevrangebyscore +zrank +zremrangebyrank +zremrangebyscore +zscore +zmscore +zcard +zcount +hmget +hlen " +
-	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +get +set +setnx +del +pexpire +incr +incrby " +
+	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +get +mget +set +setnx +del +pexpire +multi +exec +incr +incrby " +
 	"+publish +subscribe +unsubscribe +psubscribe +punsubscribe " +
 	"+ssubscribe +sunsubscribe +pubsub|numsub +pubsub|shardnumsub"
 

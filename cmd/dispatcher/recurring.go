@@ -63,10 +63,15 @@ func startRecurring(ctx context.Context, wg *sync.WaitGroup, rdb redis.Universal
 	if _, cluster := rdb.(*redis.ClusterClient); cluster {
 		co = nil // the revision keys live on many primaries
 	}
+	revs := recurring.NewRevWatch(rdb, 0, log.With("component", "recurring")) // nil on a cluster
+	if revs != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); revs.Run(ctx) }()
+	}
 	for _, q := range cfg.QueueSettings {
 		sq := byQueue[q.Name]
 		m := recurring.New(rdb, recurring.Options{Keys: shard.Keys{Prefix: cfg.KeyPrefix, Queue: q.Name},
-			Sweeping: sq.Sweeping, Layout: sq.Layout, Metrics: met, Logger: log.With("component", "recurring"), Coalescer: co})
+			Sweeping: sq.Sweeping, Layout: sq.Layout, Metrics: met, Logger: log.With("component", "recurring"), Coalescer: co, RevWatch: revs})
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = m.Run(ctx) }()
 	}
