@@ -3,6 +3,7 @@ package recurring
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -147,7 +148,11 @@ func (w *RevWatch) look(ctx context.Context) {
 	if failed != "" && failed != w.logged {
 		// Each materialiser then reads its own counter every RevPoll:
 		// schedules still work, at a GET a queue a second.
-		w.log.Warn("cannot read the recurring schedules' revisions together; each queue reads its own (a Redis ACL user needs +mget)", "err", failed)
+		args := []any{"err", failed}
+		if strings.Contains(failed, "NOPERM") {
+			args = append(args, "hint", "the Redis ACL user needs +mget (docs/how-it-works.md#redis-acls)")
+		}
+		w.log.Warn("cannot read the recurring schedules' revisions together; each queue reads its own", args...)
 	}
 	w.logged = failed
 }

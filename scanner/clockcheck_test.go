@@ -133,6 +133,7 @@ func TestClockReadsShareOneGoroutine(t *testing.T) {
 	s := New(nil, nil, Options{Queue: "q", Shards: 1, KeyPrefix: "p"})
 	c := newClockCheck(s.clock, func(context.Context, int) (string, redis.Cmdable, error) { return "", rdb, nil }, s.lim, s.met)
 	c.gap = 0
+	defer c.stop() // a second stop, after the one below, does nothing
 	read := make(chan struct{}, 1)
 	c.wake = func() { read <- struct{}{} }
 	for range 20 {
