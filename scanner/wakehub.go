@@ -132,12 +132,7 @@ func (h *WakeHub) subscribe(ctx context.Context, name string, pattern bool, f fu
 	h.asked = append(h.asked, a)
 	ps := h.ps
 	h.mu.Unlock()
-	var err error
-	if pattern {
-		err = ps.PSubscribe(ctx, name)
-	} else {
-		err = ps.Subscribe(ctx, name)
-	}
+	err := subscribeOne(ctx, ps, name, pattern)
 	h.send.Unlock()
 	if err != nil {
 		// Not sent (or sent on a connection that broke). go-redis, if it
@@ -163,6 +158,15 @@ func (h *WakeHub) subscribe(ctx context.Context, name string, pattern bool, f fu
 		return err
 	}
 	return nil
+}
+
+// subscribeOne sends one SUBSCRIBE, or PSUBSCRIBE for a pattern, on ps:
+// one a command, so that Redis's refusal names one queue's channel.
+func subscribeOne(ctx context.Context, ps *redis.PubSub, name string, pattern bool) error {
+	if pattern {
+		return ps.PSubscribe(ctx, name)
+	}
+	return ps.Subscribe(ctx, name)
 }
 
 // drop takes a out of the subscriptions waiting for an answer. h.mu is held.
@@ -195,13 +199,7 @@ func (h *WakeHub) resend() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, a := range sent {
-		var err error
-		if a.pattern {
-			err = ps.PSubscribe(ctx, a.name)
-		} else {
-			err = ps.Subscribe(ctx, a.name)
-		}
-		if err != nil {
+		if err := subscribeOne(ctx, ps, a.name, a.pattern); err != nil {
 			h.mu.Lock()
 			h.drop(a)
 			h.missing[a.name] = a.pattern
@@ -412,10 +410,10 @@ func (h *WakeHub) reopen(why string) {
 	defer cancel()
 	failed := false
 	for _, name := range chans {
-		failed = ps.Subscribe(ctx, name) != nil || failed
+		failed = subscribeOne(ctx, ps, name, false) != nil || failed
 	}
 	for _, name := range pats {
-		failed = ps.PSubscribe(ctx, name) != nil || failed
+		failed = subscribeOne(ctx, ps, name, true) != nil || failed
 	}
 	if failed { // go-redis reconnected meanwhile, sending all it had in one command
 		h.mu.Lock()
