@@ -195,6 +195,16 @@ func ParseProperties(b []byte) (Properties, error) {
 	if len(t) == 0 || t[0] != '{' {
 		return p, fmt.Errorf("properties are not a JSON object: %.40q", b)
 	}
+	if fast, ok := parseFast(t); ok {
+		return fast, fast.Validate()
+	}
+	return parseFull(t)
+}
+
+// parseFull reads trimmed properties JSON with encoding/json: any JSON,
+// and the error that names what is wrong with it.
+func parseFull(t []byte) (Properties, error) {
+	var p Properties
 	// encoding/json matches field names regardless of case; the contract's
 	// names are exact (other languages' producers check them so).
 	var names map[string]json.RawMessage
