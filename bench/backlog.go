@@ -357,7 +357,7 @@ func (m *measurement) redisUse(ctx context.Context, before redisSnap, ownCmds []
 // runBacklog: N tasks pending, W of them due, when K dispatchers start;
 // throughput over the W against the ceiling.
 func (r *runner) runBacklog(ctx context.Context, p Point) (*Result, error) {
-	c, err := r.ceiling(ctx, p.Size)
+	c, err := r.ceiling(ctx, p)
 	if err != nil {
 		return nil, err
 	}
@@ -393,24 +393,26 @@ func (r *runner) runBacklog(ctx context.Context, p Point) (*Result, error) {
 	return m.res, nil
 }
 
-// ceiling returns the ceiling for a message size, measuring it first if
-// there is none yet (or always, with -ceiling-each).
-func (r *runner) ceiling(ctx context.Context, size int) (*Ceiling, error) {
-	if c := r.ceilings[size]; c != nil && !r.opt.CeilingEach {
+// ceiling returns the ceiling for the messages of point p (their size,
+// and the headers tasks with ids and properties carry), measuring it first
+// if there is none yet (or always, with -ceiling-each).
+func (r *runner) ceiling(ctx context.Context, p Point) (*Ceiling, error) {
+	key := ceilingKey{p.Size, p.IDs, p.IDs && p.Props}
+	if c := r.ceilings[key]; c != nil && !r.opt.CeilingEach {
 		return c, nil
 	}
-	c, err := r.measureCeiling(ctx, size)
+	c, err := r.measureCeiling(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	r.ceilings[size] = c
+	r.ceilings[key] = c
 	r.rep.Ceilings = append(r.rep.Ceilings, c)
 	for _, t := range c.Tried {
-		r.prog.printf("ceiling size=%d %s window=%d: %s msgs/s at the consumer (%s confirmed/s), latency p50 %s ms p99 %s ms\n",
-			size, c.QueueType, t.Window, thousands(int(t.PerSec)), thousands(int(t.ConfirmedPerSec)), fmtMs(t.Latency.P50), fmtMs(t.Latency.P99))
+		r.prog.printf("ceiling size=%d%s %s window=%d: %s msgs/s at the consumer (%s confirmed/s), latency p50 %s ms p99 %s ms\n",
+			p.Size, Point{IDs: key.ids, Props: key.props}.formText(), c.QueueType, t.Window, thousands(int(t.PerSec)), thousands(int(t.ConfirmedPerSec)), fmtMs(t.Latency.P50), fmtMs(t.Latency.P99))
 		if t.Missing > 0 || t.Nacked > 0 || t.Returned > 0 || t.Duplicates > 0 {
 			r.rep.Failures = append(r.rep.Failures, fmt.Sprintf("ceiling size=%d window=%d: %d missing, %d nacked, %d returned, %d duplicates",
-				size, t.Window, t.Missing, t.Nacked, t.Returned, t.Duplicates))
+				p.Size, t.Window, t.Missing, t.Nacked, t.Returned, t.Duplicates))
 		}
 	}
 	return c, nil

@@ -69,7 +69,7 @@ const slowThresholdUs = 1000
 
 // runBurst: N tasks due at one time, K instances running when it comes.
 func (r *runner) runBurst(ctx context.Context, p Point) (*Result, error) {
-	c, err := r.ceiling(ctx, p.Size)
+	c, err := r.ceiling(ctx, p)
 	if err != nil {
 		return nil, err
 	}

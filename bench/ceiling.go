@@ -16,8 +16,15 @@ import (
 // the dispatcher's (same size and properties, persistent, mandatory) to a
 // queue of the same type, with the same consumer consuming meanwhile. It
 // is the fastest of the runs with the windows tried.
+//
+// Tasks with ids carry an x-task-id header, and the bench's properties a
+// traceparent: the broker's work per message grows with its headers, so
+// the ceiling of such tasks is measured with those headers too, not
+// against plain messages the dispatcher never publishes for them.
 type Ceiling struct {
 	Size      int     `json:"size"`
+	IDs       bool    `json:"ids,omitempty"`   // with the x-task-id header of -ids
+	Props     bool    `json:"props,omitempty"` // with the traceparent header of -props
 	QueueType string  `json:"queue_type"`
 	Window    int     `json:"window"`
 	PerSec    float64 `json:"per_sec"`
@@ -45,10 +52,10 @@ type CeilingRun struct {
 
 // measureCeiling runs the raw publisher once per window and keeps the
 // fastest.
-func (r *runner) measureCeiling(ctx context.Context, size int) (*Ceiling, error) {
-	c := &Ceiling{Size: size, QueueType: r.opt.QueueType}
+func (r *runner) measureCeiling(ctx context.Context, k ceilingKey) (*Ceiling, error) {
+	c := &Ceiling{Size: k.size, IDs: k.ids, Props: k.props, QueueType: r.opt.QueueType}
 	for _, w := range r.opt.CeilingWindows {
-		run, err := r.rawPublish(ctx, size, w)
+		run, err := r.rawPublish(ctx, k, w)
 		if err != nil {
 			return nil, err
 		}
@@ -60,10 +67,18 @@ func (r *runner) measureCeiling(ctx context.Context, size int) (*Ceiling, error)
 	return c, nil
 }
 
-// rawPublish publishes count messages of size bytes on one confirm-mode
-// channel, keeping up to window unconfirmed: pipelined publishing is the
-// fastest a single publisher gets confirmed publishes.
-func (r *runner) rawPublish(ctx context.Context, size, window int) (*CeilingRun, error) {
+// ceilingKey is what a ceiling's messages are like: their size, and the
+// headers of tasks with ids (and properties).
+type ceilingKey struct {
+	size       int
+	ids, props bool
+}
+
+// rawPublish publishes count messages like k on one confirm-mode channel,
+// keeping up to window unconfirmed: pipelined publishing is the fastest a
+// single publisher gets confirmed publishes.
+func (r *runner) rawPublish(ctx context.Context, k ceilingKey, window int) (*CeilingRun, error) {
+	size := k.size
 	count := r.opt.CeilingCount
 	name := r.name("ceiling")
 	rec := newRecorder(count, 1, r.earlyUs)
@@ -122,6 +137,7 @@ func (r *runner) rawPublish(ctx context.Context, size, window int) (*CeilingRun,
 	defer stopProg()
 
 	body := make([]byte, 0, size)
+	var id, props []byte
 	begin := time.Now()
 	for i := 0; i < count; i++ {
 		select {
@@ -132,13 +148,24 @@ func (r *runner) rawPublish(ctx context.Context, size, window int) (*CeilingRun,
 		body = member(body, i, size)
 		now := time.Now()
 		due := now.UnixMilli()
+		// The same headers as the dispatcher's messages.
+		headers := amqp.Table{"x-due-ms": due, "x-dispatcher-seq": int64(i + 1)}
+		mid := body
+		if k.ids {
+			id = taskID(id, i)
+			headers["x-task-id"] = string(id)
+			mid = id
+		}
+		if k.props {
+			props = taskProps(props, i)
+			headers["traceparent"] = string(props[len(`{"headers":{"traceparent":"`) : len(props)-len(`"}}`)])
+		}
 		err := ch.PublishWithContext(ctx, name, routingKey, true, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent,
-			MessageId:    shard.MessageID(body, due),
+			MessageId:    shard.MessageID(mid, due),
 			Timestamp:    now,
-			// The same headers as the dispatcher's messages.
-			Headers: amqp.Table{"x-due-ms": due, "x-dispatcher-seq": int64(i + 1)},
-			Body:    body,
+			Headers:      headers,
+			Body:         body,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("ceiling: publish: %w", err)

@@ -137,7 +137,7 @@ func (r *runner) runIngress(ctx context.Context, p Point) (*Result, error) {
 	if !knowsSetting(ctx, r.opt.Dispatcher, ingressSetting) {
 		return nil, fmt.Errorf("%s does not list DISPATCHER_QUEUE_<NAME>%s in its --help: it has no AMQP ingress to measure", r.opt.Dispatcher, ingressSetting)
 	}
-	c, err := r.ceiling(ctx, p.Size)
+	c, err := r.ceiling(ctx, Point{Size: p.Size})
 	if err != nil {
 		return nil, err
 	}

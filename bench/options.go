@@ -372,9 +372,11 @@ Every key, queue and exchange it made is removed at the end, on Ctrl-C too.
 Modes:
   backlog  N tasks pending (-backlog), W of them due (-window; -drain: all),
            when K instances (-instances) start. Before the first point of
-           each message size, the ceiling: -ceiling-count raw confirmed
-           publishes (persistent, mandatory, one channel, -ceiling-window
-           unconfirmed at most) of that size to a queue of the same type,
+           each message size and form, the ceiling: -ceiling-count raw
+           confirmed publishes (persistent, mandatory, one channel,
+           -ceiling-window unconfirmed at most) of that size to a queue of
+           the same type, with the x-task-id header of -ids and the
+           traceparent of -props as the dispatcher's messages carry them,
            consumed meanwhile by the same consumer; the fastest window
            counts.
   rate     -rate tasks/s for -duration, each ZADDed 1s before it is due.

@@ -35,7 +35,7 @@ type runner struct {
 	// stamps: the instances are started with
 	// DISPATCHER_STAMP_PUBLISHED=true (the dispatcher knows it).
 	stamps   bool
-	ceilings map[int]*Ceiling // by message size
+	ceilings map[ceilingKey]*Ceiling
 	rep      *Report
 	// limiter caps each instance's CPU (-cpu-cap; nil: no cap).
 	limiter *cpuLimiter
@@ -54,7 +54,7 @@ func newRunner(ctx context.Context, opt *Options, stderr io.Writer, rep *Report)
 	r := &runner{
 		opt: opt, runID: hex.EncodeToString(id), stderr: stderr, rep: rep,
 		prog:     &progress{w: stderr, every: time.Second},
-		ceilings: map[int]*Ceiling{},
+		ceilings: map[ceilingKey]*Ceiling{},
 	}
 	// Any mode redisconn knows: the bench's name and pool size go into
 	// the URL, which all three of go-redis's URL parsers read.
