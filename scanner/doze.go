@@ -72,6 +72,7 @@ type IdleWatch struct {
 // dozer is one dozing queue as the IdleWatch sees it.
 type dozer struct {
 	keys  []string // the sweeper key, then the pending and in-flight set of each shard
+	boxed []any    // keys boxed once as command arguments: each look sends them all
 	args  []any    // its part of idleScript's ARGV
 	ready func() bool
 	nudge chan struct{} // wakes the queue's loop
@@ -161,31 +162,43 @@ func (w *IdleWatch) look() {
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
 	type call struct {
-		ds   []*dozer
-		keys []string
-		args []any
-		cmd  *redis.Cmd
+		ds  []*dozer
+		cmd *redis.Cmd
 	}
 	var calls []*call
+	pipe := w.rdb.Pipeline()
 	for len(ask) > 0 {
 		c := &call{}
-		for len(ask) > 0 && (len(c.ds) == 0 || len(c.keys)+len(ask[0].keys) <= idleKeysPerCall) {
-			c.ds = append(c.ds, ask[0])
-			c.keys = append(c.keys, ask[0].keys...)
-			c.args = append(c.args, ask[0].args...)
-			ask = ask[1:]
+		nkeys := 0
+		for n := 0; n < len(ask) && (n == 0 || nkeys+len(ask[n].keys) <= idleKeysPerCall); n++ {
+			c.ds = append(c.ds, ask[n])
+			nkeys += len(ask[n].keys)
 		}
+		ask = ask[len(c.ds):]
+		// EVALSHA written out rather than Script.EvalSha, which boxes
+		// every key anew: thousands of keys twice a second.
+		cmd := make([]any, 3, 3+nkeys+4*len(c.ds))
+		cmd[0], cmd[1], cmd[2] = "evalsha", idleScript.Hash(), nkeys
+		for _, d := range c.ds {
+			cmd = append(cmd, d.boxed...)
+		}
+		for _, d := range c.ds {
+			cmd = append(cmd, d.args...)
+		}
+		c.cmd = pipe.Do(ctx, cmd...)
 		calls = append(calls, c)
-	}
-	pipe := w.rdb.Pipeline()
-	for _, c := range calls {
-		c.cmd = idleScript.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each call's own error is read below
 	for _, c := range calls {
 		woke, err := c.cmd.Int64Slice()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			woke, err = idleScript.Run(ctx, w.rdb, c.keys, c.args...).Int64Slice()
+			var keys []string
+			var args []any
+			for _, d := range c.ds {
+				keys = append(keys, d.keys...)
+				args = append(args, d.args...)
+			}
+			woke, err = idleScript.Run(ctx, w.rdb, keys, args...).Int64Slice()
 		}
 		if err != nil {
 			for _, d := range c.ds {
@@ -237,6 +250,10 @@ func (s *Scanner) doze(ctx context.Context) {
 	d.keys = append(d.keys, s.keys.Sweeper())
 	for i := 0; i < s.opt.Shards; i++ {
 		d.keys = append(d.keys, s.keys.Pending(i), s.keys.Inflight(i))
+	}
+	d.boxed = make([]any, len(d.keys))
+	for n, k := range d.keys {
+		d.boxed[n] = k
 	}
 	renew := "0"
 	if s.role.leader {

@@ -23,7 +23,8 @@ func (w *IdleWatch) count() int {
 // TestQuietQueueDozes: an empty queue's sweeps stop once they have
 // stretched to the idle interval; while it dozes Redis sees only the
 // IdleWatch's one call per interval (no sweep: no ZRANGE, no TIME). A task
-// a producer ZADDs without a wake-up wakes it and is delivered; so is one
+// a producer ZADDs without a wake-up wakes it and is delivered, after
+// Redis forgot the scripts too; so is one
 // scheduled with a wake-up; and a queue whose sweeper role another
 // instance took is woken, stops sweeping and does not doze again. Counted
 // on a private Redis.
@@ -91,6 +92,19 @@ func TestQuietQueueDozes(t *testing.T) {
 	rdb.ZAdd(ctx, k.Pending(5), redis.Z{Score: float64(time.Now().UnixMilli()), Member: "raw"})
 	receive("raw")
 	waitFor("dozing again", func() bool { return w.count() == 1 })
+
+	// Redis forgot the scripts (a restart, a failover, SCRIPT FLUSH): the
+	// IdleWatch's EVALSHA gets NOSCRIPT, and its EVAL still finds the task.
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb.ZAdd(ctx, k.Pending(11), redis.Z{Score: float64(time.Now().UnixMilli()), Member: "after a flush"})
+	receive("after a flush")
+	waitFor("dozing again", func() bool { return w.count() == 1 })
+	waitFor("the idle script loaded again by the IdleWatch's EVAL", func() bool {
+		loaded, err := idleScript.Exists(ctx, rdb).Result()
+		return err == nil && loaded[0]
+	})
 
 	// The Go producer's wake-up.
 	prod, err := shard.NewProducer(rdb, k.Prefix, "q", 16)

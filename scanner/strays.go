@@ -54,11 +54,7 @@ type strayLook struct {
 // nextStrays is the next chunk of the walk for layout l.
 func (q *Queue) nextStrays(l shard.Layout) strayLook {
 	lo, hi := q.strays.chunk(max(l.Span(), l.Retired))
-	look := strayLook{lo: lo}
-	for i := lo; i < hi; i++ {
-		look.keys = append(look.keys, q.keys.Pending(i))
-	}
-	return look
+	return strayLook{lo: lo, keys: q.keys.PendingRange(lo, hi)}
 }
 
 // sweepStrays looks at the next chunk of the indexes beyond those served

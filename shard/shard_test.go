@@ -197,3 +197,19 @@ func TestValidQueueName(t *testing.T) {
 		}
 	}
 }
+
+// TestPendingRange: the keys of a range are Pending's, one by one.
+func TestPendingRange(t *testing.T) {
+	k := shard.Keys{Prefix: "dq", Queue: "orders"}
+	for _, r := range [][2]int{{0, 0}, {5, 4}, {0, 1}, {9, 12}, {16, 356}, {4000, shard.MaxShards}} {
+		got := k.PendingRange(r[0], r[1])
+		if want := max(r[1]-r[0], 0); len(got) != want {
+			t.Fatalf("PendingRange(%d, %d): %d keys, want %d", r[0], r[1], len(got), want)
+		}
+		for n, key := range got {
+			if want := k.Pending(r[0] + n); key != want {
+				t.Fatalf("PendingRange(%d, %d)[%d] = %q, want %q", r[0], r[1], n, key, want)
+			}
+		}
+	}
+}
