@@ -98,7 +98,9 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 // A claimed member's body and properties move from KEYS[6]/KEYS[7] to
 // KEYS[8]/KEYS[9] under its entry, in the claim: a producer scheduling the
 // same id again then writes fields of its own, which this scheduling's ack
-// cannot delete. A queue without ids pays one EXISTS per claim for this.
+// cannot delete. One EXISTS over these and the attempts hash, read in place
+// of the attempts hash's TYPE, tells a queue without ids, properties or
+// failed tasks that it has none: it pays nothing for them.
 //
 // ARGV[1] most tasks to claim; 0 only reads when the shard next needs
 //
@@ -149,8 +151,20 @@ end
 if limit == 0 then
   return withNext()
 end
-local bad = wrongType({KEYS[3], 'hash'})
-if bad then return redis.error_reply(bad) end
+-- One EXISTS tells a queue without ids, properties or failed tasks (the
+-- attempts hash) that it has none: such a claim costs what it did before
+-- ids. Only if some exist are the attempts hash's type and which of the
+-- others exist read.
+local present = redis.call('EXISTS', KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+local hasAttempts, idKeys = false, 0
+if present > 0 then
+  local got = redis.call('TYPE', KEYS[3])['ok']
+  if got ~= 'none' and got ~= 'hash' then
+    return redis.error_reply('WRONGTYPE key ' .. KEYS[3] .. ' holds a ' .. got .. ', not a hash; nothing changed')
+  end
+  hasAttempts = got == 'hash'
+  idKeys = present - (hasAttempts and 1 or 0)
+end
 -- Values of fields of a hash, or none at all (one EXISTS) if it is absent.
 local function fields(key, names, from, to)
   if to < from or redis.call('EXISTS', key) == 0 then return {} end
@@ -161,7 +175,7 @@ if lastToken == ARGV[3] then
   out[5] = lastDeadline
   local list = redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)
   local bodies, props = {}, {}
-  if #list > 0 and redis.call('EXISTS', KEYS[8], KEYS[9]) > 0 then
+  if #list > 0 and idKeys > 0 and redis.call('EXISTS', KEYS[8], KEYS[9]) > 0 then
     bodies, props = fields(KEYS[8], list, 1, #list), fields(KEYS[9], list, 1, #list)
   end
   for i = 1, #list do
@@ -181,7 +195,7 @@ if lease[2] and tonumber(lease[2]) <= now then
   -- Leases that ran out (score 0: released) are re-leased in place.
   expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
   for i = 1, #expired, 2 do
-    if tonumber(expired[i + 1]) > 0 and redis.call('HEXISTS', KEYS[3], expired[i]) == 0 then
+    if tonumber(expired[i + 1]) > 0 and not (hasAttempts and redis.call('HEXISTS', KEYS[3], expired[i]) == 1) then
       out[4] = out[4] + 1
     end
   end
@@ -190,9 +204,9 @@ local room = limit - #expired / 2
 local upto = now + tonumber(ARGV[4] or '0')
 local budget = tonumber(ARGV[5] or '0')
 local new, members, bodies, props, taken, bytes = {}, {}, {}, {}, 0, 0
--- One EXISTS for a queue without ids or properties, pending or claimed.
+-- Which of the id keys exist: read only where the EXISTS above found some.
 local withIDs, withProps, withClaimed = false, false, false
-if redis.call('EXISTS', KEYS[6], KEYS[7], KEYS[8], KEYS[9]) > 0 then
+if idKeys > 0 then
   withIDs = redis.call('EXISTS', KEYS[6]) == 1
   withProps = redis.call('EXISTS', KEYS[7]) == 1
   withClaimed = true
@@ -280,7 +294,7 @@ if withClaimed and taken > 0 then
   end
 end
 if #moved > 0 or anyDead then
-  bad = wrongType({KEYS[8], 'hash', KEYS[9], 'hash'})
+  local bad = wrongType({KEYS[8], 'hash', KEYS[9], 'hash'})
   if bad then return redis.error_reply(bad) end
 end
 local owner = ARGV[6] or ''
