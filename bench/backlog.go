@@ -409,10 +409,10 @@ func (r *runner) ceiling(ctx context.Context, p Point) (*Ceiling, error) {
 	r.rep.Ceilings = append(r.rep.Ceilings, c)
 	for _, t := range c.Tried {
 		r.prog.printf("ceiling size=%d%s %s window=%d: %s msgs/s at the consumer (%s confirmed/s), latency p50 %s ms p99 %s ms\n",
-			p.Size, Point{IDs: key.ids, Props: key.props}.formText(), c.QueueType, t.Window, thousands(int(t.PerSec)), thousands(int(t.ConfirmedPerSec)), fmtMs(t.Latency.P50), fmtMs(t.Latency.P99))
-		if t.Missing > 0 || t.Nacked > 0 || t.Returned > 0 || t.Duplicates > 0 {
-			r.rep.Failures = append(r.rep.Failures, fmt.Sprintf("ceiling size=%d window=%d: %d missing, %d nacked, %d returned, %d duplicates",
-				p.Size, t.Window, t.Missing, t.Nacked, t.Returned, t.Duplicates))
+			p.Size, c.form().formText(), c.QueueType, t.Window, thousands(int(t.PerSec)), thousands(int(t.ConfirmedPerSec)), fmtMs(t.Latency.P50), fmtMs(t.Latency.P99))
+		if t.Missing > 0 || t.Nacked > 0 || t.Returned > 0 || t.Duplicates > 0 || t.BadHeaders > 0 {
+			r.rep.Failures = append(r.rep.Failures, fmt.Sprintf("ceiling size=%d%s window=%d: %d missing, %d nacked, %d returned, %d duplicates, %d with headers not their message's",
+				p.Size, c.form().formText(), t.Window, t.Missing, t.Nacked, t.Returned, t.Duplicates, t.BadHeaders))
 		}
 	}
 	return c, nil

@@ -47,7 +47,10 @@ type CeilingRun struct {
 	Returned        int64   `json:"returned"`
 	Missing         int     `json:"missing"`
 	Duplicates      int64   `json:"duplicates"`
-	Latency         Dist    `json:"latency"`
+	// BadHeaders counts deliveries whose message_id or, with ids,
+	// x-task-id (and traceparent) were not their message's.
+	BadHeaders int64 `json:"bad_headers,omitempty"`
+	Latency    Dist  `json:"latency"`
 }
 
 // measureCeiling runs the raw publisher once per window and keeps the
@@ -67,6 +70,9 @@ func (r *runner) measureCeiling(ctx context.Context, k ceilingKey) (*Ceiling, er
 	return c, nil
 }
 
+// form is the point form whose messages the ceiling's are like.
+func (c *Ceiling) form() Point { return Point{IDs: c.IDs, Props: c.Props} }
+
 // ceilingKey is what a ceiling's messages are like: their size, and the
 // headers of tasks with ids (and properties).
 type ceilingKey struct {
@@ -82,6 +88,9 @@ func (r *runner) rawPublish(ctx context.Context, k ceilingKey, window int) (*Cei
 	count := r.opt.CeilingCount
 	name := r.name("ceiling")
 	rec := newRecorder(count, 1, r.earlyUs)
+	if k.ids {
+		rec.expectIDs(k.props)
+	}
 	sk, err := openSink(r.opt, name, nil, rec)
 	if err != nil {
 		return nil, err
@@ -131,7 +140,7 @@ func (r *runner) rawPublish(ctx context.Context, k ceilingKey, window int) (*Cei
 	}()
 
 	stopProg := r.prog.start(func() string {
-		return fmt.Sprintf("ceiling size=%d window=%d: %s/%s confirmed, %s received", size, window,
+		return fmt.Sprintf("ceiling size=%d%s window=%d: %s/%s confirmed, %s received", size, Point{IDs: k.ids, Props: k.props}.formText(), window,
 			thousands(int(acked.Load())), thousands(count), thousands(int(rec.unique.Load())))
 	})
 	defer stopProg()
@@ -189,7 +198,7 @@ func (r *runner) rawPublish(ctx context.Context, k ceilingKey, window int) (*Cei
 		PerSec:          perSec(int(rec.unique.Load()), rec.span()),
 		ConfirmedPerSec: perSec(count, confirmedIn),
 		Nacked:          nacked.Load(), Returned: returned.Load(),
-		Missing: rec.missing(), Duplicates: rec.dups.Load(),
+		Missing: rec.missing(), Duplicates: rec.dups.Load(), BadHeaders: rec.badID.Load() + rec.badTaskID.Load(),
 		Latency: distOf(rec.late),
 	}
 	return c, nil

@@ -408,8 +408,9 @@ Modes:
            N) N messages as fast as the broker confirms them, with the
            largest -ceiling-window unconfirmed at most; -ingress-drain
            adds a point whose N are all published before the instances
-           start: the ingress alone drains the backlog. The ceiling is
-           measured first, as in backlog mode. The consumer checks every
+           start: the ingress alone drains the backlog. The ceiling, of
+           plain messages, is measured first, as in backlog mode. The
+           consumer checks every
            task once, its message_id, x-task-id and x-delay.
 With -cpu-cap C each instance runs in a cgroup of its own capped at C of
 one core (a CFS quota of C x -cpu-period every -cpu-period, read back from

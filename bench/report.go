@@ -35,10 +35,10 @@ func writeTables(w io.Writer, rep *Report) {
 	if len(rep.Ceilings) > 0 {
 		fmt.Fprintf(w, "\nCeiling: raw confirmed publishes (persistent, mandatory, %s queue, one channel, up to a window of unconfirmed ones), consumer running%s\n\n",
 			rep.Options.QueueType, consumer)
-		table(w, []string{"size B", "messages", "window", "received/s", "confirmed/s", "latency p50 ms", "p99 ms"}, func(add func(...string)) {
+		table(w, []string{"size B", "form", "messages", "window", "received/s", "confirmed/s", "latency p50 ms", "p99 ms"}, func(add func(...string)) {
 			for _, c := range rep.Ceilings {
 				for _, t := range c.Tried {
-					add(itoa(c.Size), thousands(t.Messages), itoa(t.Window), thousands(int(t.PerSec)), thousands(int(t.ConfirmedPerSec)),
+					add(itoa(c.Size), c.form().formCell(), thousands(t.Messages), itoa(t.Window), thousands(int(t.PerSec)), thousands(int(t.ConfirmedPerSec)),
 						fmtMs(t.Latency.P50), fmtMs(t.Latency.P99))
 				}
 			}

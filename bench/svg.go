@@ -43,7 +43,7 @@ func panels(rep *Report) []panel {
 	if len(rep.Ceilings) > 0 {
 		p := panel{title: "Raw broker (ceiling): consumer receipt minus publish time"}
 		for _, c := range rep.Ceilings {
-			p.series = append(p.series, series{fmt.Sprintf("size=%d %s", c.Size, c.QueueType), c.Latency, nil})
+			p.series = append(p.series, series{fmt.Sprintf("size=%d%s %s", c.Size, c.form().formText(), c.QueueType), c.Latency, nil})
 		}
 		out = append(out, p)
 	}

@@ -61,7 +61,7 @@ func (k Keys) Pending(i int) string { return k.tag(i) }
 // PendingRange returns Pending(i) for i from lo to hi-1, cut from one
 // string built at once: a walk over the indexes beyond a queue's shards
 // looks at hundreds of them every few seconds per queue, where a string
-// of its own for each key was a tenth of an idle instance's CPU.
+// of its own for each key was a tenth of an idle instance's CPU profile.
 func (k Keys) PendingRange(lo, hi int) []string {
 	if hi <= lo {
 		return nil
