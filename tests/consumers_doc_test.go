@@ -87,7 +87,12 @@ func brokerQueue(t *testing.T, conn *amqp.Connection, name string) (amqp.Queue, 
 //   - the consumer SIGKILLed and started again, then a copy of a (same
 //     message_id, as a dispatcher's duplicate) and a new task c: c worked on,
 //     the copy of a dropped, nothing left in the queue.
-func runConsumerDoc(t *testing.T, names consumerNames, start func() (*exec.Cmd, *syncBuffer)) {
+//
+// done, if not nil, tells that c's work was committed: the consumer prints
+// "work c" before its commit and its ack, and the queue's ready count is 0
+// as soon as c is delivered, so without it the second SIGKILL could come
+// between the print and the commit (it did, once, on a loaded machine).
+func runConsumerDoc(t *testing.T, names consumerNames, start func() (*exec.Cmd, *syncBuffer), done func() bool) {
 	conn, err := amqp.Dial(testenv.AMQPURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +153,7 @@ func runConsumerDoc(t *testing.T, names consumerNames, start func() (*exec.Cmd, 
 	publishCopy(t, conn, names.exchange, names.queue, task("c"))
 	eventually(t, 60*time.Second, "c done and the queue empty", func() bool {
 		q, ok := brokerQueue(t, conn, names.queue)
-		return works(out2.String(), "c") > 0 && ok && q.Messages == 0
+		return works(out2.String(), "c") > 0 && ok && q.Messages == 0 && (done == nil || done())
 	})
 	stop(second)
 	if n := works(out1.String(), "a") + works(out2.String(), "a"); n != 1 {
@@ -210,7 +215,7 @@ func TestConsumersDocPython(t *testing.T) {
 	})
 	runConsumerDoc(t, names, func() (*exec.Cmd, *syncBuffer) {
 		return startProcess(t, systemPython, "-u", script)
-	})
+	}, nil)
 }
 
 // consumerHarness wraps the Java snippet's declare and handle in a class
@@ -288,14 +293,18 @@ func TestConsumersDocJava(t *testing.T) {
 	classpath := strings.Join(append(exampleJars[:len(exampleJars):len(exampleJars)], sqliteJar), ":")
 	runExample(t, time.Minute, "javac", "-Xlint:all", "-Werror", "-cp", classpath, "-d", dir, src)
 	db := filepath.Join(dir, "consumer.sqlite")
-	runConsumerDoc(t, names, func() (*exec.Cmd, *syncBuffer) {
-		return startProcess(t, "java", "-cp", dir+":"+classpath, "ConsumerDoc", testenv.AMQPURL(t), db, names.queue)
-	})
-
-	rows := runExample(t, 30*time.Second, systemPython, "-c", `import sqlite3, sys
+	const query = `import sqlite3, sys
 d = sqlite3.connect(sys.argv[1])
 print(sorted(r[0] for r in d.execute("SELECT body FROM work_log")))
-print(d.execute("SELECT COUNT(*) FROM processed").fetchone()[0])`, db)
+print(d.execute("SELECT COUNT(*) FROM processed").fetchone()[0])`
+	runConsumerDoc(t, names, func() (*exec.Cmd, *syncBuffer) {
+		return startProcess(t, "java", "-cp", dir+":"+classpath, "ConsumerDoc", testenv.AMQPURL(t), db, names.queue)
+	}, func() bool {
+		out, err := exec.Command(systemPython, "-c", query, db).Output()
+		return err == nil && strings.Contains(string(out), "'c'")
+	})
+
+	rows := runExample(t, 30*time.Second, systemPython, "-c", query, db)
 	if want := "['a', 'b', 'c']\n3\n"; rows != want {
 		t.Errorf("the database holds work %q, want %q: each task's work once, the failed one's rolled back", rows, want)
 	}
