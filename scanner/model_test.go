@@ -333,7 +333,7 @@ type mShard struct {
 	attempts map[string]int
 	dead     map[string]int64
 	reason   map[string]string
-	last     *mLastClaim
+	claims   []mLastClaim // the :claim record: the last claimRecords claims that handed something out, newest last
 	wrong    [nKinds]*mWrong
 	leaked   map[string]bool // attempts fields an ack could not delete
 	everConf map[string]bool // entries some publish confirmed
@@ -348,6 +348,34 @@ type mShard struct {
 type mLastClaim struct {
 	token    string
 	deadline int64
+}
+
+// lastClaim is the shard's last claim that handed something out (nil:
+// none yet).
+func (sh *mShard) lastClaim() *mLastClaim {
+	if len(sh.claims) == 0 {
+		return nil
+	}
+	return &sh.claims[len(sh.claims)-1]
+}
+
+// claimOf is the claim of the :claim record with this token (nil: none).
+func (sh *mShard) claimOf(token string) *mLastClaim {
+	for k := range sh.claims {
+		if sh.claims[k].token == token {
+			return &sh.claims[k]
+		}
+	}
+	return nil
+}
+
+// record is what the :claim record must hold.
+func (sh *mShard) record() string {
+	var pairs []string
+	for _, l := range sh.claims {
+		pairs = append(pairs, l.token+" "+strconv.FormatInt(l.deadline, 10))
+	}
+	return strings.Join(pairs, " ")
 }
 
 func (sh *mShard) anyWrong(kinds ...int) bool {
@@ -425,6 +453,12 @@ func TestModel(t *testing.T) {
 	// have done so too, wrong-type keys and lost replies among them.
 	if stats.events["ack of several shards in one call"] == 0 {
 		t.Errorf("no ack of several shards in one call was modelled")
+	}
+	// A lost claim run again after other claims of its shard (as when a
+	// stalled primary resumes with several instances' claims) gets its
+	// batch back: the model must have done so.
+	if stats.events["claim run again after later claims of its shard"] == 0 {
+		t.Errorf("no claim was run again after later claims of its shard")
 	}
 }
 
@@ -1235,17 +1269,20 @@ func (r *mRun) doClaim(in *mInst, i, limit int, token string, rerun *mLostClaim)
 		}
 	}
 	var b *mBatch
-	if rerun != nil && sh.last != nil && sh.last.token == token {
-		// The shard's :claim record is this claim's: the script returns
+	if l := sh.claimOf(token); rerun != nil && l != nil {
+		// The shard's :claim record holds this claim: the script returns
 		// what it still holds, at any time, and claims nothing.
-		if c.deadline != sh.last.deadline {
-			r.fatalf("claim run again with token %s, the shard's :claim record (deadline %d), returned deadline %d",
-				token, sh.last.deadline, c.deadline)
+		if c.deadline != l.deadline {
+			r.fatalf("claim run again with token %s, in the shard's :claim record with deadline %d, returned deadline %d",
+				token, l.deadline, c.deadline)
+		}
+		if l != sh.lastClaim() {
+			r.event("claim run again after later claims of its shard")
 		}
 		b = r.claimAgain(sh, c, rerun)
 	} else {
 		if rerun != nil {
-			r.event("claim run again: its token no longer the :claim record's, claimed anew")
+			r.event("claim run again: its token no longer in the :claim record, claimed anew")
 		}
 		b = r.claimFresh(in, sh, c, limit, token)
 	}
@@ -1352,10 +1389,10 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 	lease := in.st.lease.Milliseconds()
 	want := c.now + lease
 	last := "none"
-	if sh.last != nil {
-		last = strconv.FormatInt(sh.last.deadline, 10)
-		if sh.last.deadline+1 > want {
-			want = sh.last.deadline + 1
+	if l := sh.lastClaim(); l != nil {
+		last = strconv.FormatInt(l.deadline, 10)
+		if l.deadline+1 > want {
+			want = l.deadline + 1
 			r.event("claim deadline: the shard's last deadline + 1, above now + lease")
 		}
 	}
@@ -1460,7 +1497,10 @@ func (r *mRun) claimFresh(in *mInst, sh *mShard, c claimed, limit int, token str
 		r.fatalf("COLLISION: %s has the lease deadline of %s", b, x)
 	}
 	sh.deadlines[b.deadline] = b
-	sh.last = &mLastClaim{token: token, deadline: b.deadline}
+	sh.claims = append(sh.claims, mLastClaim{token: token, deadline: b.deadline})
+	if len(sh.claims) > claimRecords {
+		sh.claims = slices.Delete(sh.claims, 0, len(sh.claims)-claimRecords)
+	}
 	return b
 }
 
@@ -2269,7 +2309,7 @@ func (r *mRun) modelEmpty(sh *mShard, k int) bool {
 	case kReason:
 		return len(sh.reason) == 0
 	}
-	return sh.last == nil
+	return len(sh.claims) == 0
 }
 
 // pendingAtDead reports whether a pending scheduling has the entry of a
@@ -2581,15 +2621,15 @@ func (r *mRun) compareShard(sh *mShard, got *snapShard, t0, t1 int64) []string {
 		}
 		out = append(out, diffMaps(name(k), wantH[k], got.h[k])...)
 	}
-	// The :claim record never expires: exactly the last claim that handed
-	// something out, whatever the time.
-	switch l := sh.last; {
-	case l == nil && got.hasCl:
+	// The :claim record never expires: exactly the last claimRecords claims
+	// that handed something out, newest last, whatever the time.
+	switch want := sh.record(); {
+	case want == "" && got.hasCl:
 		out = append(out, fmt.Sprintf("%s: %q, want none", name(kClaim), got.claim))
-	case l != nil && !got.hasCl:
-		out = append(out, fmt.Sprintf("%s: gone at %d..%d, want %q", name(kClaim), t0, t1, l.token+" "+strconv.FormatInt(l.deadline, 10)))
-	case l != nil && got.claim != l.token+" "+strconv.FormatInt(l.deadline, 10):
-		out = append(out, fmt.Sprintf("%s: %q, want %q", name(kClaim), got.claim, l.token+" "+strconv.FormatInt(l.deadline, 10)))
+	case want != "" && !got.hasCl:
+		out = append(out, fmt.Sprintf("%s: gone at %d..%d, want %q", name(kClaim), t0, t1, want))
+	case want != "" && got.claim != want:
+		out = append(out, fmt.Sprintf("%s: %q, want %q", name(kClaim), got.claim, want))
 	}
 	// The model's own consistency: a holder's lease is its deadline, and
 	// no two claims of the shard share a deadline.

@@ -1,6 +1,10 @@
 package scanner
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // In-flight entries are "<due_ms>:<member>": the due time travels with the
 // task so that a retry or a reaped task keeps its message_id, and so that
@@ -82,7 +86,11 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 // KEYS[1] pending shard P:{Q:i}
 // KEYS[2] in-flight set P:{Q:i}:inflight (score = lease deadline ms)
 // KEYS[3] attempts hash P:{Q:i}:attempts
-// KEYS[4] last claim P:{Q:i}:claim (string "<token> <deadline>")
+// KEYS[4] last claims P:{Q:i}:claim (string of "<token> <deadline>" pairs,
+//
+//	the last claimRecords claims that handed something out, newest last;
+//	a version before it wrote only the last, which reads the same)
+//
 // KEYS[5] pause flag P:{Q:i}:paused: while it exists the claim takes and
 //
 //	reaps nothing and returns reaped = -1
@@ -107,10 +115,10 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 //	attention, changing nothing
 //
 // ARGV[2] lease in ms
-// ARGV[3] claim token, unique per claim: a claim run again with the token
+// ARGV[3] claim token, unique per claim, without spaces: a claim run again
 //
-//	of the shard's last claim (go-redis retrying after a lost reply)
-//	returns that claim's batch instead of claiming another
+//	with the token of one of the shard's last claims (its answer was
+//	lost) returns what that claim still holds instead of claiming another
 //
 // ARGV[4] look-ahead in ms (absent: 0): pending tasks due up to now + this
 //
@@ -133,7 +141,14 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 // member is its own body; no properties); reaped counts only re-leased entries that had no
 // failed attempt and were not released, i.e. whose instance died or
 // stalled, not retries whose backoff ran out.
+// claimRecords is how many of a shard's last claims its :claim record
+// keeps: a claim run again with the token of any of them returns its
+// batch. Instances whose claims a stalled primary runs when it resumes,
+// after they gave up on the answers, each run theirs again with its token.
+const claimRecords = 8
+
 var claimScript = redis.NewScript(luaPrelude + luaNow + `
+local keep = ` + strconv.Itoa(claimRecords) + `
 local limit = tonumber(ARGV[1])
 local out = {nowUs, '', '', 0, ''}
 if limit > 0 and redis.call('GET', KEYS[5]) then
@@ -170,10 +185,17 @@ local function fields(key, names, from, to)
   if to < from or redis.call('EXISTS', key) == 0 then return {} end
   return redis.call('HMGET', key, unpack(names, from, to))
 end
-local lastToken, lastDeadline = string.match(redis.call('GET', KEYS[4]) or '', '^(.*) (%d+)$')
-if lastToken == ARGV[3] then
-  out[5] = lastDeadline
-  local list = redis.call('ZRANGEBYSCORE', KEYS[2], lastDeadline, lastDeadline)
+-- The record is "<token> <deadline>" pairs, newest last: the last deadline
+-- is the shard's latest (deadlines only grow), and a token among the pairs
+-- is a claim run again.
+local record = redis.call('GET', KEYS[4]) or ''
+local lastDeadline = string.match(record, '(%d+)$')
+local mine
+local at = string.find(' ' .. record, ' ' .. ARGV[3] .. ' ', 1, true)
+if at then mine = string.match(record, '^%d+', at + #ARGV[3] + 1) end
+if mine then
+  out[5] = mine
+  local list = redis.call('ZRANGEBYSCORE', KEYS[2], mine, mine)
   local bodies, props = {}, {}
   if #list > 0 and idKeys > 0 and redis.call('EXISTS', KEYS[8], KEYS[9]) > 0 then
     bodies, props = fields(KEYS[8], list, 1, #list), fields(KEYS[9], list, 1, #list)
@@ -387,7 +409,11 @@ for i = 1, taken do
 end
 
 if #out > 5 then
-  redis.call('SET', KEYS[4], ARGV[3] .. ' ' .. d)
+  -- This claim's pair after the last keep - 1 others.
+  local kept = {}
+  for pair in string.gmatch(record, '%S+ %d+') do kept[#kept + 1] = pair end
+  kept[#kept + 1] = ARGV[3] .. ' ' .. d
+  redis.call('SET', KEYS[4], table.concat(kept, ' ', math.max(1, #kept - keep + 1)))
 end
 if #expired > 0 then
   lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')

@@ -3,7 +3,9 @@ package scanner
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -22,10 +24,16 @@ type store struct {
 	retryMin    time.Duration
 	retryMax    time.Duration
 	maxAttempts int
-	instance    string // makes claim tokens unique across instances
-
-	seq atomic.Uint64
+	instance    string // names the instance in its claim tokens
 }
+
+// Claim tokens are unique in the process (one counter for all its stores)
+// and across processes (a random part): an InstanceID a library user sets,
+// the same after a restart, does not make a token of the last run's again.
+var (
+	tokenSeq   atomic.Uint64
+	tokenNonce = strconv.FormatUint(rand.Uint64()>>32, 36)
+)
 
 // claimed is what one run of the claim script says of its shard.
 type claimed struct {
@@ -139,9 +147,10 @@ func (st *store) claimKeys(i int) []string {
 }
 
 // token is unique per claim, so the script can tell a run of the same
-// claim again (go-redis retrying after a lost reply) from a new one.
+// claim again (go-redis retrying after a lost reply) from a new one. It
+// holds no space: the shard's :claim record is space-separated pairs.
 func (st *store) token() string {
-	return st.instance + "/" + strconv.FormatUint(st.seq.Add(1), 36)
+	return strings.ReplaceAll(st.instance, " ", "_") + "/" + tokenNonce + "." + strconv.FormatUint(tokenSeq.Add(1), 36)
 }
 
 // claim runs one claim on shard i (the scanner pipelines claimCmd instead).

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,4 +159,55 @@ func scheduleDue(t *testing.T, rdb *redis.Client, s *Scanner, n int) []string {
 	}
 	slices.Sort(entries)
 	return entries
+}
+
+// A stalled primary runs, when it resumes, the claims every instance sent
+// it meanwhile: instance A's claim (whose answer A gave up on), then B's.
+// A runs its claim again with its token and must get its batch back,
+// though B's claim came after it; before, the shard kept only its last
+// claim's token, A's re-run claimed anew and A's batch waited out its
+// 30 s lease (seen: a task 40 s late after a 10 s pause of a cluster
+// primary, with two instances).
+func TestLostClaimTokenSurvivesOtherInstancesClaims(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	a := tokenScanner(t, rdb)
+	due := scheduleDue(t, rdb, a, 5)
+
+	// A's claim runs; its answer is lost.
+	if c, err := a.st.claimAs(ctx, 0, 10, "A/1"); err != nil || len(c.entries) != 5 {
+		t.Fatalf("A's claim: %v %v", err, c.entries)
+	}
+	// Then B's claims, each taking a task that fell due since.
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const others = claimRecords - 1
+	for k := range others {
+		m := "b-task-" + strconv.Itoa(k)
+		rdb.ZAdd(ctx, a.keys.Pending(0), redis.Z{Score: float64(now.UnixMilli() - 500), Member: m})
+		if c, err := a.st.claimAs(ctx, 0, 10, "B/"+strconv.Itoa(k)); err != nil || len(c.entries) != 1 {
+			t.Fatalf("B's claim %d: %v %v", k, err, c.entries)
+		}
+	}
+	c, err := a.st.claimAs(ctx, 0, 10, "A/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(c.entries)
+	if !slices.Equal(c.entries, due) {
+		t.Fatalf("A's claim run again after %d claims of B returned %v, want its batch %v (left to its lease)", others, c.entries, due)
+	}
+	// The record keeps the last claimRecords claims, no more.
+	for k := range claimRecords + 3 {
+		rdb.ZAdd(ctx, a.keys.Pending(0), redis.Z{Score: float64(now.UnixMilli() - 500), Member: "c-task-" + strconv.Itoa(k)})
+		if _, err := a.st.claimAs(ctx, 0, 10, "C/"+strconv.Itoa(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record := rdb.Get(ctx, a.keys.LastClaim(0)).Val()
+	if f := strings.Fields(record); len(f) != 2*claimRecords || f[0] != "C/3" || f[len(f)-2] != "C/"+strconv.Itoa(claimRecords+2) {
+		t.Errorf(":claim record %q, want the pairs of claims C/3 to C/%d", record, claimRecords+2)
+	}
 }
