@@ -211,3 +211,43 @@ func TestLostClaimTokenSurvivesOtherInstancesClaims(t *testing.T) {
 		t.Errorf(":claim record %q, want the pairs of claims C/3 to C/%d", record, claimRecords+2)
 	}
 }
+
+// A :claim record an older version wrote holds one pair, which reads the
+// same: its claim run again gets its batch, and the next claim keeps that
+// pair before its own. A record that is not pairs is replaced.
+func TestClaimRecordOfAnOlderVersion(t *testing.T) {
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	s := tokenScanner(t, rdb)
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := now.UnixMilli() + 30_000
+	e := EntryOf([]byte("held"), now.UnixMilli()-1000)
+	rdb.ZAdd(ctx, s.keys.Inflight(0), redis.Z{Score: float64(deadline), Member: e})
+	old := "old:1:ab/1 " + strconv.FormatInt(deadline, 10)
+	rdb.Set(ctx, s.keys.LastClaim(0), old, 0)
+	c, err := s.st.claimAs(ctx, 0, 10, "old:1:ab/1")
+	if err != nil || !slices.Equal(c.entries, []string{e}) || c.deadline != deadline {
+		t.Fatalf("older version's claim run again: %v %v deadline %d, want [%s] deadline %d", err, c.entries, c.deadline, e, deadline)
+	}
+	scheduleDue(t, rdb, s, 1)
+	c, err = s.st.claimAs(ctx, 0, 10, "new/1")
+	if err != nil || len(c.entries) != 1 || c.deadline <= deadline {
+		t.Fatalf("next claim: %v %v deadline %d, want one entry and a deadline after %d", err, c.entries, c.deadline, deadline)
+	}
+	if got, want := rdb.Get(ctx, s.keys.LastClaim(0)).Val(), old+" new/1 "+strconv.FormatInt(c.deadline, 10); got != want {
+		t.Errorf(":claim record %q, want %q", got, want)
+	}
+
+	rdb.Set(ctx, s.keys.LastClaim(0), "not pairs", 0)
+	rdb.ZAdd(ctx, s.keys.Pending(0), redis.Z{Score: float64(now.UnixMilli() - 500), Member: "another"})
+	c, err = s.st.claimAs(ctx, 0, 10, "new/2")
+	if err != nil || len(c.entries) != 1 {
+		t.Fatalf("claim over a record that is not pairs: %v %v", err, c.entries)
+	}
+	if got, want := rdb.Get(ctx, s.keys.LastClaim(0)).Val(), "new/2 "+strconv.FormatInt(c.deadline, 10); got != want {
+		t.Errorf(":claim record %q, want %q", got, want)
+	}
+}
