@@ -10,10 +10,11 @@ package scanner
 //   - exactness: the keys hold what the model predicts: pending members
 //     and scores, in-flight entries and leases (a retry's backoff within
 //     the TIME read before and after the script), attempt counts, dead
-//     letters and reasons, and the :claim record, exactly: "<token>
-//     <deadline>" of the shard's last claim that handed out at least one
-//     entry, with no expiry (absent before the first such claim; a claim
-//     that hands out nothing leaves it as it was);
+//     letters and reasons, and the :claim record, exactly: the "<token>
+//     <deadline>" pairs of the shard's last claimRecords claims that
+//     handed out at least one entry, newest last, with no expiry (absent
+//     before the first such claim; a claim that hands out nothing leaves
+//     it as it was);
 //   - claims: every claim's lease deadline is exactly max(its server time
 //     + its lease, the :claim record's deadline + 1), and no two claims of
 //     a shard that handed something out have the same deadline
@@ -57,11 +58,12 @@ package scanner
 //     deadline); fail and release act exactly on the entries their batch
 //     holds: one that acts on an entry it does not hold (its lease equals
 //     the batch's deadline) fails with COLLISION and a FENCING diagnosis
-//     of what set that lease; a claim run again with the token of the
-//     shard's :claim record returns exactly the entries its first run
-//     still holds, whatever the time (also after its lease ran out), and
-//     any other entry it returns is a COLLISION; one whose token is no
-//     longer the record's claims anew; a fail or release run again changes
+//     of what set that lease; a claim run again with a token of the
+//     shard's :claim record (also after later claims of the shard)
+//     returns exactly the entries its first run still holds, whatever the
+//     time (also after its lease ran out), and any other entry it returns
+//     is a COLLISION; one whose token is no longer in the record claims
+//     anew; a fail or release run again changes
 //     nothing more (one attempt counted);
 //   - tasks with an id: producers schedule a few ids as the contract
 //     says (MULTI, HSET :tasks, HSET or HDEL :props, ZADD; a new body

@@ -69,6 +69,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 `
 
+// claimRecords is how many of a shard's last claims its :claim record
+// keeps: a claim run again with the token of any of them returns its
+// batch. Instances whose claims a stalled primary runs when it resumes,
+// after they gave up on the answers, each run theirs again with its token.
+const claimRecords = 8
+
 // claimScript re-leases expired in-flight entries in place and moves
 // tasks due within the look-ahead from pending to in-flight, up to a batch
 // in all, every one with the same new lease deadline: now + lease, or one
@@ -141,12 +147,6 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 // member is its own body; no properties); reaped counts only re-leased entries that had no
 // failed attempt and were not released, i.e. whose instance died or
 // stalled, not retries whose backoff ran out.
-// claimRecords is how many of a shard's last claims its :claim record
-// keeps: a claim run again with the token of any of them returns its
-// batch. Instances whose claims a stalled primary runs when it resumes,
-// after they gave up on the answers, each run theirs again with its token.
-const claimRecords = 8
-
 var claimScript = redis.NewScript(luaPrelude + luaNow + `
 local keep = ` + strconv.Itoa(claimRecords) + `
 local limit = tonumber(ARGV[1])
@@ -413,6 +413,7 @@ end
 if #out > 5 then
   -- This claim's pair goes last; a record of keep pairs (2 keep - 1
   -- spaces) or more loses its first; one that is not pairs is replaced.
+  -- (A record of more, from a version keeping more, is cut to keep - 1.)
   local spaces, at, second = 0, 0, nil
   repeat
     at = string.find(record, ' ', at + 1, true)
@@ -423,8 +424,12 @@ if #out > 5 then
   until not at
   if not lastDeadline then
     record = ''
-  elseif spaces >= 2 * keep - 1 then
+  elseif spaces == 2 * keep - 1 then
     record = string.sub(record, second + 1)
+  elseif spaces > 2 * keep - 1 then
+    at = 0
+    for _ = 1, spaces - 2 * keep + 3 do at = string.find(record, ' ', at + 1, true) end
+    record = string.sub(record, at + 1)
   end
   if record ~= '' then record = record .. ' ' end
   redis.call('SET', KEYS[4], record .. ARGV[3] .. ' ' .. d)

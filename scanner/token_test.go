@@ -241,6 +241,26 @@ func TestClaimRecordOfAnOlderVersion(t *testing.T) {
 		t.Errorf(":claim record %q, want %q", got, want)
 	}
 
+	// A token found whole only: not as the start or end of another.
+	d := strconv.FormatInt(c.deadline, 10)
+	rdb.Set(ctx, s.keys.LastClaim(0), "new/10 1 xnew/1 2 new/1 "+d, 0)
+	if again, err := s.st.claimAs(ctx, 0, 10, "new/1"); err != nil || !slices.Equal(again.entries, c.entries) || again.deadline != c.deadline {
+		t.Fatalf("claim run again among tokens it starts or ends: %v %v deadline %d, want %v deadline %d", err, again.entries, again.deadline, c.entries, c.deadline)
+	}
+	// A record of more pairs than kept (a version keeping more) is cut.
+	var long []string
+	for k := range claimRecords + 3 {
+		long = append(long, "x/"+strconv.Itoa(k)+" "+strconv.Itoa(k+1))
+	}
+	rdb.Set(ctx, s.keys.LastClaim(0), strings.Join(long, " "), 0)
+	rdb.ZAdd(ctx, s.keys.Pending(0), redis.Z{Score: float64(now.UnixMilli() - 500), Member: "more"})
+	if c, err = s.st.claimAs(ctx, 0, 10, "new/3"); err != nil || len(c.entries) != 1 {
+		t.Fatalf("claim over a long record: %v %v", err, c.entries)
+	}
+	if got, want := rdb.Get(ctx, s.keys.LastClaim(0)).Val(), strings.Join(append(long[4:], "new/3 "+strconv.FormatInt(c.deadline, 10)), " "); got != want {
+		t.Errorf(":claim record %q, want %q", got, want)
+	}
+
 	rdb.Set(ctx, s.keys.LastClaim(0), "not pairs", 0)
 	rdb.ZAdd(ctx, s.keys.Pending(0), redis.Z{Score: float64(now.UnixMilli() - 500), Member: "another"})
 	c, err = s.st.claimAs(ctx, 0, 10, "new/2")

@@ -105,9 +105,9 @@ func (k Keys) Dead(i int) string { return k.tag(i) + ":dead" }
 // DeadReason maps a dead entry to why it died (hash).
 func (k Keys) DeadReason(i int) string { return k.tag(i) + ":dead:reason" }
 
-// LastClaim records the shard's last claim (token and lease deadline,
-// expiring with the lease), so a claim that go-redis runs again after a
-// lost reply returns the same batch instead of claiming another.
+// LastClaim records the shard's last claims (token and lease deadline
+// pairs, newest last), so a claim run again after a lost reply returns
+// the same batch instead of claiming another.
 func (k Keys) LastClaim(i int) string { return k.tag(i) + ":claim" }
 
 // Owners records which instance holds each claim of the shard (sorted
