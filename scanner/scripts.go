@@ -1,10 +1,6 @@
 package scanner
 
-import (
-	"strconv"
-
-	"github.com/redis/go-redis/v9"
-)
+import "github.com/redis/go-redis/v9"
 
 // In-flight entries are "<due_ms>:<member>": the due time travels with the
 // task so that a retry or a reaped task keeps its message_id, and so that
@@ -73,6 +69,9 @@ local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 // keeps: a claim run again with the token of any of them returns its
 // batch. Instances whose claims a stalled primary runs when it resumes,
 // after they gave up on the answers, each run theirs again with its token.
+// The claim script's keep is the same number (a script's source is a
+// constant); TestLostClaimTokenSurvivesOtherInstancesClaims checks the two
+// agree.
 const claimRecords = 8
 
 // claimScript re-leases expired in-flight entries in place and moves
@@ -148,7 +147,7 @@ const claimRecords = 8
 // failed attempt and were not released, i.e. whose instance died or
 // stalled, not retries whose backoff ran out.
 var claimScript = redis.NewScript(luaPrelude + luaNow + `
-local keep = ` + strconv.Itoa(claimRecords) + `
+local keep = 8 -- claimRecords
 local limit = tonumber(ARGV[1])
 local out = {nowUs, '', '', 0, ''}
 if limit > 0 and redis.call('GET', KEYS[5]) then

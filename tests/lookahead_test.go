@@ -59,7 +59,7 @@ type laState struct {
 	pending  int64              // tasks in the pending shards
 	inflight map[string]float64 // in-flight entry -> score (lease deadline ms, 0: handed back)
 	shardOf  map[string]int     // in-flight entry -> shard
-	claims   []string           // per shard, the last claim "<instance>/<seq> <deadline>"
+	claims   []string           // per shard, its :claim record: the last claims' "<instance>/<token> <deadline>" pairs, newest last
 }
 
 // pendingIDs returns the message_id of every pending task of q (member
@@ -179,8 +179,12 @@ func heldBy(t *testing.T, s laState) map[int][]string {
 	out := map[int][]string{}
 	for e, score := range s.inflight {
 		i := s.shardOf[e]
-		token, deadline, ok := strings.Cut(s.claims[i], " ")
-		if !ok || deadline != strconv.FormatInt(int64(score), 10) {
+		f := strings.Fields(s.claims[i])
+		var token, deadline string
+		if len(f) >= 2 {
+			token, deadline = f[len(f)-2], f[len(f)-1]
+		}
+		if deadline == "" || deadline != strconv.FormatInt(int64(score), 10) {
 			t.Fatalf("shard %d: entry %q has lease %.0f, the shard's last claim is %q: more than one claim took the tasks",
 				i, e, score, s.claims[i])
 		}
