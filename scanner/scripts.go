@@ -410,22 +410,17 @@ for i = 1, taken do
 end
 
 if #out > 5 then
-  -- This claim's pair goes last; a record of keep pairs (2 keep - 1
-  -- spaces) or more loses its first; one that is not pairs is replaced.
-  -- (A record of more, from a version keeping more, is cut to keep - 1.)
-  local spaces, at, second = 0, 0, nil
+  -- This claim's pair goes last, after the last keep - 1 others: a
+  -- record of keep pairs (2 keep - 1 spaces) or more loses its first; one
+  -- that is not pairs is replaced.
+  local spaces, at = 0, 0
   repeat
     at = string.find(record, ' ', at + 1, true)
-    if at then
-      spaces = spaces + 1
-      if spaces == 2 then second = at end
-    end
+    if at then spaces = spaces + 1 end
   until not at
   if not lastDeadline then
     record = ''
-  elseif spaces == 2 * keep - 1 then
-    record = string.sub(record, second + 1)
-  elseif spaces > 2 * keep - 1 then
+  elseif spaces >= 2 * keep - 1 then
     at = 0
     for _ = 1, spaces - 2 * keep + 3 do at = string.find(record, ' ', at + 1, true) end
     record = string.sub(record, at + 1)
