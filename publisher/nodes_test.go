@@ -270,6 +270,9 @@ func TestNackingChannelReplaced(t *testing.T) {
 	_, first, live := twoNodes(t)
 	const timeout = time.Second
 	p := runPublisherWith(t, Options{URLs: []string{first, live}, Exchanges: []string{ex}, ConfirmTimeout: timeout})
+	// Connected first: a publish before that fails "not connected" (it
+	// did once, on a loaded machine), which is not what this test is about.
+	waitNode(t, p, testenv.HostPort(first), 15*time.Second)
 	began := time.Now()
 	for time.Since(began) < timeout {
 		errs := p.Publish(context.Background(), []Message{{Exchange: ex, RoutingKey: "full", Body: []byte("x"), MessageID: "x", DueMs: 1}})
