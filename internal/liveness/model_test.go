@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,9 +19,60 @@ import (
 
 // blocker is a go-redis hook that holds (stop) or fails (cut) an
 // instance's commands, as a SIGSTOP or a cut-off network would, while its
-// subscription's connection stays open.
+// subscription's connection stays open. It keeps the spans in which it
+// did either: an instance cannot judge others then.
 type blocker struct {
 	stopped, cut atomic.Bool
+
+	mu     sync.Mutex
+	since  [2]time.Time // when the stop (0) and the cut (1) now on began
+	faults []span       // the ones over
+}
+
+// span is a time from one instant to another.
+type span struct{ from, to time.Time }
+
+const (
+	stop = 0
+	cut  = 1
+)
+
+// set turns a stop or a cut on or off.
+func (b *blocker) set(kind int, on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	flag := &b.stopped
+	if kind == cut {
+		flag = &b.cut
+	}
+	if flag.Load() == on {
+		return
+	}
+	flag.Store(on)
+	now := time.Now()
+	if on {
+		b.since[kind] = now
+		return
+	}
+	b.faults = append(b.faults, span{b.since[kind], now})
+	b.since[kind] = time.Time{}
+}
+
+// clear reports whether no stop or cut was on at any time in w.
+func (b *blocker) clear(w span) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, at := range b.since {
+		if !at.IsZero() && at.Before(w.to) {
+			return false
+		}
+	}
+	for _, f := range b.faults {
+		if f.from.Before(w.to) && f.to.After(w.from) {
+			return false
+		}
+	}
+	return true
 }
 
 func (b *blocker) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -52,6 +104,41 @@ type modelInstance struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	dead   bool // crashed: its connections closed, never stopped cleanly
+	// started, diedAt: when it started and crashed (zero if it did not).
+	started, diedAt time.Time
+}
+
+// judgeFrom is the first instant from t on at which one of all but the
+// crashed instance could declare it dead: that one has run, neither
+// stopped nor cut off, for the span w up to it (its heartbeats went
+// through for the timeout, so others are judgeable; see judgeable). The
+// protocol promises a declaration soon after such an instant, not while
+// every other instance is faulted or new.
+func judgeFrom(all []*modelInstance, crashed *modelInstance, t time.Time, w time.Duration) (time.Time, bool) {
+	at := []time.Time{t}
+	for _, in := range all {
+		at = append(at, in.started.Add(w))
+		in.hook.mu.Lock()
+		for _, f := range in.hook.faults {
+			at = append(at, f.to.Add(w))
+		}
+		in.hook.mu.Unlock()
+	}
+	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+	for _, c := range at {
+		if c.Before(t) {
+			continue
+		}
+		for _, in := range all {
+			if in == crashed || in.started.After(c.Add(-w)) || !in.diedAt.IsZero() && in.diedAt.Before(c) {
+				continue
+			}
+			if in.hook.clear(span{c.Add(-w), c}) {
+				return c, true
+			}
+		}
+	}
+	return time.Time{}, false
 }
 
 // subscribedBefore reports whether in, under liveness id, has had its
@@ -78,8 +165,10 @@ func subscribedBefore(in *modelInstance, id string, t time.Time) bool {
 //     declared dead (subscribed: the test did not drop its subscription,
 //     and Redis confirmed it to the instance, which has seen no error on it
 //     since);
-//   - a crashed instance is declared dead within the timeout plus a few
-//     heartbeats.
+//   - a crashed instance is declared dead within a few heartbeats of the
+//     first instant its record is a timeout old and another instance has
+//     run unfaulted long enough to judge it (not while every other one is
+//     stopped, cut off or new).
 func TestModelLiveness(t *testing.T) {
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
@@ -115,6 +204,7 @@ func TestModelLiveness(t *testing.T) {
 		}
 	}
 	n := 0
+	var all []*modelInstance // every instance started, under mu
 	start := func() *modelInstance {
 		opt, err := redis.ParseURL(url)
 		if err != nil {
@@ -126,8 +216,10 @@ func TestModelLiveness(t *testing.T) {
 		in.rdb = redis.NewClient(opt)
 		in.rdb.AddHook(in.hook)
 		in.l = New(in.rdb, Options{Prefix: prefix, ID: in.name, Timeout: timeout, OnDead: onDead, Queues: []string{"q"}})
+		in.started = time.Now()
 		mu.Lock()
 		byID[in.l.ID()] = in
+		all = append(all, in)
 		mu.Unlock()
 		ctx, cancel := context.WithCancel(context.Background())
 		in.cancel = cancel
@@ -152,11 +244,12 @@ func TestModelLiveness(t *testing.T) {
 			in.l.mu.Unlock()
 			mu.Lock()
 			in.dead = true
+			in.diedAt = time.Now()
 			if recorded {
 				crashedAt[in.l.ID()] = time.Now()
 			}
 			mu.Unlock()
-			in.hook.cut.Store(true) // its last writes fail, as in a crash
+			in.hook.set(cut, true) // its last writes fail, as in a crash
 			in.lost.Store(true)
 			in.l.mu.Lock()
 			ps := in.l.ps
@@ -168,19 +261,19 @@ func TestModelLiveness(t *testing.T) {
 			in.cancel()
 			live[k] = start()
 		case 1: // stopped, still connected
-			in.hook.stopped.Store(true)
+			in.hook.set(stop, true)
 			d := time.Duration(rng.Intn(int(3 * timeout)))
-			later(d, func() { in.hook.stopped.Store(false) })
+			later(d, func() { in.hook.set(stop, false) })
 		case 2: // cut off, still subscribed
-			in.hook.cut.Store(true)
+			in.hook.set(cut, true)
 			d := time.Duration(rng.Intn(int(3 * timeout)))
-			later(d, func() { in.hook.cut.Store(false) })
+			later(d, func() { in.hook.set(cut, false) })
 		case 3: // cut off and its subscription lost: may be declared dead, must fence
 			if in.lost.Load() {
 				continue
 			}
 			in.lost.Store(true)
-			in.hook.cut.Store(true)
+			in.hook.set(cut, true)
 			in.l.mu.Lock()
 			ps, id := in.l.ps, in.l.id
 			in.l.mu.Unlock()
@@ -189,7 +282,7 @@ func TestModelLiveness(t *testing.T) {
 			}
 			d := time.Duration(rng.Intn(int(3 * timeout)))
 			later(d, func() {
-				in.hook.cut.Store(false)
+				in.hook.set(cut, false)
 				// go-redis would reconnect a subscription it lost; here the
 				// instance subscribes again unless the fence gave it a new
 				// id (and subscription) meanwhile.
@@ -220,8 +313,8 @@ func TestModelLiveness(t *testing.T) {
 		}
 	}
 	for _, in := range live {
-		in.hook.stopped.Store(false)
-		in.hook.cut.Store(false)
+		in.hook.set(stop, false)
+		in.hook.set(cut, false)
 		in.cancel()
 		<-in.done
 		_ = in.rdb.Close()
@@ -231,15 +324,25 @@ func TestModelLiveness(t *testing.T) {
 	for _, v := range violations {
 		t.Error(v)
 	}
+	var worst, worstJudged time.Duration // the latest declarations, for the log
 	for id, at := range crashedAt {
 		d, ok := declaredAt[id]
 		if !ok {
 			t.Errorf("crashed %s never declared dead", id)
 			continue
 		}
-		if late := d.Sub(at); late > timeout+time.Second {
-			t.Errorf("crashed %s declared dead %s after the crash", id, late)
+		// A judge's heartbeats go through for the timeout (a quarter of it
+		// apart) before it judges: the window it must have run unfaulted.
+		from, ok := judgeFrom(all, byID[id], at.Add(timeout), timeout+timeout/2)
+		worst = max(worst, d.Sub(at))
+		switch {
+		case !ok:
+			t.Errorf("crashed %s: no other instance ran unfaulted for %s after it, yet the faults end well before the test does", id, timeout+timeout/2)
+			continue
+		case d.Sub(from) > time.Second:
+			t.Errorf("crashed %s declared dead %s after the crash, %s after another instance could (%s unfaulted)", id, d.Sub(at), d.Sub(from), timeout+timeout/2)
 		}
+		worstJudged = max(worstJudged, d.Sub(from))
 	}
-	t.Logf("%d instances, %d crashes, %d declarations", n, len(crashedAt), len(declaredAt))
+	t.Logf("%d instances, %d crashes, %d declarations; the latest %s after its crash, %s after another instance could", n, len(crashedAt), len(declaredAt), worst, worstJudged)
 }
