@@ -160,12 +160,7 @@ test)
 	done
 	for mod in $(modules | grep -vx 'deploy/check'); do
 		log "go test -race ($mod)"
-		# The end-to-end package (tests/, some 20 minutes) is named first, so
-		# that it starts first and the other packages run beside it rather
-		# than before it (go test runs as many packages at once as cores).
-		pkgs=(./...)
-		[ -d "$mod/tests" ] && pkgs=(./tests ./...)
-		(cd "$mod" && go test -race -count=1 -timeout 40m "${@:2}" "${pkgs[@]}")
+		(cd "$mod" && go test -race -count=1 -timeout 40m "${@:2}" ./...)
 	done
 	# goreleaser check, a snapshot build, RELEASES against CHANGELOG.md.
 	scripts/release-check.sh
