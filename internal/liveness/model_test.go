@@ -111,10 +111,11 @@ type modelInstance struct {
 // judgeFrom is the first instant from t on at which one of all but the
 // crashed instance could declare it dead: that one has run, neither
 // stopped nor cut off, for the span w up to it (its heartbeats went
-// through for the timeout, so others are judgeable; see judgeable). The
-// protocol promises a declaration soon after such an instant, not while
-// every other instance is faulted or new.
-func judgeFrom(all []*modelInstance, crashed *modelInstance, t time.Time, w time.Duration) (time.Time, bool) {
+// through for the timeout, so others are judgeable; see judgeable), and
+// goes on so for act more (its next heartbeat and one round of judging).
+// The protocol promises a declaration soon after such an instant, not
+// while every other instance is faulted or new.
+func judgeFrom(all []*modelInstance, crashed *modelInstance, t time.Time, w, act time.Duration) (time.Time, bool) {
 	at := []time.Time{t}
 	for _, in := range all {
 		at = append(at, in.started.Add(w))
@@ -130,10 +131,10 @@ func judgeFrom(all []*modelInstance, crashed *modelInstance, t time.Time, w time
 			continue
 		}
 		for _, in := range all {
-			if in == crashed || in.started.After(c.Add(-w)) || !in.diedAt.IsZero() && in.diedAt.Before(c) {
+			if in == crashed || in.started.After(c.Add(-w)) || !in.diedAt.IsZero() && in.diedAt.Before(c.Add(act)) {
 				continue
 			}
-			if in.hook.clear(span{c.Add(-w), c}) {
+			if in.hook.clear(span{c.Add(-w), c.Add(act)}) {
 				return c, true
 			}
 		}
@@ -182,6 +183,7 @@ func TestModelLiveness(t *testing.T) {
 	var mu sync.Mutex
 	byID := map[string]*modelInstance{}
 	crashedAt := map[string]time.Time{}
+	crashedIn := map[string]*modelInstance{} // byID knows only first ids, not those after a fence
 	declaredAt := map[string]time.Time{}
 	var violations []string
 	onDead := func(_ context.Context, id string) {
@@ -247,6 +249,7 @@ func TestModelLiveness(t *testing.T) {
 			in.diedAt = time.Now()
 			if recorded {
 				crashedAt[in.l.ID()] = time.Now()
+				crashedIn[in.l.ID()] = in
 			}
 			mu.Unlock()
 			in.hook.set(cut, true) // its last writes fail, as in a crash
@@ -332,12 +335,14 @@ func TestModelLiveness(t *testing.T) {
 			continue
 		}
 		// A judge's heartbeats go through for the timeout (a quarter of it
-		// apart) before it judges: the window it must have run unfaulted.
-		from, ok := judgeFrom(all, byID[id], at.Add(timeout), timeout+timeout/2)
+		// apart) before it judges: the window it must have run unfaulted;
+		// then its next heartbeat and a round of judging (calls of half
+		// the timeout) within a timeout.
+		from, ok := judgeFrom(all, crashedIn[id], at.Add(timeout), timeout+timeout/2, timeout)
 		worst = max(worst, d.Sub(at))
 		switch {
 		case !ok:
-			t.Errorf("crashed %s: no other instance ran unfaulted for %s after it, yet the faults end well before the test does", id, timeout+timeout/2)
+			t.Errorf("crashed %s: no other instance ran unfaulted %s before and %s after an instant after it, yet the faults end well before the test does", id, timeout+timeout/2, timeout)
 			continue
 		case d.Sub(from) > time.Second:
 			t.Errorf("crashed %s declared dead %s after the crash, %s after another instance could (%s unfaulted)", id, d.Sub(at), d.Sub(from), timeout+timeout/2)
