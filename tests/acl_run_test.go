@@ -26,7 +26,7 @@ import (
 // sends commands of its own: plain tasks, tasks with ids and properties,
 // a recurring schedule added and removed from the CLI, a dead letter
 // (over DISPATCHER_MAX_MESSAGE_BYTES) listed and purged, list, show and
-// stats. Every task arrives once, nothing is left in Redis, and Redis's
+// stats (also without DISPATCHER_QUEUES: every queue recorded). Every task arrives once, nothing is left in Redis, and Redis's
 // ACL log shows nothing refused but the optional CONFIG GET: a command
 // sent directly by the Go code, not only a script's call, that the list
 // lacks fails this.
@@ -96,6 +96,15 @@ func TestDocumentedACLWholeRun(t *testing.T) {
 		cli("list", "--queue", q.Name)
 		cli("stats", "--queue", q.Name)
 	})
+	// An operator's shell without the daemon's queue settings: stats finds
+	// the queues recorded in Redis.
+	bare := map[string]string{}
+	for _, k := range []string{"DISPATCHER_REDIS_URL", "DISPATCHER_KEY_PREFIX"} {
+		bare[k] = h.env()[k]
+	}
+	if out, errOut, code := runCLI(t, bare, "stats"); code != 0 || !strings.Contains(out, q.Name) {
+		t.Errorf("dispatcher stats with no queue settings: exit %d, want 0 and a row of %s\n%s%s", code, q.Name, out, errOut)
+	}
 
 	// Messages to the ingress, as the delayed-message plugin's users send
 	// them: each arrives once.
@@ -190,4 +199,13 @@ wait:
 		}
 	}
 	t.Logf("documented list: %d commands; ACL log: %d refusals, all of CONFIG GET", len(cmds), len(entries))
+
+	// Without SCAN, stats given no queue says what to grant or give.
+	if err := h.rdb.Do(ctx, "ACL", "SETUSER", "dispatcher", "-scan").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := runCLI(t, bare, "stats")
+	if code == 0 || !strings.Contains(errOut, "NOPERM") || !strings.Contains(errOut, "--queue or DISPATCHER_QUEUES") || strings.Contains(errOut, password) {
+		t.Errorf("dispatcher stats with no queue settings and no SCAN: exit %d, want an error naming SCAN's refusal and what to give instead, without the password:\n%s", code, errOut)
+	}
 }

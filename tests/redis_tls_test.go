@@ -14,11 +14,12 @@ import (
 	"github.com/dispatcher/dispatcher/shard"
 )
 
-// dispatcherCommands is what the daemon runs on Redis, scripts' own calls
-// included (ACLs check those too): nothing else is granted to its user.
+// dispatcherCommands is what the daemon and its operator commands run on
+// Redis (SCAN only for those given no queue), scripts' own calls included
+// (ACLs check those too): nothing else is granted to its user.
 const dispatcherCommands = "+ping +evalsha +eval +script|load +time +type " +
 	"+zadd +zrem +zrange +zrangebyscore +zrevrangebyscore +zrank +zremrangebyrank +zremrangebyscore +zscore +zmscore +zcard +zcount +hmget +hlen " +
-	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +get +mget +set +setnx +del +pexpire +multi +exec +incr +incrby " +
+	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +scan +get +mget +set +setnx +del +pexpire +multi +exec +incr +incrby " +
 	"+publish +subscribe +unsubscribe +psubscribe +punsubscribe " +
 	"+ssubscribe +sunsubscribe +pubsub|numsub +pubsub|shardnumsub"
 

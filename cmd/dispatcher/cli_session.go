@@ -87,6 +87,10 @@ func (se *session) queueNames(ctx context.Context, given []string) ([]string, er
 	}
 	names, err := recordedQueues(ctx, se.rdb, se.cfg.KeyPrefix)
 	if err != nil {
+		if redisconn.Permanent(err) {
+			// Most likely an ACL without SCAN, which only this needs.
+			err = fmt.Errorf("finding the queues recorded in Redis (SCAN; or name them with --queue or DISPATCHER_QUEUES): %w", err)
+		}
 		return nil, se.redisFailure(err)
 	}
 	return names, nil
