@@ -185,8 +185,8 @@ func heldBy(t *testing.T, s laState) map[int][]string {
 			token, deadline = f[len(f)-2], f[len(f)-1]
 		}
 		if deadline == "" || deadline != strconv.FormatInt(int64(score), 10) {
-			t.Fatalf("shard %d: entry %q has lease %.0f, the shard's last claim is %q: more than one claim took the tasks",
-				i, e, score, s.claims[i])
+			t.Fatalf("shard %d: entry %q has lease %.0f, the shard's last claim is %q (its :claim record %q): more than one claim took the tasks",
+				i, e, score, token+" "+deadline, s.claims[i])
 		}
 		inst, _, _ := strings.Cut(token, "/") // host:pid:random
 		parts := strings.Split(inst, ":")
