@@ -205,7 +205,7 @@ wait:
 		t.Fatal(err)
 	}
 	_, errOut, code := runCLI(t, bare, "stats")
-	if code == 0 || !strings.Contains(errOut, "NOPERM") || !strings.Contains(errOut, "--queue or DISPATCHER_QUEUES") || strings.Contains(errOut, password) {
-		t.Errorf("dispatcher stats with no queue settings and no SCAN: exit %d, want an error naming SCAN's refusal and what to give instead, without the password:\n%s", code, errOut)
+	if code != 2 || !strings.Contains(errOut, "NOPERM") || !strings.Contains(errOut, "grant +scan, or name the queues with --queue or DISPATCHER_QUEUES") || strings.Contains(errOut, password) {
+		t.Errorf("dispatcher stats with no queue settings and no SCAN: exit %d, want 2 and an error naming SCAN's refusal and what to grant or give instead, without the password:\n%s", code, errOut)
 	}
 }

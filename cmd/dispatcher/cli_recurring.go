@@ -322,7 +322,8 @@ func newRecurringListCmd(s streams) *cobra.Command {
 DISPATCHER_QUEUES, else every queue recorded in Redis. A schedule of a queue
 no instance serves is shown as failing: nothing materialises it.
 
-Exit status: 0 listed, 1 Redis failed, 2 bad arguments.`,
+Exit status: 0 listed, 1 Redis failed, 2 bad arguments or settings (a Redis
+user without SCAN, given no queue).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			se, ctx, names, done, err := openQueues(cmd, s, asJSON, queues, 10*time.Second)

@@ -89,7 +89,7 @@ func (se *session) queueNames(ctx context.Context, given []string) ([]string, er
 	if err != nil {
 		if redisconn.Permanent(err) {
 			// Most likely an ACL without SCAN, which only this needs.
-			err = fmt.Errorf("finding the queues recorded in Redis (SCAN; or name them with --queue or DISPATCHER_QUEUES): %w", err)
+			err = fmt.Errorf("finding the queues recorded in Redis needs SCAN: grant +scan, or name the queues with --queue or DISPATCHER_QUEUES: %w", err)
 		}
 		return nil, se.redisFailure(err)
 	}
