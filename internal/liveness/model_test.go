@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -181,9 +182,8 @@ func TestModelLiveness(t *testing.T) {
 	const timeout = 400 * time.Millisecond
 
 	var mu sync.Mutex
-	byID := map[string]*modelInstance{}
+	byName := map[string]*modelInstance{} // by ID's name: its ids are name#epoch
 	crashedAt := map[string]time.Time{}
-	crashedIn := map[string]*modelInstance{} // byID knows only first ids, not those after a fence
 	declaredAt := map[string]time.Time{}
 	var violations []string
 	onDead := func(_ context.Context, id string) {
@@ -193,7 +193,8 @@ func TestModelLiveness(t *testing.T) {
 			return // the declarer's call came first: the checks are its
 		}
 		declaredAt[id] = time.Now()
-		in := byID[id]
+		name, _, _ := strings.Cut(id, "#")
+		in := byName[name]
 		if in == nil || in.dead {
 			return
 		}
@@ -220,7 +221,7 @@ func TestModelLiveness(t *testing.T) {
 		in.l = New(in.rdb, Options{Prefix: prefix, ID: in.name, Timeout: timeout, OnDead: onDead, Queues: []string{"q"}})
 		in.started = time.Now()
 		mu.Lock()
-		byID[in.l.ID()] = in
+		byName[in.name] = in
 		all = append(all, in)
 		mu.Unlock()
 		ctx, cancel := context.WithCancel(context.Background())
@@ -249,7 +250,6 @@ func TestModelLiveness(t *testing.T) {
 			in.diedAt = time.Now()
 			if recorded {
 				crashedAt[in.l.ID()] = time.Now()
-				crashedIn[in.l.ID()] = in
 			}
 			mu.Unlock()
 			in.hook.set(cut, true) // its last writes fail, as in a crash
@@ -338,7 +338,7 @@ func TestModelLiveness(t *testing.T) {
 		// apart) before it judges: the window it must have run unfaulted;
 		// then its next heartbeat and a round of judging (calls of half
 		// the timeout) within a timeout.
-		from, ok := judgeFrom(all, crashedIn[id], at.Add(timeout), timeout+timeout/2, timeout)
+		from, ok := judgeFrom(all, byName[strings.Split(id, "#")[0]], at.Add(timeout), timeout+timeout/2, timeout)
 		worst = max(worst, d.Sub(at))
 		switch {
 		case !ok:
