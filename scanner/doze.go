@@ -260,6 +260,7 @@ func (s *Scanner) doze(ctx context.Context) {
 		renew = "1"
 	}
 	d.args = []any{s.opt.Shards, renew, s.role.instance, strconv.FormatInt(s.role.ttl().Milliseconds(), 10)}
+	s.dozing.Store(true) // before add, and false before remove: seen with the watch's count
 	s.opt.IdleWatch.add(d)
 	s.met.dozing(1)
 	select {
@@ -267,6 +268,7 @@ func (s *Scanner) doze(ctx context.Context) {
 	case <-s.wake.ch:
 	case <-ctx.Done():
 	}
+	s.dozing.Store(false)
 	s.opt.IdleWatch.remove(d)
 	s.met.dozing(0)
 	s.quiet = false

@@ -75,6 +75,9 @@ func TestQuietQueueDozes(t *testing.T) {
 	}
 
 	waitFor("dozing", func() bool { return w.count() == 1 })
+	if !s.Dozing() {
+		t.Fatal("Dozing is false while the queue dozes")
+	}
 	before := commandCalls(t, rdb)
 	time.Sleep(time.Second)
 	after := commandCalls(t, rdb)
@@ -120,6 +123,9 @@ func TestQuietQueueDozes(t *testing.T) {
 	// Another instance holds the role now: woken, it no longer sweeps.
 	rdb.Set(ctx, k.Sweeper(), "another", time.Minute)
 	waitFor("woken and no longer sweeping", func() bool { return w.count() == 0 && !s.Sweeping() })
+	if s.Dozing() {
+		t.Fatal("Dozing is true once the queue woke")
+	}
 	time.Sleep(500 * time.Millisecond)
 	if w.count() != 0 {
 		t.Fatal("dozes though another instance sweeps the queue")

@@ -193,6 +193,9 @@ func (q *Queue) Wake() { q.cur.Load().Wake() }
 // Sweeping: see Scanner.Sweeping.
 func (q *Queue) Sweeping() bool { return q.cur.Load().Sweeping() }
 
+// Dozing: see Scanner.Dozing.
+func (q *Queue) Dozing() bool { return q.cur.Load().Dozing() }
+
 // Waiting: see Scanner.Waiting.
 func (q *Queue) Waiting() []string { return q.cur.Load().Waiting() }
 

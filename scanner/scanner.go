@@ -177,6 +177,7 @@ type Scanner struct {
 	// read empty, and no wake-up came since (canDoze). Owned by Run's
 	// goroutine.
 	quiet       bool
+	dozing      atomic.Bool  // left to the IdleWatch (doze): read off the loop (Dozing)
 	lastClaimed atomic.Int64 // unix ns of the last claim that took tasks
 	// reservedAhead: room in the holder reserved by claims ahead still out
 	// (see reserveAhead).
@@ -296,6 +297,11 @@ func (s *Scanner) Run(ctx context.Context) error {
 // Sweeping reports whether this instance holds the queue's sweeper role:
 // then it alone keeps the queue's state metrics and watches for stalls.
 func (s *Scanner) Sweeping() bool { return s.role.sweeping.Load() }
+
+// Dozing reports whether the queue dozes: it held nothing, and the
+// IdleWatch looks at its pending and in-flight sets until one appears
+// (see doze.go).
+func (s *Scanner) Dozing() bool { return s.dozing.Load() }
 
 // Waiting says what this instance sees holding up the queue's due tasks:
 // Redis refusing its scripts, every publish slot waiting for confirms, or

@@ -28,13 +28,20 @@ type Queue struct {
 }
 
 // Pause sets every shard's pause flag (its value: when, in ms): the claim
-// script of every instance then takes nothing from the shard.
+// script of every instance then takes nothing from the shard. It wakes the
+// instances too: an empty queue that dozes is read at once when it wakes,
+// so its metrics and status pages say it is paused without waiting for
+// its next read.
 func Pause(ctx context.Context, rdb redis.UniversalClient, q Queue, nowMs int64) error {
 	pipe := rdb.Pipeline()
 	for i := 0; i < q.Shards; i++ {
 		pipe.Set(ctx, q.Keys.Paused(i), nowMs, 0)
 	}
-	return execAll(ctx, pipe, "pause")
+	if err := execAll(ctx, pipe, "pause"); err != nil {
+		return err
+	}
+	_ = rdb.Publish(ctx, q.Keys.Wake(), shard.WakeBusy).Err() // a hint, as Resume's
+	return nil
 }
 
 // Resume removes every shard's pause flag and wakes the instances.

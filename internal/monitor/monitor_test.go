@@ -420,3 +420,49 @@ func TestPauseAndResumeLogged(t *testing.T) {
 		t.Errorf("resumed: %d shards paused, log:\n%s", n, log.String())
 	}
 }
+
+// TestDozingQueueReadLess: while the scanner says a queue dozes (its
+// pending and in-flight sets are looked at twice a second by the idle
+// watch), its quiet reads stretch further, to dozingReads intervals; when
+// it wakes, the next tick reads it at once and every interval again.
+func TestDozingQueueReadLess(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	var dozing atomic.Bool
+	dozing.Store(true)
+	m := New(rdb, Options{Queues: []queuestate.Target{{Name: "q", Shards: 1}}, KeyPrefix: prefix,
+		Interval: time.Second, StallAfter: time.Minute, Sweeping: func(string) bool { return true },
+		Dozing: func(q string) bool { return q == "q" && dozing.Load() }})
+	v := m.queues[0]
+	var got []time.Duration
+	for range 8 {
+		readNow(ctx, m)
+		got = append(got, v.every)
+	}
+	want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 30}
+	for n := range want {
+		if want[n] *= time.Second; got[n] != want[n] {
+			t.Fatalf("read intervals of a dozing queue %v, want %v", got, want)
+		}
+	}
+	// Awake and quiet: no longer than a quiet queue's longest interval.
+	dozing.Store(false)
+	before := v.ReadAt
+	m.refresh(ctx)
+	if !v.ReadAt.After(before) {
+		t.Fatal("the first tick after the queue woke did not read it")
+	}
+	if v.every > quietReads*time.Second {
+		t.Errorf("interval %s once awake, want at most %s", v.every, quietReads*time.Second)
+	}
+	// Dozing again, reads stretch again from there.
+	dozing.Store(true)
+	for range 4 {
+		readNow(ctx, m)
+	}
+	if v.every != 30*time.Second {
+		t.Errorf("interval %s after dozing again, want 30s", v.every)
+	}
+}
