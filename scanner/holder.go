@@ -42,7 +42,7 @@ type holder struct {
 
 	mu      sync.Mutex
 	items   heldHeap
-	waiting []heldTask // due by the estimate, waiting for a reading of the clock
+	waiting []*heldTask // due by the estimate, waiting for a reading of the clock
 	stopped bool
 	kick    chan struct{}
 }
@@ -83,10 +83,12 @@ func (h *holder) add(tasks []heldTask) []heldTask {
 	}
 	earliest := len(h.items) == 0
 	now := h.localUs()
-	for _, t := range tasks {
+	held := make([]heldTask, len(tasks)) // one allocation for the batch; the heap moves pointers
+	for n, t := range tasks {
 		t.at, t.held = h.localAt(t), now
 		earliest = earliest || t.at < h.items[0].at
-		heap.Push(&h.items, t)
+		held[n] = t
+		heap.Push(&h.items, &held[n])
 	}
 	h.mu.Unlock()
 	if earliest {
@@ -159,7 +161,10 @@ func (h *holder) run(ctx context.Context) []heldTask {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.stopped = true
-			left := append([]heldTask(h.items), h.waiting...)
+			left := make([]heldTask, 0, len(h.items)+len(h.waiting))
+			for _, t := range append(h.items, h.waiting...) {
+				left = append(left, *t)
+			}
 			h.items, h.waiting = nil, nil
 			return left
 		case <-h.kick:
@@ -180,20 +185,20 @@ func (h *holder) take() (due []heldTask, next int64, ok bool) {
 		heap.Push(&h.items, t) // their time has come: looked at again below
 	}
 	h.waiting = h.waiting[:0]
-	var later []heldTask
+	var later []*heldTask
 	for len(h.items) > 0 && h.items[0].at <= now {
-		t := heap.Pop(&h.items).(heldTask)
-		if h.serverUs(t.batch.b.shard) < h.goesAt(t) {
+		t := heap.Pop(&h.items).(*heldTask)
+		if h.serverUs(t.batch.b.shard) < h.goesAt(*t) {
 			// The clock estimate moved since it was held: not due yet.
-			t.at = max(h.localAt(t), now+100)
+			t.at = max(h.localAt(*t), now+100)
 			later = append(later, t)
 			continue
 		}
-		if h.confirmed != nil && !h.confirmed(t.batch.b.shard, h.goesAt(t), t.held) {
+		if h.confirmed != nil && !h.confirmed(t.batch.b.shard, h.goesAt(*t), t.held) {
 			h.waiting = append(h.waiting, t)
 			continue
 		}
-		due = append(due, t)
+		due = append(due, *t)
 	}
 	for _, t := range later {
 		heap.Push(&h.items, t)
@@ -204,16 +209,19 @@ func (h *holder) take() (due []heldTask, next int64, ok bool) {
 	return due, 0, false
 }
 
-// heldHeap orders held tasks by due time (container/heap).
-type heldHeap []heldTask
+// heldHeap orders held tasks by due time (container/heap). Pointers, not
+// the tasks: a task is a hundred bytes and more, which each swap copied
+// and each Push and Pop boxed anew.
+type heldHeap []*heldTask
 
 func (q heldHeap) Len() int           { return len(q) }
 func (q heldHeap) Less(i, j int) bool { return q[i].at < q[j].at }
 func (q heldHeap) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
-func (q *heldHeap) Push(x any)        { *q = append(*q, x.(heldTask)) }
+func (q *heldHeap) Push(x any)        { *q = append(*q, x.(*heldTask)) }
 func (q *heldHeap) Pop() any {
 	old := *q
 	x := old[len(old)-1]
+	old[len(old)-1] = nil // the batch it points into can go once its tasks are out
 	*q = old[:len(old)-1]
 	return x
 }
