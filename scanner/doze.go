@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // A queue that holds nothing costs an instance little, but a thousand of
@@ -76,6 +78,23 @@ type dozer struct {
 	exists []any
 	ready  func() bool
 	nudge  chan struct{} // wakes the queue's loop
+}
+
+// newDozer is the dozer of a queue of shards shards (keys), whose sweeper
+// role instance holds (leader) or not, with the role's TTL.
+func newDozer(keys shard.Keys, shards int, leader bool, instance string, ttl time.Duration, ready func() bool) *dozer {
+	d := &dozer{sweeper: keys.Sweeper(), ready: ready, nudge: make(chan struct{}, 1)}
+	d.exists = make([]any, 0, 1+2*shards)
+	d.exists = append(d.exists, "exists")
+	for i := 0; i < shards; i++ {
+		d.exists = append(d.exists, keys.Pending(i), keys.Inflight(i))
+	}
+	renew := "0"
+	if leader {
+		renew = "1"
+	}
+	d.args = []any{renew, instance, strconv.FormatInt(ttl.Milliseconds(), 10)}
+	return d
 }
 
 // poke wakes the dozing queue.
@@ -248,17 +267,7 @@ func (s *Scanner) canDoze(busy bool, outstanding int) bool {
 // or ctx ends; then the queue sweeps every primary and bids for its role
 // at once.
 func (s *Scanner) doze(ctx context.Context) {
-	d := &dozer{sweeper: s.keys.Sweeper(), ready: s.brokerReady, nudge: make(chan struct{}, 1)}
-	d.exists = make([]any, 0, 1+2*s.opt.Shards)
-	d.exists = append(d.exists, "exists")
-	for i := 0; i < s.opt.Shards; i++ {
-		d.exists = append(d.exists, s.keys.Pending(i), s.keys.Inflight(i))
-	}
-	renew := "0"
-	if s.role.leader {
-		renew = "1"
-	}
-	d.args = []any{renew, s.role.instance, strconv.FormatInt(s.role.ttl().Milliseconds(), 10)}
+	d := newDozer(s.keys, s.opt.Shards, s.role.leader, s.role.instance, s.role.ttl(), s.brokerReady)
 	s.dozing.Store(true) // before add, and false before remove: seen with the watch's count
 	s.opt.IdleWatch.add(d)
 	s.met.dozing(1)
@@ -268,6 +277,7 @@ func (s *Scanner) doze(ctx context.Context) {
 	case <-ctx.Done():
 	}
 	s.dozing.Store(false)
+	s.wakes.Add(1)
 	s.opt.IdleWatch.remove(d)
 	s.met.dozing(0)
 	s.quiet = false

@@ -75,9 +75,10 @@ func TestQuietQueueDozes(t *testing.T) {
 	}
 
 	waitFor("dozing", func() bool { return w.count() == 1 })
-	if !s.Dozing() {
+	if dozing, _ := s.Dozing(); !dozing {
 		t.Fatal("Dozing is false while the queue dozes")
 	}
+	_, wakes := s.Dozing()
 	before := commandCalls(t, rdb)
 	time.Sleep(time.Second)
 	after := commandCalls(t, rdb)
@@ -97,7 +98,8 @@ func TestQuietQueueDozes(t *testing.T) {
 	waitFor("dozing again", func() bool { return w.count() == 1 })
 
 	// Redis forgot the scripts (a restart, a failover, SCRIPT FLUSH): the
-	// IdleWatch's EVALSHA gets NOSCRIPT, and its EVAL still finds the task.
+	// IdleWatch's EVALSHA gets NOSCRIPT and it loads the script again with
+	// EVAL (the plain EXISTS beside it finds the task).
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -123,8 +125,8 @@ func TestQuietQueueDozes(t *testing.T) {
 	// Another instance holds the role now: woken, it no longer sweeps.
 	rdb.Set(ctx, k.Sweeper(), "another", time.Minute)
 	waitFor("woken and no longer sweeping", func() bool { return w.count() == 0 && !s.Sweeping() })
-	if s.Dozing() {
-		t.Fatal("Dozing is true once the queue woke")
+	if dozing, now := s.Dozing(); dozing || now <= wakes {
+		t.Fatalf("Dozing says %v, %d wakes (%d before the first task) once the queue woke", dozing, now, wakes)
 	}
 	time.Sleep(500 * time.Millisecond)
 	if w.count() != 0 {
@@ -180,4 +182,71 @@ func TestDozingInstanceTakesAFreeRole(t *testing.T) {
 	waitFor("dozing without the role", func() bool { return w.count() == 1 && !s.Sweeping() })
 	rdb.Del(ctx, k.Sweeper())
 	waitFor("holding the role fallen free", func() bool { return s.Sweeping() })
+}
+
+// TestIdleLookWakesWhomItMust: one look at several dozing queues, each in
+// its own state, wakes exactly those it must (a set of theirs exists, the
+// role they hold is no longer theirs, the role they do not hold is free)
+// and renews the role of those that keep it; the same after Redis forgot
+// the script (NOSCRIPT, then EVAL).
+func TestIdleLookWakesWhomItMust(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	ready := func() bool { return true }
+	type queue struct {
+		name   string
+		leader bool   // the instance holds the role (renews it)
+		holder string // the role's holder in Redis ("": free)
+		set    bool   // a task in shard 2's in-flight set
+		wake   bool
+	}
+	queues := []queue{
+		{name: "keeps", leader: true, holder: "me"},
+		{name: "lost", leader: true, holder: "other", wake: true},
+		{name: "free", holder: "", wake: true},
+		{name: "held", holder: "other"},
+		{name: "inflight", leader: true, holder: "me", set: true, wake: true},
+		{name: "keeps2", leader: true, holder: "me"},
+	}
+	for round, flush := range []bool{false, true} {
+		if flush {
+			if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w := &IdleWatch{rdb: rdb, dozing: map[*dozer]struct{}{}}
+		ds := map[string]*dozer{}
+		for _, q := range queues {
+			k := shard.Keys{Prefix: prefix, Queue: q.name}
+			rdb.Del(ctx, k.Sweeper(), k.Inflight(2))
+			if q.holder != "" {
+				rdb.Set(ctx, k.Sweeper(), q.holder, time.Second)
+			}
+			if q.set {
+				rdb.ZAdd(ctx, k.Inflight(2), redis.Z{Score: 1, Member: "x"})
+			}
+			d := newDozer(k, 4, q.leader, "me", time.Minute, ready)
+			ds[q.name] = d
+			w.add(d)
+		}
+		w.look()
+		for _, q := range queues {
+			select {
+			case <-ds[q.name].nudge:
+				if !q.wake {
+					t.Errorf("round %d: %s woken", round, q.name)
+				}
+			default:
+				if q.wake {
+					t.Errorf("round %d: %s not woken", round, q.name)
+				}
+			}
+			ttl := rdb.PTTL(ctx, shard.Keys{Prefix: prefix, Queue: q.name}.Sweeper()).Val()
+			if renewed := ttl > 2*time.Second; renewed != (q.leader && q.holder == "me") {
+				t.Errorf("round %d: %s's role TTL %s: renewed %v, want %v", round, q.name, ttl, renewed, !renewed)
+			}
+		}
+	}
 }

@@ -65,7 +65,7 @@ func newHolder(serverUs func(int) int64, localUs func() int64, fire func([]heldT
 
 // goesAt is when (server clock, µs) t goes out: its due time, or the end
 // of its tick.
-func (h *holder) goesAt(t heldTask) int64 {
+func (h *holder) goesAt(t *heldTask) int64 {
 	at := t.task.DueMs * 1000
 	if h.tick > 0 {
 		at += (h.tick - at%h.tick) % h.tick
@@ -84,11 +84,12 @@ func (h *holder) add(tasks []heldTask) []heldTask {
 	earliest := len(h.items) == 0
 	now := h.localUs()
 	held := make([]heldTask, len(tasks)) // one allocation for the batch; the heap moves pointers
-	for n, t := range tasks {
+	for n := range tasks {
+		t := &held[n]
+		*t = tasks[n]
 		t.at, t.held = h.localAt(t), now
 		earliest = earliest || t.at < h.items[0].at
-		held[n] = t
-		heap.Push(&h.items, &held[n])
+		heap.Push(&h.items, t)
 	}
 	h.mu.Unlock()
 	if earliest {
@@ -102,7 +103,7 @@ func (h *holder) add(tasks []heldTask) []heldTask {
 
 // localAt is when, on the local clock, t's shard's Redis clock reaches its
 // due time.
-func (h *holder) localAt(t heldTask) int64 {
+func (h *holder) localAt(t *heldTask) int64 {
 	return h.goesAt(t) - (h.serverUs(t.batch.b.shard) - h.localUs())
 }
 
@@ -184,17 +185,18 @@ func (h *holder) take() (due []heldTask, next int64, ok bool) {
 	for _, t := range h.waiting {
 		heap.Push(&h.items, t) // their time has come: looked at again below
 	}
+	clear(h.waiting) // each pointer keeps its whole batch alive
 	h.waiting = h.waiting[:0]
 	var later []*heldTask
 	for len(h.items) > 0 && h.items[0].at <= now {
 		t := heap.Pop(&h.items).(*heldTask)
-		if h.serverUs(t.batch.b.shard) < h.goesAt(*t) {
+		if h.serverUs(t.batch.b.shard) < h.goesAt(t) {
 			// The clock estimate moved since it was held: not due yet.
-			t.at = max(h.localAt(*t), now+100)
+			t.at = max(h.localAt(t), now+100)
 			later = append(later, t)
 			continue
 		}
-		if h.confirmed != nil && !h.confirmed(t.batch.b.shard, h.goesAt(*t), t.held) {
+		if h.confirmed != nil && !h.confirmed(t.batch.b.shard, h.goesAt(t), t.held) {
 			h.waiting = append(h.waiting, t)
 			continue
 		}

@@ -194,7 +194,7 @@ func (q *Queue) Wake() { q.cur.Load().Wake() }
 func (q *Queue) Sweeping() bool { return q.cur.Load().Sweeping() }
 
 // Dozing: see Scanner.Dozing.
-func (q *Queue) Dozing() bool { return q.cur.Load().Dozing() }
+func (q *Queue) Dozing() (dozing bool, wakes uint64) { return q.cur.Load().Dozing() }
 
 // Waiting: see Scanner.Waiting.
 func (q *Queue) Waiting() []string { return q.cur.Load().Waiting() }

@@ -177,8 +177,9 @@ type Scanner struct {
 	// read empty, and no wake-up came since (canDoze). Owned by Run's
 	// goroutine.
 	quiet       bool
-	dozing      atomic.Bool  // left to the IdleWatch (doze): read off the loop (Dozing)
-	lastClaimed atomic.Int64 // unix ns of the last claim that took tasks
+	dozing      atomic.Bool   // left to the IdleWatch (doze): read off the loop (Dozing)
+	wakes       atomic.Uint64 // dozes ended (Dozing)
+	lastClaimed atomic.Int64  // unix ns of the last claim that took tasks
 	// reservedAhead: room in the holder reserved by claims ahead still out
 	// (see reserveAhead).
 	reservedAhead atomic.Int64
@@ -298,10 +299,11 @@ func (s *Scanner) Run(ctx context.Context) error {
 // then it alone keeps the queue's state metrics and watches for stalls.
 func (s *Scanner) Sweeping() bool { return s.role.sweeping.Load() }
 
-// Dozing reports whether the queue dozes: it held nothing, and the
-// IdleWatch looks at its pending and in-flight sets until one appears
-// (see doze.go).
-func (s *Scanner) Dozing() bool { return s.dozing.Load() }
+// Dozing reports whether the queue dozes (it held nothing, and the
+// IdleWatch looks at its pending and in-flight sets until one appears, see
+// doze.go), and how many times it woke from a doze: a woken queue may doze
+// again before a reader looks.
+func (s *Scanner) Dozing() (dozing bool, wakes uint64) { return s.dozing.Load(), s.wakes.Load() }
 
 // Waiting says what this instance sees holding up the queue's due tasks:
 // Redis refusing its scripts, every publish slot waiting for confirms, or

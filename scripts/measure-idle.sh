@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # measure-idle.sh [-n QUEUES] [-pairs P] [-settle S] [-measure M] BINARY...: the steady idle cost of
-# one instance serving QUEUES (default 1000) empty queues x 16 shards, for each BINARY in turn, P
-# rounds (default 2). Each run starts on a private Redis (port 16399, flushed first; started here if
-# none answers there) with RabbitMQ on 127.0.0.1:5672 as guest, waits S seconds (default 70: the
-# queues doze and their state reads have stretched out) and then, over M seconds (default 40),
-# reads the instance's CPU from /proc and Redis's CPU and commands from INFO. One line per run,
-# then each binary's median. Used for docs/performance.md's idle figures; `dispatcher bench -mode
-# idle` measures from the instance's start instead, ramp included.
+# one instance serving QUEUES (default 1000) empty queues x 16 shards, for each BINARY (a path) in
+# turn, P rounds (default 2). Each run uses the Redis on port 16399, which it FLUSHALLs first (so
+# keep it private; started here, and left running, if none answers there), and RabbitMQ on
+# 127.0.0.1:5672 as guest; it waits S seconds (default 70: the queues doze and their state reads
+# have stretched out) and then, over M seconds (default 120: a multiple of the 5 s layout poll and
+# the 8 s and 30 s state reads, which come in step for all queues), reads the instance's CPU from
+# /proc and Redis's CPU and commands from INFO. One line per run, then each binary's median (gawk).
+# Used for docs/performance.md's idle figures; `dispatcher bench -mode idle` measures from the
+# instance's start instead, ramp included.
 set -euo pipefail
-n=1000 pairs=2 settle=70 measure=40
+n=1000 pairs=2 settle=70 measure=120
 while [ $# -gt 0 ]; do
 	case $1 in
 	-n) n=$2; shift 2 ;;
@@ -43,15 +45,15 @@ for _ in $(seq "$pairs"); do
 		sleep "$measure"
 		t1=$(awk '{print $14+$15}' /proc/$pid/stat) r1=$(redis_cpu) c1=$(redis_cmds)
 		kill $pid; wait $pid 2>/dev/null || true
-		# /proc ticks are 1/100 s: ticks per s is % of a core.
-		line=$(awk -v b="$bin" -v t="$((t1 - t0))" -v r0="$r0" -v r1="$r1" -v c="$((c1 - c0))" -v m="$measure" \
-			'BEGIN {printf "%s dispatcher_cpu_pct=%.2f redis_cpu_pct=%.2f redis_cmds_per_s=%.0f\n", b, t/m, (r1-r0)*100/m, c/m}')
+		line=$(awk -v b="$bin" -v t="$((t1 - t0))" -v hz="$(getconf CLK_TCK)" -v r0="$r0" -v r1="$r1" -v c="$((c1 - c0))" -v m="$measure" \
+			'BEGIN {printf "%s dispatcher_cpu_pct=%.2f redis_cpu_pct=%.2f redis_cmds_per_s=%.0f\n", b, t*100/hz/m, (r1-r0)*100/m, c/m}')
 		echo "$line" | tee -a "$out"
 	done
 done
 echo "medians:"
 for bin in "$@"; do
-	grep -F "$bin " "$out" | gawk -v b="$bin" '
+	gawk -v b="$bin" '
+		$1 != b { next }
 		{ for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]][NR] = kv[2] } }
 		END {
 			printf "%s", b
@@ -60,6 +62,6 @@ for bin in "$@"; do
 				printf " %s=%s", k, (n % 2 ? s[(n + 1) / 2] : (s[n / 2] + s[n / 2 + 1]) / 2)
 			}
 			printf "\n"
-		}'
+		}' "$out"
 done
 rm -f "$out"

@@ -184,7 +184,7 @@ func runDaemon(stderr io.Writer) int {
 	mon := monitor.New(rdb, monitor.Options{
 		Queues: targets, KeyPrefix: cfg.KeyPrefix, Interval: cfg.StatsInterval, StallAfter: cfg.StallAfter,
 		Sweeping: func(q string) bool { return byQueue[q].Sweeping() },
-		Dozing:   func(q string) bool { return byQueue[q].Dozing() },
+		Dozing:   func(q string) (bool, uint64) { return byQueue[q].Dozing() },
 		Layout:   func(q string) shard.Layout { return byQueue[q].Layout() },
 		Waiting: func(q string) []string {
 			var why []string

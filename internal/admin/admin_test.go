@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -249,4 +250,39 @@ func TestPurgeLeavesNoFields(t *testing.T) {
 	if n := f.rdb.Exists(ctx, k.Dead(0), k.DeadReason(0)).Val(); n != 0 {
 		t.Errorf("%d of the dead set and its reasons left", n)
 	}
+}
+
+// TestPauseAndResumeWakeTheInstances: pause and resume each tell the
+// instances on the queue's wake channel, so that a queue that dozes (and
+// whose state is read rarely meanwhile) wakes and is read at once.
+func TestPauseAndResumeWakeTheInstances(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	q := Queue{Keys: shard.Keys{Prefix: prefix, Queue: "q"}, Shards: 2}
+	sub := rdb.Subscribe(ctx, q.Keys.Wake())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	heard := func(what string) {
+		t.Helper()
+		select {
+		case m := <-sub.Channel():
+			if m.Payload != shard.WakeBusy {
+				t.Fatalf("%s: heard %q, want %q", what, m.Payload, shard.WakeBusy)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no wake-up on %s", what, q.Keys.Wake())
+		}
+	}
+	if err := Pause(ctx, rdb, q, time.Now().UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	heard("pause")
+	if err := Resume(ctx, rdb, q); err != nil {
+		t.Fatal(err)
+	}
+	heard("resume")
 }

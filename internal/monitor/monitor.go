@@ -34,12 +34,13 @@ type Options struct {
 	StallAfter time.Duration
 	// Sweeping reports whether this instance sweeps the queue now.
 	Sweeping func(queue string) bool
-	// Dozing, if set, reports whether the queue dozes now: empty, its
-	// pending and in-flight sets looked at twice a second by the
-	// instance's idle watch, which wakes it when any appears. Its quiet
-	// reads stretch to dozingReads intervals, and it is read at once
-	// when it wakes.
-	Dozing func(queue string) bool
+	// Dozing, if set, reports whether the queue dozes now (empty, its
+	// pending and in-flight sets looked at every IDLE_POLL_INTERVAL by
+	// the instance's idle watch, which wakes it when any appears), and
+	// how many times it has woken from a doze. Its quiet reads stretch
+	// to dozingReads intervals, and it is read at the first tick after
+	// it woke, even if it dozes again by then.
+	Dozing func(queue string) (dozing bool, wakes uint64)
 	// Waiting says what this instance sees holding the queue up (the
 	// broker, Redis, its publishes), for the stall report.
 	Waiting func(queue string) []string
@@ -112,6 +113,7 @@ type queueView struct {
 	every    time.Duration // current read interval, Interval..quietMax
 	next     time.Time     // next read while swept
 	dozing   bool          // the queue dozed at the last tick (Options.Dozing)
+	wakes    uint64        // and had woken so many times
 	// nextAhead is the next count of the minute ahead; herdAt the second
 	// of the herd last warned of, 0 if none is coming; forecastAt when
 	// the page's hour ahead was read.
@@ -144,11 +146,11 @@ type undatedSeen struct {
 const quietReads = 8
 
 // dozingReads is quietReads for a queue that dozes. Its pending and
-// in-flight sets are already looked at twice a second (a task wakes it,
-// and a woken queue is read at once), so its reads only keep the rest
-// fresh: dead letters and pause flags an operator changed, and a watch
-// on the doze itself. A thousand idle queues' reads every 8 s were a
-// fifth of an idle instance's CPU and of its Redis calls.
+// in-flight sets are already looked at every IDLE_POLL_INTERVAL (a task
+// wakes it, and a woken queue is read at the next tick), so its reads only
+// keep the rest fresh: dead letters an operator purged, and a watch on the
+// doze itself. A thousand idle queues' reads every 8 s were a fifth of an
+// idle instance's CPU in its profile, and of its Redis commands.
 const dozingReads = 30
 
 // Monitor reads and watches the queues. Run it once.
@@ -230,11 +232,15 @@ func (m *Monitor) refresh(ctx context.Context) {
 		if on && !v.Swept {
 			v.every, v.next, v.nextAhead = 0, time.Time{}, time.Time{} // read it at once, as news
 		}
-		dozing := on && m.opt.Dozing != nil && m.opt.Dozing(v.target.Name)
-		if on && v.dozing && !dozing {
-			v.every, v.next = m.opt.Interval, time.Time{} // woken: read it at once
+		var dozing bool
+		var wakes uint64
+		if on && m.opt.Dozing != nil {
+			dozing, wakes = m.opt.Dozing(v.target.Name)
 		}
-		v.Swept, v.dozing = on, dozing
+		if on && v.Swept && wakes != v.wakes {
+			v.every, v.next = m.opt.Interval, time.Time{} // woken since the last tick: read it at once
+		}
+		v.Swept, v.dozing, v.wakes = on, dozing, wakes
 		if on && !now.Before(v.next) {
 			swept = append(swept, v)
 		}

@@ -422,19 +422,21 @@ func TestPauseAndResumeLogged(t *testing.T) {
 }
 
 // TestDozingQueueReadLess: while the scanner says a queue dozes (its
-// pending and in-flight sets are looked at twice a second by the idle
-// watch), its quiet reads stretch further, to dozingReads intervals; when
-// it wakes, the next tick reads it at once and every interval again.
+// pending and in-flight sets are looked at by the idle watch), its quiet
+// reads stretch further, to dozingReads intervals; when it has woken since
+// the last tick, even if it dozes again by then, the tick reads it at
+// once and its reads start over from every interval.
 func TestDozingQueueReadLess(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.Redis(t)
 	prefix := testenv.Name(t)
 	testenv.CleanRedis(t, rdb, prefix)
 	var dozing atomic.Bool
+	var wakes atomic.Uint64
 	dozing.Store(true)
 	m := New(rdb, Options{Queues: []queuestate.Target{{Name: "q", Shards: 1}}, KeyPrefix: prefix,
 		Interval: time.Second, StallAfter: time.Minute, Sweeping: func(string) bool { return true },
-		Dozing: func(q string) bool { return q == "q" && dozing.Load() }})
+		Dozing: func(string) (bool, uint64) { return dozing.Load(), wakes.Load() }})
 	v := m.queues[0]
 	var got []time.Duration
 	for range 8 {
@@ -447,19 +449,39 @@ func TestDozingQueueReadLess(t *testing.T) {
 			t.Fatalf("read intervals of a dozing queue %v, want %v", got, want)
 		}
 	}
-	// Awake and quiet: no longer than a quiet queue's longest interval.
-	dozing.Store(false)
+	// Nothing woke it: a tick reads nothing.
 	before := v.ReadAt
+	m.refresh(ctx)
+	if v.ReadAt != before {
+		t.Fatal("a tick read the dozing queue before its next read was due")
+	}
+	// Woken and dozing again before the tick: read at once, and its reads
+	// start over (the read finds nothing new: the next in 2 s).
+	wakes.Add(1)
 	m.refresh(ctx)
 	if !v.ReadAt.After(before) {
 		t.Fatal("the first tick after the queue woke did not read it")
 	}
-	if v.every > quietReads*time.Second {
-		t.Errorf("interval %s once awake, want at most %s", v.every, quietReads*time.Second)
+	if v.every != 2*time.Second {
+		t.Errorf("interval %s after the read of a woken queue, want 2s", v.every)
 	}
-	// Dozing again, reads stretch again from there.
+	// Awake from now on: its quiet reads stretch to quietReads only.
+	dozing.Store(false)
+	wakes.Add(1)
+	before = v.ReadAt
+	m.refresh(ctx)
+	if !v.ReadAt.After(before) {
+		t.Fatal("the first tick after the queue woke did not read it")
+	}
+	for range 6 {
+		readNow(ctx, m)
+	}
+	if v.every != quietReads*time.Second {
+		t.Errorf("interval %s of a quiet queue awake, want %s", v.every, quietReads*time.Second)
+	}
+	// Dozing again, reads stretch again.
 	dozing.Store(true)
-	for range 4 {
+	for range 3 {
 		readNow(ctx, m)
 	}
 	if v.every != 30*time.Second {
