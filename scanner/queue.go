@@ -32,6 +32,9 @@ type Queue struct {
 	layout atomic.Pointer[shard.Layout]
 	poke   chan struct{} // a "layout" wake-up was heard
 	strays strayWalk     // the sweeper's walk of the indexes beyond the served ones
+	// scanned holds the indexes beyond the served ones where the
+	// StrayScan found keys, until the watch moves their tasks.
+	scanned atomic.Pointer[[]int]
 }
 
 // NewQueue returns the runner of one queue, with opt.Shards shards until
@@ -74,6 +77,10 @@ func (q *Queue) Layout() shard.Layout { return *q.layout.Load() }
 
 // Run serves the queue until ctx ends.
 func (q *Queue) Run(ctx context.Context) error {
+	if s := q.opt.StrayScan; s != nil {
+		s.add(q)
+		defer s.remove(q)
+	}
 	for {
 		sc := q.cur.Load()
 		scCtx, stop := context.WithCancel(ctx)
@@ -166,7 +173,7 @@ func (q *Queue) readLayout(ctx context.Context, sweeping bool) (shard.Layout, st
 		return l, strayLook{}, err
 	}
 	var look strayLook
-	if cur := q.Layout(); sweeping && !cur.Changing() {
+	if cur := q.Layout(); sweeping && !cur.Changing() && !q.opt.StrayScan.covers() {
 		look = q.nextStrays(cur)
 	}
 	var layout func() (shard.Layout, error)

@@ -100,6 +100,12 @@ type Options struct {
 	// sweeps.
 	IdleWatch *IdleWatch
 
+	// StrayScan, shared by the queues of one instance, finds the keys
+	// producers write beyond their served shards by one SCAN of the
+	// keyspace while that is cheaper than each queue's walk of the
+	// indexes (NewStrayScan; see strayscan.go). Nil: the queues walk.
+	StrayScan *StrayScan
+
 	// StampPublished adds header x-published-us to every message.
 	StampPublished bool
 

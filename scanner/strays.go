@@ -69,6 +69,10 @@ func (q *Queue) sweepStrays(ctx context.Context, l shard.Layout, look strayLook)
 	if l.Changing() {
 		return
 	}
+	if q.opt.StrayScan.covers() {
+		q.moveScanned(ctx, l)
+		return
+	}
 	if !look.read {
 		look = q.nextStrays(l)
 	}
@@ -90,6 +94,12 @@ func (q *Queue) sweepStrays(ctx context.Context, l shard.Layout, look strayLook)
 	if len(found) == 0 {
 		return
 	}
+	q.moveFound(ctx, l, lo, found)
+}
+
+// moveFound moves the tasks of indexes lo+found[n] (moveStrays), counts
+// and warns of them.
+func (q *Queue) moveFound(ctx context.Context, l shard.Layout, lo int, found []int) {
 	moved, names, err := q.moveStrays(ctx, l, lo, found)
 	if moved > 0 {
 		q.opt.Metrics.strayMoved(q.opt.Queue, moved)
@@ -100,6 +110,36 @@ func (q *Queue) sweepStrays(ctx context.Context, l shard.Layout, look strayLook)
 	if err != nil && ctx.Err() == nil {
 		q.log.Warn("cannot move tasks out of shard keys beyond the shard count", "keys", names, "err", err)
 	}
+}
+
+// strayKeys hands the queue the indexes beyond its served ones where the
+// StrayScan found keys, and wakes its watch to move their tasks.
+func (q *Queue) strayKeys(idx []int) {
+	q.scanned.Store(&idx)
+	select {
+	case q.poke <- struct{}{}:
+	default:
+	}
+}
+
+// moveScanned moves the tasks of the keys the StrayScan found beyond the
+// shards served by l, as sweepStrays does those of the walk.
+func (q *Queue) moveScanned(ctx context.Context, l shard.Layout) {
+	p := q.scanned.Swap(nil)
+	if p == nil {
+		return
+	}
+	from := max(l.Span(), l.Retired)
+	var found []int
+	for _, i := range *p {
+		if i >= from && i < shard.MaxShards {
+			found = append(found, i)
+		}
+	}
+	if len(found) == 0 {
+		return
+	}
+	q.moveFound(ctx, l, 0, found)
 }
 
 // moveStrays moves the tasks of indexes lo+found[n] to their shards under

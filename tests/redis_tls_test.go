@@ -15,11 +15,12 @@ import (
 )
 
 // dispatcherCommands is what the daemon and its operator commands run on
-// Redis (SCAN only for those given no queue), scripts' own calls included
+// Redis (SCAN for the operator commands given no queue and, with DBSIZE,
+// for the daemon's scan of a small keyspace), scripts' own calls included
 // (ACLs check those too): nothing else is granted to its user.
 const dispatcherCommands = "+ping +evalsha +eval +script|load +time +type " +
 	"+zadd +zrem +zrange +zrangebyscore +zrevrangebyscore +zrank +zremrangebyrank +zremrangebyscore +zscore +zmscore +zcard +zcount +hmget +hlen " +
-	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +scan +get +mget +set +setnx +del +pexpire +multi +exec +incr +incrby " +
+	"+hexists +hdel +hincrby +hset +hget +hgetall +exists +zscan +scan +dbsize +get +mget +set +setnx +del +pexpire +multi +exec +incr +incrby " +
 	"+publish +subscribe +unsubscribe +psubscribe +punsubscribe " +
 	"+ssubscribe +sunsubscribe +pubsub|numsub +pubsub|shardnumsub"
 

@@ -132,6 +132,10 @@ func runDaemon(stderr io.Writer) int {
 	// Queues that hold nothing are looked at together (nil on a cluster).
 	idle := scanner.NewIdleWatch(rdb, max(cfg.IdlePollInterval, cfg.PollInterval))
 	defer idle.Close()
+	// The keys producers write beyond the served shards, found for every
+	// queue by one SCAN while the keyspace is small (nil on a cluster).
+	strays := scanner.NewStrayScan(rdb, cfg.KeyPrefix, scanner.StrayCycle/2, log.With("component", "strays"))
+	defer strays.Close()
 	hub := scanner.NewWakeHub(rdb, log)
 	defer hub.Close() // after the scanners (deferred later, run first)
 
@@ -166,7 +170,7 @@ func runDaemon(stderr io.Writer) int {
 			KeyPrefix: cfg.KeyPrefix, BatchSize: cfg.BatchSize, Pipeline: cfg.Pipeline,
 			PollInterval: cfg.PollInterval, IdlePollInterval: cfg.IdlePollInterval, Lookahead: cfg.Lookahead, PublishTick: cfg.PublishTick, ClockReadGap: cfg.ClockReadGap, Lease: cfg.Lease, ShutdownTimeout: cfg.ShutdownTimeout,
 			MaxMessageBytes: cfg.MaxMessageBytes, MaxAttempts: cfg.MaxAttempts, Unroutable: q.Unroutable, UnroutableAttempts: q.UnroutableAttempts,
-			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, IdleWatch: idle, WakeHub: hub, Tracer: tracer,
+			RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax, MaxRate: q.MaxRate, StampPublished: cfg.StampPublished, Coalescer: coalescer, IdleWatch: idle, StrayScan: strays, WakeHub: hub, Tracer: tracer,
 			Logger: log.With("component", "scanner"), Metrics: smet, Now: clock, InstanceID: instance, Liveness: scLive,
 		}))
 		byQueue[q.Name] = scs[len(scs)-1]

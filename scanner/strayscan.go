@@ -1,0 +1,218 @@
+package scanner
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
+)
+
+// The walk of the indexes beyond a queue's served ones (strays.go) looks
+// at some 4,000 keys a minute per queue: for a thousand queues, 68,000
+// keys a second written by the instance and looked up by Redis, about a
+// third of what an idle instance costs either. Where the whole keyspace is
+// much smaller than that, one SCAN of it every half StrayCycle finds the
+// same keys for every queue of the instance at once, for a fraction of
+// the cost; while it does, the queues do not walk. Where it is not (a
+// Redis shared with a large cache), or SCAN or DBSIZE is refused, or a
+// scan fails, the queues walk as before.
+
+// strayScanWalkPerKey is how many keys of a walk a key of a scan is worth
+// in Redis's time: a SCAN matching a pattern costs Redis about 0.65 µs a
+// key of the keyspace, an EXISTS about 0.08 µs a key it is given (Redis
+// 7.0, one core, before parsing, which adds to the EXISTS). The scan runs
+// twice a cycle: it is taken only while that costs at most the walk's
+// cost over the cycle.
+const strayScanWalkPerKey = 16
+
+// strayScanCount is SCAN's COUNT: a call visits about this many slots of
+// the keyspace, about 0.3 ms of Redis's time.
+const strayScanCount = 500
+
+// StrayScan looks for the keys producers write beyond the served shards
+// of an instance's queues by one SCAN of the keyspace (see above). Start
+// it with NewStrayScan, pass it to the queues (Options.StrayScan) and
+// Close it once they have stopped.
+type StrayScan struct {
+	rdb    redis.UniversalClient
+	every  time.Duration
+	prefix string // the keys' prefix, with ":{": all pending keys start with it
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	queues map[string]*Queue // by their pending keys' head, "P:{Q:"
+
+	// covered is when the last scan started, zero while the last scan was
+	// not taken or failed.
+	covered atomic.Pointer[time.Time]
+
+	stop, stopped chan struct{}
+}
+
+// NewStrayScan starts the StrayScan of the queues of key prefix prefix,
+// scanning every every (StrayCycle/2). Nil for a cluster client: a
+// cluster's keyspace is split over its nodes, and there the queues walk.
+func NewStrayScan(rdb redis.UniversalClient, prefix string, every time.Duration, log *slog.Logger) *StrayScan {
+	if _, cluster := rdb.(*redis.ClusterClient); cluster || every <= 0 {
+		return nil
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &StrayScan{rdb: rdb, every: every, prefix: prefix + ":{", log: log, queues: map[string]*Queue{},
+		stop: make(chan struct{}), stopped: make(chan struct{})}
+	go s.run()
+	return s
+}
+
+// Close stops the StrayScan.
+func (s *StrayScan) Close() {
+	if s == nil {
+		return
+	}
+	close(s.stop)
+	<-s.stopped
+}
+
+func (s *StrayScan) add(q *Queue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queues[pendingHead(q.keys)] = q
+}
+
+func (s *StrayScan) remove(q *Queue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.queues, pendingHead(q.keys))
+}
+
+// pendingHead is what every pending key of the queue starts with, its
+// index and "}" following.
+func pendingHead(k shard.Keys) string { return k.Prefix + ":{" + k.Queue + ":" }
+
+// covers tells whether the scan stands in for the queues' walk now: its
+// last scan was taken, succeeded and started less than StrayCycle ago.
+func (s *StrayScan) covers() bool {
+	if s == nil {
+		return false
+	}
+	at := s.covered.Load()
+	return at != nil && time.Since(*at) < StrayCycle
+}
+
+func (s *StrayScan) run() {
+	defer close(s.stopped)
+	// The first scan soon after the start (the queues walk until then),
+	// once the queues have read their layouts.
+	t := time.NewTimer(min(LayoutPoll, s.every))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.scan()
+		t.Reset(s.every)
+	}
+}
+
+// scan scans the keyspace once, if that is cheaper than the walks it
+// stands in for, and hands each sweeping queue the indexes beyond its
+// served ones that hold a key.
+func (s *StrayScan) scan() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.every)
+	defer cancel()
+	s.mu.Lock()
+	walk := 0
+	for _, q := range s.queues {
+		if q.Sweeping() {
+			l := q.Layout()
+			walk += shard.MaxShards - max(l.Span(), l.Retired)
+		}
+	}
+	s.mu.Unlock()
+	start := time.Now()
+	size, err := s.rdb.DBSize(ctx).Result()
+	if err != nil || size*strayScanWalkPerKey > int64(walk) {
+		s.covered.Store(nil)
+		if err != nil {
+			s.log.Debug("cannot read the size of the keyspace: the queues walk their indexes beyond the shard count", "err", err)
+		}
+		return
+	}
+	found := map[*Queue][]int{}
+	match := globEscape(s.prefix) + "*}"
+	var cursor uint64
+	for {
+		keys, next, err := s.rdb.Scan(ctx, cursor, match, strayScanCount).Result()
+		if err != nil {
+			s.covered.Store(nil)
+			s.log.Debug("cannot scan for keys beyond the shard count: the queues walk their indexes beyond it", "err", err)
+			return
+		}
+		s.mu.Lock()
+		for _, k := range keys {
+			if q, i, ok := s.parse(k); ok {
+				found[q] = append(found[q], i)
+			}
+		}
+		s.mu.Unlock()
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	s.covered.Store(&start)
+	for q, idx := range found {
+		l := q.Layout()
+		from := max(l.Span(), l.Retired)
+		beyond := idx[:0]
+		for _, i := range idx {
+			if i >= from {
+				beyond = append(beyond, i)
+			}
+		}
+		if len(beyond) > 0 && q.Sweeping() {
+			q.strayKeys(beyond)
+		}
+	}
+}
+
+// parse tells which queue and index a key found by the scan is the
+// pending key of; ok is false for any other key.
+func (s *StrayScan) parse(key string) (q *Queue, i int, ok bool) {
+	if !strings.HasSuffix(key, "}") {
+		return nil, 0, false
+	}
+	colon := strings.LastIndexByte(key, ':')
+	if colon < 0 {
+		return nil, 0, false
+	}
+	q = s.queues[key[:colon+1]]
+	digits := key[colon+1 : len(key)-1]
+	i, err := strconv.Atoi(digits)
+	if q == nil || err != nil || i < 0 || i >= shard.MaxShards || strconv.Itoa(i) != digits {
+		return nil, 0, false
+	}
+	return q, i, true
+}
+
+// globEscape escapes the characters a SCAN pattern gives a meaning.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
