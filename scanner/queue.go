@@ -78,8 +78,11 @@ func (q *Queue) Layout() shard.Layout { return *q.layout.Load() }
 // Run serves the queue until ctx ends.
 func (q *Queue) Run(ctx context.Context) error {
 	if s := q.opt.StrayScan; s != nil {
-		s.add(q)
-		defer s.remove(q)
+		if s.add(q) {
+			defer s.remove(q)
+		} else {
+			q.opt.StrayScan = nil // walk: the scan would not see this queue's keys
+		}
 	}
 	for {
 		sc := q.cur.Load()

@@ -3,6 +3,7 @@ package scanner
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,16 +12,17 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
 // The walk of the indexes beyond a queue's served ones (strays.go) looks
 // at some 4,000 keys a minute per queue: for a thousand queues, 68,000
 // keys a second written by the instance and looked up by Redis, about a
-// third of what an idle instance costs either. Where the whole keyspace is
-// much smaller than that, one SCAN of it every half StrayCycle finds the
-// same keys for every queue of the instance at once, for a fraction of
-// the cost; while it does, the queues do not walk. Where it is not (a
+// third of what an idle instance and its Redis cost. Where the whole
+// keyspace is much smaller than that, one SCAN of it every half StrayCycle
+// finds the same keys for every queue of the instance at once; while it
+// does, the queues do not walk. Where it is not (a
 // Redis shared with a large cache), or SCAN or DBSIZE is refused, or a
 // scan fails, the queues walk as before.
 
@@ -29,8 +31,13 @@ import (
 // key of the keyspace, an EXISTS about 0.08 µs a key it is given (Redis
 // 7.0, one core, before parsing, which adds to the EXISTS). The scan runs
 // twice a cycle: it is taken only while that costs at most the walk's
-// cost over the cycle.
+// cost over the cycle, far less for a thousand queues on a keyspace of
+// tens of thousands of keys. (A SCAN's cost follows the table's buckets,
+// which a keyspace emptied by mass deletes leaves sparse for a while.)
 const strayScanWalkPerKey = 16
+
+// strayScanTimeout is the least time a scan is given.
+const strayScanTimeout = 5 * time.Second
 
 // strayScanCount is SCAN's COUNT: a call visits about this many slots of
 // the keyspace, about 0.3 ms of Redis's time.
@@ -45,6 +52,8 @@ type StrayScan struct {
 	every  time.Duration
 	prefix string // the keys' prefix, with ":{": all pending keys start with it
 	log    *slog.Logger
+	ctx    context.Context // ends with Close, so that a scan under way does not hold it up
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	queues map[string]*Queue // by their pending keys' head, "P:{Q:"
@@ -68,6 +77,7 @@ func NewStrayScan(rdb redis.UniversalClient, prefix string, every time.Duration,
 	}
 	s := &StrayScan{rdb: rdb, every: every, prefix: prefix + ":{", log: log, queues: map[string]*Queue{},
 		stop: make(chan struct{}), stopped: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	go s.run()
 	return s
 }
@@ -78,19 +88,29 @@ func (s *StrayScan) Close() {
 		return
 	}
 	close(s.stop)
+	s.cancel()
 	<-s.stopped
 }
 
-func (s *StrayScan) add(q *Queue) {
+// add registers q; false if its keys do not have the scan's prefix (the
+// queue then walks: the scan would not see its keys).
+func (s *StrayScan) add(q *Queue) bool {
+	h := pendingHead(q.keys)
+	if !strings.HasPrefix(h, s.prefix) {
+		return false
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.queues[pendingHead(q.keys)] = q
+	s.queues[h] = q
+	return true
 }
 
 func (s *StrayScan) remove(q *Queue) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.queues, pendingHead(q.keys))
+	if h := pendingHead(q.keys); s.queues[h] == q {
+		delete(s.queues, h)
+	}
 }
 
 // pendingHead is what every pending key of the queue starts with, its
@@ -128,7 +148,9 @@ func (s *StrayScan) run() {
 // stands in for, and hands each sweeping queue the indexes beyond its
 // served ones that hold a key.
 func (s *StrayScan) scan() {
-	ctx, cancel := context.WithTimeout(context.Background(), s.every)
+	// At least strayScanTimeout: a slow reply must not end the coverage
+	// of a short interval.
+	ctx, cancel := context.WithTimeout(s.ctx, max(s.every, strayScanTimeout))
 	defer cancel()
 	s.mu.Lock()
 	walk := 0
@@ -139,23 +161,27 @@ func (s *StrayScan) scan() {
 		}
 	}
 	s.mu.Unlock()
+	if walk == 0 { // no queue sweeps here: nothing to look for
+		s.uncover("no queue sweeps here")
+		return
+	}
 	start := time.Now()
 	size, err := s.rdb.DBSize(ctx).Result()
-	if err != nil || size*strayScanWalkPerKey > int64(walk) {
-		s.covered.Store(nil)
-		if err != nil {
-			s.log.Debug("cannot read the size of the keyspace: the queues walk their indexes beyond the shard count", "err", err)
-		}
+	if err != nil {
+		s.uncover("cannot read the size of the keyspace", "err", err)
+		return
+	}
+	if size*strayScanWalkPerKey > int64(walk) {
+		s.uncover("the keyspace is too large to scan for less than the walks cost", "keys", size, "walk_keys_per_minute", walk)
 		return
 	}
 	found := map[*Queue][]int{}
-	match := globEscape(s.prefix) + "*}"
+	match := redisconn.GlobEscape(s.prefix) + "*}"
 	var cursor uint64
 	for {
 		keys, next, err := s.rdb.Scan(ctx, cursor, match, strayScanCount).Result()
 		if err != nil {
-			s.covered.Store(nil)
-			s.log.Debug("cannot scan for keys beyond the shard count: the queues walk their indexes beyond it", "err", err)
+			s.uncover("cannot scan the keyspace", "err", err)
 			return
 		}
 		s.mu.Lock()
@@ -169,7 +195,10 @@ func (s *StrayScan) scan() {
 			break
 		}
 	}
-	s.covered.Store(&start)
+	if s.covered.Swap(&start) == nil {
+		s.log.Info("scanning the keyspace for tasks written beyond the queues' shard counts, in place of each queue's walk of those indexes",
+			"keys", size, "every", s.every)
+	}
 	for q, idx := range found {
 		l := q.Layout()
 		from := max(l.Span(), l.Retired)
@@ -179,9 +208,21 @@ func (s *StrayScan) scan() {
 				beyond = append(beyond, i)
 			}
 		}
+		slices.Sort(beyond) // a SCAN may return a key twice
+		beyond = slices.Compact(beyond)
 		if len(beyond) > 0 && q.Sweeping() {
 			q.strayKeys(beyond)
 		}
+	}
+}
+
+// uncover ends the scan's standing in for the queues' walks, and says why
+// when it stood in until now.
+func (s *StrayScan) uncover(why string, args ...any) {
+	if s.covered.Swap(nil) != nil {
+		s.log.Info(why+": the queues walk their indexes beyond the shard count again", args...)
+	} else {
+		s.log.Debug(why+": the queues walk their indexes beyond the shard count", args...)
 	}
 }
 
@@ -202,17 +243,4 @@ func (s *StrayScan) parse(key string) (q *Queue, i int, ok bool) {
 		return nil, 0, false
 	}
 	return q, i, true
-}
-
-// globEscape escapes the characters a SCAN pattern gives a meaning.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch r {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }

@@ -28,7 +28,8 @@ func strayQueue(t *testing.T, rdb *redis.Client, k shard.Keys) *Queue {
 	testenv.Consumer(t, testenv.AMQP(t), exchange, "q")
 	pub := publisher.New(publisher.Options{URLs: []string{testenv.AMQPURL(t)}, Exchanges: []string{exchange}, ConfirmTimeout: 5 * time.Second})
 	scan := NewStrayScan(rdb, k.Prefix, 200*time.Millisecond, nil)
-	q := NewQueue(rdb, pub, Options{Queue: k.Queue, Shards: 4, Exchange: exchange, RoutingKey: "q", KeyPrefix: k.Prefix,
+	co := NewCoalescer(rdb) // as the daemon runs it: the layout read in the shared round trip
+	q := NewQueue(rdb, pub, Options{Coalescer: co, Queue: k.Queue, Shards: 4, Exchange: exchange, RoutingKey: "q", KeyPrefix: k.Prefix,
 		BatchSize: 10, Pipeline: 2, PollInterval: 20 * time.Millisecond, IdlePollInterval: 100 * time.Millisecond,
 		Lease: 30 * time.Second, Lookahead: 100 * time.Millisecond, ShutdownTimeout: time.Second, MaxMessageBytes: 1 << 20,
 		MaxAttempts: 5, RetryMin: time.Second, RetryMax: time.Minute, StrayScan: scan})
@@ -41,6 +42,7 @@ func strayQueue(t *testing.T, rdb *redis.Client, k shard.Keys) *Queue {
 		cancel()
 		wg.Wait()
 		scan.Close()
+		co.Close()
 	})
 	return q
 }
@@ -128,17 +130,13 @@ func TestStrayScanLeavesALargeKeyspaceToTheWalk(t *testing.T) {
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	q := strayQueue(t, rdb, k)
-	for end := time.Now().Add(10 * time.Second); !q.Sweeping(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("not sweeping after 10 s")
-		}
-	}
+	// Written before the start, so that the walk's first chunk finds it.
 	hour := time.Now().Add(time.Hour).UnixMilli()
 	member := "late-producer"
 	if err := rdb.ZAdd(ctx, k.Pending(5), redis.Z{Score: float64(hour), Member: member}).Err(); err != nil {
 		t.Fatal(err)
 	}
+	q := strayQueue(t, rdb, k)
 	home := k.Pending(shard.Index([]byte(member), 4))
 	for end := time.Now().Add(3*LayoutPoll + 5*time.Second); rdb.ZScore(ctx, home, member).Val() != float64(hour); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(end) {
@@ -162,30 +160,53 @@ func TestStrayScanLeavesALargeKeyspaceToTheWalk(t *testing.T) {
 }
 
 // TestStrayScanParse: only a pending key of a registered queue, at an
-// index written as the contract writes it, is taken for one.
+// index written as the contract writes it, is taken for one; a queue of
+// another prefix is not registered (it walks); the scan stands in for the
+// walk only for StrayCycle after its last scan began.
 func TestStrayScanParse(t *testing.T) {
-	s := &StrayScan{queues: map[string]*Queue{}}
-	q := &Queue{keys: shard.Keys{Prefix: "dq", Queue: "a:b"}}
-	s.queues[pendingHead(q.keys)] = q
+	s := &StrayScan{prefix: "dq:eu:{", queues: map[string]*Queue{}}
+	q := &Queue{keys: shard.Keys{Prefix: "dq:eu", Queue: "orders"}}
+	if !s.add(q) {
+		t.Fatal("a queue of the scan's prefix not registered")
+	}
+	if s.add(&Queue{keys: shard.Keys{Prefix: "dq", Queue: "eu"}}) {
+		t.Error("a queue of prefix dq registered with a scan of dq:eu")
+	}
 	for key, want := range map[string]int{
-		"dq:{a:b:40}":      40,
-		"dq:{a:b:4095}":    4095,
-		"dq:{a:b:0}":       0,
-		"dq:{a:b:4096}":    -1,
-		"dq:{a:b:040}":     -1,
-		"dq:{a:b:-1}":      -1,
-		"dq:{a:b:+1}":      -1,
-		"dq:{a:b}":         -1,
-		"dq:{a:c:4}":       -1,
-		"dq:{a:b:4}:x}":    -1,
-		"dq:{a:b:4}:tasks": -1,
+		"dq:eu:{orders:40}":      40,
+		"dq:eu:{orders:4095}":    4095,
+		"dq:eu:{orders:0}":       0,
+		"dq:eu:{orders:4096}":    -1,
+		"dq:eu:{orders:040}":     -1,
+		"dq:eu:{orders:-1}":      -1,
+		"dq:eu:{orders:+1}":      -1,
+		"dq:eu:{orders}":         -1,
+		"dq:eu:{order:4}":        -1,
+		"dq:{eu:orders:4}":       -1,
+		"dq:eu:{orders:4}:x}":    -1,
+		"dq:eu:{orders:4}:tasks": -1,
 	} {
 		got, i, ok := s.parse(key)
 		if want < 0 && ok || want >= 0 && (!ok || got != q || i != want) {
 			t.Errorf("%s: %v %d %v, want index %d", key, got != nil, i, ok, want)
 		}
 	}
-	if got := globEscape(`a*b?c[d]e\f`); got != `a\*b\?c\[d\]e\\f` {
-		t.Errorf("globEscape: %s", got)
+	if s.covers() {
+		t.Error("covers before any scan")
+	}
+	for ago, want := range map[time.Duration]bool{time.Second: true, StrayCycle - time.Second: true, StrayCycle + time.Second: false} {
+		at := time.Now().Add(-ago)
+		s.covered.Store(&at)
+		if s.covers() != want {
+			t.Errorf("a scan begun %v ago: covers %v", ago, !want)
+		}
+	}
+	s.remove(&Queue{keys: q.keys}) // another queue of the same name: not q's registration
+	if got, _, _ := s.parse("dq:eu:{orders:40}"); got != q {
+		t.Error("removing another queue of the same keys removed q")
+	}
+	s.remove(q)
+	if _, _, ok := s.parse("dq:eu:{orders:40}"); ok {
+		t.Error("a removed queue's key still parsed")
 	}
 }

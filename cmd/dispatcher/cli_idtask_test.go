@@ -216,4 +216,9 @@ func TestGlobEscape(t *testing.T) {
 	if got := redisconn.GlobEscape("задача:1"); got != "задача:1" {
 		t.Errorf("redisconn.GlobEscape(задача:1) = %q", got)
 	}
+	// Bytes that are not UTF-8 (a key prefix or id may hold any) stay as
+	// they are: a pattern of U+FFFD in their place matches nothing.
+	if got := redisconn.GlobEscape("dq\xe9:{*"); got != "dq\xe9:{\\*" {
+		t.Errorf("redisconn.GlobEscape of a prefix not UTF-8 = %q", got)
+	}
 }

@@ -202,14 +202,15 @@ func NodeOf(ctx context.Context, rdb redis.UniversalClient, key string) string {
 }
 
 // GlobEscape escapes the characters Redis's pattern matching (SCAN MATCH,
-// PSUBSCRIBE) reads as a pattern.
+// PSUBSCRIBE) reads as a pattern. Byte by byte: Redis matches bytes, and
+// a byte that is not UTF-8 must not become U+FFFD.
 func GlobEscape(s string) string {
 	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(s[i])
 	}
 	return b.String()
 }
