@@ -572,11 +572,20 @@ func ratioCell(r *Ratio) string {
 	if r == nil {
 		return "-"
 	}
-	out := fmt.Sprintf("%.2f", r.OfMedians)
+	out := ratioFigure(r.OfMedians)
 	if r.Pairs > 1 {
-		out += fmt.Sprintf(" (%.2f–%.2f)", r.PairMin, r.PairMax)
+		out += fmt.Sprintf(" (%s–%s)", ratioFigure(r.PairMin), ratioFigure(r.PairMax))
 	}
 	return out
+}
+
+// ratioFigure is a ratio to two decimals, or to two significant digits
+// below 0.01, which two decimals would show as 0.
+func ratioFigure(v float64) string {
+	if v > 0 && v < 0.01 {
+		return fmt.Sprintf("%#.2g", v)
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 // writeCompareTables prints the comparison as a markdown table.

@@ -88,6 +88,15 @@ func TestCompareCells(t *testing.T) {
 	if got := ratioCell(nil); got != "-" {
 		t.Errorf("ratioCell(nil) = %q", got)
 	}
+	// A ratio far below 1 keeps two significant digits rather than
+	// reading 0.00 (the reference's idle window on a shared Redis that
+	// others were busy with: 38 against 24,936 commands a second).
+	if got := ratioCell(&Ratio{OfMedians: 38.0 / 24936, PairMin: 0.0009, PairMax: 0.004, Pairs: 3}); got != "0.0015 (0.00090–0.0040)" {
+		t.Errorf("ratioCell of a small ratio = %q", got)
+	}
+	if got := ratioCell(&Ratio{OfMedians: 0, Pairs: 1}); got != "0.00" {
+		t.Errorf("ratioCell of 0 = %q", got)
+	}
 }
 
 // compareRows reads each figure per side and pair: REF without the

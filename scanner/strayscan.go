@@ -22,9 +22,9 @@ import (
 // third of what an idle instance and its Redis cost. Where the whole
 // keyspace is much smaller than that, one SCAN of it every half StrayCycle
 // finds the same keys for every queue of the instance at once; while it
-// does, the queues do not walk. Where it is not (a
-// Redis shared with a large cache), or SCAN or DBSIZE is refused, or a
-// scan fails, the queues walk as before.
+// does, the queues do not walk. Where it is not (a Redis shared with a
+// large cache), or SCAN or DBSIZE is refused, or a scan fails, the queues
+// walk as before.
 
 // strayScanWalkPerKey is how many keys of a walk a key of a scan is worth
 // in Redis's time: a SCAN matching a pattern costs Redis about 0.65 µs a
