@@ -3,6 +3,7 @@ package scanner
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +22,25 @@ const StrayCycle = time.Minute
 // queue of 32 shards, 4064 indexes in chunks of 339 keys, one EXISTS each
 // on one server (a pipeline of 339 on Redis Cluster).
 const strayChunks = int(StrayCycle / LayoutPoll)
+
+// strayFrom is the first index where strays are looked for in a queue
+// of layout l: beyond the served shards and those a shrink retired (which
+// are watched on their own).
+func strayFrom(l shard.Layout) int { return max(l.Span(), l.Retired) }
+
+// beyondServed returns the indexes of idx from strayFrom(l) on, sorted,
+// each once, in idx's array.
+func beyondServed(l shard.Layout, idx []int) []int {
+	from := strayFrom(l)
+	out := idx[:0]
+	for _, i := range idx {
+		if i >= from {
+			out = append(out, i)
+		}
+	}
+	slices.Sort(out) // a SCAN may return a key twice
+	return slices.Compact(out)
+}
 
 // strayWalk is where the walk of a queue's indexes beyond its served ones
 // is: the next index to look at. Only Queue.watch uses it.
@@ -53,7 +73,7 @@ type strayLook struct {
 
 // nextStrays is the next chunk of the walk for layout l.
 func (q *Queue) nextStrays(l shard.Layout) strayLook {
-	lo, hi := q.strays.chunk(max(l.Span(), l.Retired))
+	lo, hi := q.strays.chunk(strayFrom(l))
 	return strayLook{lo: lo, keys: q.keys.PendingRange(lo, hi)}
 }
 
@@ -129,17 +149,10 @@ func (q *Queue) moveScanned(ctx context.Context, l shard.Layout) {
 	if p == nil {
 		return
 	}
-	from := max(l.Span(), l.Retired)
-	var found []int
-	for _, i := range *p {
-		if i >= from && i < shard.MaxShards {
-			found = append(found, i)
-		}
+	// The layout may have changed since the scan.
+	if found := beyondServed(l, *p); len(found) > 0 {
+		q.moveFound(ctx, l, 0, found)
 	}
-	if len(found) == 0 {
-		return
-	}
-	q.moveFound(ctx, l, 0, found)
 }
 
 // moveStrays moves the tasks of indexes lo+found[n] to their shards under

@@ -3,7 +3,6 @@ package scanner
 import (
 	"context"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,7 +156,7 @@ func (s *StrayScan) scan() {
 	for _, q := range s.queues {
 		if q.Sweeping() {
 			l := q.Layout()
-			walk += shard.MaxShards - max(l.Span(), l.Retired)
+			walk += shard.MaxShards - strayFrom(l)
 		}
 	}
 	s.mu.Unlock()
@@ -200,17 +199,7 @@ func (s *StrayScan) scan() {
 			"keys", size, "every", s.every)
 	}
 	for q, idx := range found {
-		l := q.Layout()
-		from := max(l.Span(), l.Retired)
-		beyond := idx[:0]
-		for _, i := range idx {
-			if i >= from {
-				beyond = append(beyond, i)
-			}
-		}
-		slices.Sort(beyond) // a SCAN may return a key twice
-		beyond = slices.Compact(beyond)
-		if len(beyond) > 0 && q.Sweeping() {
+		if beyond := beyondServed(q.Layout(), idx); len(beyond) > 0 && q.Sweeping() {
 			q.strayKeys(beyond)
 		}
 	}
