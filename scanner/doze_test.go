@@ -201,7 +201,12 @@ func TestIdleLookWakesWhomItMust(t *testing.T) {
 		holder string // the role's holder in Redis ("": free)
 		set    bool   // a task in shard 2's in-flight set
 		wake   bool
+		shards int  // 0: 4
+		last   bool // a task in the last shard's pending set
 	}
+	// The sets of several queues go in one EXISTS of up to idleKeysPerCall
+	// keys; a queue of more keys than that, in one of its own.
+	wide := idleKeysPerCall/2 + 5
 	queues := []queue{
 		{name: "keeps", leader: true, holder: "me"},
 		{name: "lost", leader: true, holder: "other", wake: true},
@@ -209,6 +214,11 @@ func TestIdleLookWakesWhomItMust(t *testing.T) {
 		{name: "held", holder: "other"},
 		{name: "inflight", leader: true, holder: "me", set: true, wake: true},
 		{name: "keeps2", leader: true, holder: "me"},
+		{name: "wide", leader: true, holder: "me", shards: wide, last: true, wake: true},
+		{name: "wide2", leader: true, holder: "me", shards: wide},
+		{name: "half", leader: true, holder: "me", shards: idleKeysPerCall / 4},
+		{name: "half2", leader: true, holder: "me", shards: idleKeysPerCall / 4, last: true, wake: true},
+		{name: "half3", leader: true, holder: "me", shards: idleKeysPerCall / 4},
 	}
 	for round, flush := range []bool{false, true} {
 		if flush {
@@ -220,14 +230,18 @@ func TestIdleLookWakesWhomItMust(t *testing.T) {
 		ds := map[string]*dozer{}
 		for _, q := range queues {
 			k := shard.Keys{Prefix: prefix, Queue: q.name}
-			rdb.Del(ctx, k.Sweeper(), k.Inflight(2))
+			shards := max(q.shards, 4)
+			rdb.Del(ctx, k.Sweeper(), k.Inflight(2), k.Pending(shards-1))
 			if q.holder != "" {
 				rdb.Set(ctx, k.Sweeper(), q.holder, time.Second)
 			}
 			if q.set {
 				rdb.ZAdd(ctx, k.Inflight(2), redis.Z{Score: 1, Member: "x"})
 			}
-			d := newDozer(k, 4, q.leader, "me", time.Minute, ready)
+			if q.last {
+				rdb.ZAdd(ctx, k.Pending(shards-1), redis.Z{Score: 1, Member: "x"})
+			}
+			d := newDozer(k, shards, q.leader, "me", time.Minute, ready)
 			ds[q.name] = d
 			w.add(d)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -74,16 +75,16 @@ func QueueLayoutRead(ctx context.Context, pipe redis.Pipeliner, keys Keys) func(
 	return func() (Layout, error) {
 		var l Layout
 		var err error
-		if l.Shards, err = count(m, keys.ShardCount()); err != nil {
+		if l.Shards, err = count(m); err != nil {
 			return Layout{}, err
 		}
 		if l.Shards == 0 {
 			return Layout{}, fmt.Errorf("queue %s: %w at %s", keys.Queue, ErrNoLayout, keys.ShardCount())
 		}
-		if l.From, err = count(from, keys.Reshard()+" from"); err != nil {
+		if l.From, err = count(from); err != nil {
 			return Layout{}, err
 		}
-		if l.Retired, err = count(retired, keys.Retired()); err != nil {
+		if l.Retired, err = count(retired); err != nil {
 			return Layout{}, err
 		}
 		if l.Retired <= l.Shards {
@@ -93,17 +94,27 @@ func QueueLayoutRead(ctx context.Context, pipe redis.Pipeliner, keys Keys) func(
 	}
 }
 
-func count(cmd *redis.StringCmd, what string) (int, error) {
+// count reads a shard count from cmd, a GET or HGET, named in an error by
+// its key (and field): not before, as the reads of a thousand queues
+// every few seconds would build the names for nothing.
+func count(cmd *redis.StringCmd) (int, error) {
 	v, err := cmd.Result()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil
 	}
+	what := func() string {
+		var parts []string
+		for _, a := range cmd.Args()[1:] {
+			parts = append(parts, fmt.Sprint(a))
+		}
+		return strings.Join(parts, " ")
+	}
 	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", what, err)
+		return 0, fmt.Errorf("read %s: %w", what(), err)
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 || n > MaxShards {
-		return 0, fmt.Errorf("%s is %q, not a shard count 1..%d", what, v, MaxShards)
+		return 0, fmt.Errorf("%s is %q, not a shard count 1..%d", what(), v, MaxShards)
 	}
 	return n, nil
 }

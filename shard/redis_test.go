@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dispatcher/dispatcher/shard"
 )
 
 // The shard module depends on go-redis and xxhash alone, so its tests
@@ -60,4 +62,38 @@ func testPrefix(t *testing.T, c *redis.Client) string {
 		}
 	})
 	return prefix
+}
+
+// TestReadLayoutNamesABadValue: a layout key holding no shard count is an
+// error naming the key (and the field, for the reshard hash) and the
+// value read.
+func TestReadLayoutNamesABadValue(t *testing.T) {
+	c := testRedis(t)
+	k := shard.Keys{Prefix: testPrefix(t, c), Queue: "q"}
+	ctx := context.Background()
+	c.Set(ctx, k.ShardCount(), "8", 0)
+	for _, tc := range []struct {
+		set  func()
+		want string
+	}{
+		{func() { c.Set(ctx, k.ShardCount(), "eight", 0) }, k.ShardCount() + ` is "eight", not a shard count`},
+		{func() { c.Set(ctx, k.ShardCount(), "8", 0); c.HSet(ctx, k.Reshard(), "from", "0") }, k.Reshard() + ` from is "0", not a shard count`},
+		{func() { c.Del(ctx, k.Reshard()); c.Set(ctx, k.Retired(), "5000", 0) }, k.Retired() + ` is "5000", not a shard count`},
+		{func() {
+			c.Del(ctx, k.Retired())
+			c.HSet(ctx, k.ShardCount()+"x", "f", "v")
+			c.Rename(ctx, k.ShardCount()+"x", k.ShardCount())
+		}, "read " + k.ShardCount() + ": WRONGTYPE"},
+	} {
+		tc.set()
+		_, err := shard.ReadLayout(ctx, c, k)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ReadLayout: %v, want an error with %q", err, tc.want)
+		}
+	}
+	c.Del(ctx, k.ShardCount())
+	c.Set(ctx, k.ShardCount(), "8", 0)
+	if l, err := shard.ReadLayout(ctx, c, k); err != nil || l != (shard.Layout{Shards: 8}) {
+		t.Errorf("ReadLayout: %v, %v; want 8 shards", l, err)
+	}
 }

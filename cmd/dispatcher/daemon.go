@@ -185,6 +185,17 @@ func runDaemon(stderr io.Writer) int {
 		return out
 	}
 
+	// Asked once per queue at each read: cfg.Queue's search of every
+	// queue's settings made that a thousand squared copies of them.
+	type drain struct {
+		rate float64
+		from string
+	}
+	drains := make(map[string]drain, len(cfg.QueueSettings))
+	for _, q := range cfg.QueueSettings {
+		rate, from := q.HerdDrain()
+		drains[q.Name] = drain{rate, from}
+	}
 	mon := monitor.New(rdb, monitor.Options{
 		Queues: targets, KeyPrefix: cfg.KeyPrefix, Interval: cfg.StatsInterval, StallAfter: cfg.StallAfter,
 		Sweeping: func(q string) bool { return byQueue[q].Sweeping() },
@@ -201,8 +212,8 @@ func runDaemon(stderr io.Writer) int {
 			return append(why, byQueue[q].Waiting()...)
 		},
 		DrainRate: func(q string) (float64, string) {
-			qs, _ := cfg.Queue(q)
-			return qs.HerdDrain()
+			d := drains[q]
+			return d.rate, d.from
 		},
 		Registerer: reg, Logger: log.With("component", "watchdog"),
 	})

@@ -13,31 +13,53 @@ import (
 	"github.com/dispatcher/dispatcher/shard"
 )
 
-// writeScript writes one instance's record of one queue, stamped with the
-// Redis clock, prunes the records not renewed for the TTL (instances that
-// died), and keeps the hash alive for the TTL. The hash holds one field
-// per live instance: the prune reads them all, a few hundred bytes each.
+// writeScript writes one instance's records of several queues, stamped
+// with the Redis clock, prunes from each queue's hash the records not
+// renewed for the TTL (instances that died), and keeps the hash alive for
+// the TTL. A hash holds one field per live instance: the prune reads them
+// all, a few hundred bytes each. One call for many queues: an instance
+// writes a record of each queue it serves every Every, and a call per
+// queue was a third of a thousand idle queues' Redis CPU (a script
+// call's fixed cost). On a cluster, where keys of different slots cannot
+// share a call, it is called with one queue at a time. A queue whose
+// write is refused (its key is of another type) does not stop the
+// others': it is named in the reply.
 //
-// KEYS[1] the queue's records P:{Q}:instances
+// KEYS the records hash P:{Q}:instances of each queue
 // ARGV[1] the instance's id
-// ARGV[2] its record, JSON
-// ARGV[3] the TTL, ms
-// Returns the Redis clock, ms.
+// ARGV[2] the TTL, ms
+// ARGV[2 + q] its record of queue q (KEYS[q]), JSON
+// Returns {now_ms, q, error, q, error, ...}: the Redis clock, and the
+// position in KEYS of each queue whose write was refused, with the error.
 var writeScript = redis.NewScript(`#!lua
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', now) .. ' ' .. ARGV[2])
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local seen = tonumber(string.match(all[i + 1], '^%d+'))
-  if not seen or now - seen > ttl then
-    redis.call('HDEL', KEYS[1], all[i])
+local id, ttl = ARGV[1], tonumber(ARGV[2])
+local stamp = string.format('%d', now) .. ' '
+local out = {now}
+for q = 1, #KEYS do
+  local set = redis.pcall('HSET', KEYS[q], id, stamp .. ARGV[2 + q])
+  if type(set) == 'table' and set.err then
+    out[#out + 1] = q
+    out[#out + 1] = set.err
+  else
+    local all = redis.call('HGETALL', KEYS[q])
+    for i = 1, #all, 2 do
+      local seen = tonumber(string.match(all[i + 1], '^%d+'))
+      if not seen or now - seen > ttl then
+        redis.call('HDEL', KEYS[q], all[i])
+      end
+    end
+    redis.call('PEXPIRE', KEYS[q], ttl)
   end
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
-return now
+return out
 `)
+
+// writeBatch is the most queues one writeScript call writes: a thousand
+// queues' records hold Redis for a few ms in all, in calls of a fraction
+// of that.
+const writeBatch = 256
 
 // readScript reads a queue's records with the clock of the node that
 // holds them, which stamped them. It only reads: it runs on a replica.
@@ -51,14 +73,14 @@ table.insert(out, 1, string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonu
 return out
 `)
 
-// runScripts runs one call of script per key in one pipeline (on a
-// cluster, one per node, in parallel), by its SHA and, where the server
+// runScripts runs one call of script per set of keys in one pipeline (on
+// a cluster, one per node, in parallel), by its SHA and, where the server
 // does not know it yet, by its source.
-func runScripts(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys []string, args func(n int) []any) []*redis.Cmd {
+func runScripts(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys [][]string, args func(n int) []any) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(keys))
 	pipe := rdb.Pipeline()
 	for n, k := range keys {
-		cmds[n] = script.EvalSha(ctx, pipe, []string{k}, args(n)...)
+		cmds[n] = script.EvalSha(ctx, pipe, k, args(n)...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		// A command never sent (the connection's set-up failed) has no
@@ -73,7 +95,7 @@ func runScripts(ctx context.Context, rdb redis.UniversalClient, script *redis.Sc
 	resend := false
 	for n, k := range keys {
 		if redis.HasErrorPrefix(cmds[n].Err(), "NOSCRIPT") {
-			cmds[n] = script.Eval(ctx, pipe, []string{k}, args(n)...)
+			cmds[n] = script.Eval(ctx, pipe, k, args(n)...)
 			resend = true
 		}
 	}
@@ -101,18 +123,52 @@ func Write(ctx context.Context, rdb redis.UniversalClient, prefix string, recs m
 		}
 		vals[n] = v
 	}
-	cmds := runScripts(ctx, rdb, writeScript, keys, func(n int) []any {
-		return []any{recs[queues[n]].ID, vals[n], ttl.Milliseconds()}
+	for _, q := range queues {
+		if id := recs[q].ID; id != recs[queues[0]].ID {
+			return 0, fmt.Errorf("write records of two instances at once: %s and %s", recs[queues[0]].ID, id)
+		}
+	}
+	// Calls of writeBatch queues on one Redis, of one on a cluster.
+	per := writeBatch
+	if _, cluster := rdb.(*redis.ClusterClient); cluster {
+		per = 1
+	}
+	var batches [][]string
+	for from := 0; from < len(keys); from += per {
+		batches = append(batches, keys[from:min(from+per, len(keys))])
+	}
+	cmds := runScripts(ctx, rdb, writeScript, batches, func(b int) []any {
+		from := b * per
+		args := []any{recs[queues[from]].ID, ttl.Milliseconds()}
+		for n := range batches[b] {
+			args = append(args, vals[from+n])
+		}
+		return args
 	})
 	var now int64
 	var errs []error
-	for n, c := range cmds {
-		ms, err := c.Int64()
+	for b, c := range cmds {
+		out, err := c.Slice()
+		if err == nil && (len(out)%2 != 1 || out[0] == nil) {
+			err = fmt.Errorf("want the clock and refusals, got %d values", len(out))
+		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("write %s: %w", keys[n], err))
+			for _, k := range batches[b] {
+				errs = append(errs, fmt.Errorf("write %s: %w", k, err))
+			}
 			continue
 		}
-		now = ms
+		if ms, ok := out[0].(int64); ok {
+			now = ms
+		}
+		for i := 1; i+1 < len(out); i += 2 {
+			q, _ := out[i].(int64)
+			if q < 1 || int(q) > len(batches[b]) {
+				errs = append(errs, fmt.Errorf("write: a refusal of queue %v of %d: %v", out[i], len(batches[b]), out[i+1]))
+				continue
+			}
+			errs = append(errs, fmt.Errorf("write %s: %v", batches[b][q-1], out[i+1]))
+		}
 	}
 	return now, errors.Join(errs...)
 }
@@ -151,7 +207,11 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix string, queues 
 	for n, q := range queues {
 		keys[n] = shard.Keys{Prefix: prefix, Queue: q}.Instances()
 	}
-	cmds := runScripts(ctx, rdb, readScript, keys, func(int) []any { return nil })
+	one := make([][]string, len(keys))
+	for n, k := range keys {
+		one[n] = []string{k}
+	}
+	cmds := runScripts(ctx, rdb, readScript, one, func(int) []any { return nil })
 	out := make([]Queue, len(queues))
 	for n, c := range cmds {
 		out[n] = Queue{Name: queues[n]}

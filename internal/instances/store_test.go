@@ -3,6 +3,7 @@ package instances
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,5 +136,51 @@ func TestWriteReadCluster(t *testing.T) {
 		if q.Err != nil || len(q.Records) != 1 || q.Records[0].Published != int64(n) || q.NowMs == 0 {
 			t.Errorf("queue %s: %+v", q.Name, q)
 		}
+	}
+}
+
+// TestWriteManyQueues: one Write of more queues than one script call
+// takes writes each queue's own record; a queue whose hash key holds
+// another type is refused by name, and the queues after it in its call
+// are written all the same.
+func TestWriteManyQueues(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	n := 2*writeBatch + 7
+	recs := map[string]Record{}
+	var queues []string
+	for i := 0; i < n; i++ {
+		q := "q" + strconv.Itoa(i)
+		queues = append(queues, q)
+		recs[q] = Record{ID: "h:1:ab", Host: "h", PID: 1, Version: "v1", SpanMs: 1000, Published: int64(i)}
+	}
+	bad := shard.Keys{Prefix: prefix, Queue: "q10"}.Instances()
+	rdb.Set(ctx, bad, "not a hash", 0)
+	now, err := Write(ctx, rdb, prefix, recs, TTL)
+	if err == nil || !strings.Contains(err.Error(), "write "+bad+": WRONGTYPE") || strings.Count(err.Error(), "\n") != 0 {
+		t.Errorf("Write: %v, want one refusal, of %s", err, bad)
+	}
+	if redisNow := rdb.Time(ctx).Val().UnixMilli(); now <= 0 || redisNow-now < 0 || redisNow-now > 10_000 {
+		t.Errorf("Write returned the clock %d, Redis reads %d", now, redisNow)
+	}
+	for i, q := range Read(ctx, rdb, prefix, queues, TTL) {
+		if i == 10 {
+			if q.Err == nil {
+				t.Errorf("queue %s: read with no error", q.Name)
+			}
+			continue
+		}
+		if q.Err != nil || len(q.Records) != 1 || q.Records[0].Published != int64(i) || q.Records[0].ID != "h:1:ab" {
+			t.Fatalf("queue %s: %+v", q.Name, q)
+		}
+	}
+	if rdb.Get(ctx, bad).Val() != "not a hash" {
+		t.Errorf("the refused key was changed")
+	}
+	recs["q3"] = Record{ID: "other"}
+	if _, err := Write(ctx, rdb, prefix, recs, TTL); err == nil || !strings.Contains(err.Error(), "two instances") {
+		t.Errorf("Write of two instances' records: %v", err)
 	}
 }

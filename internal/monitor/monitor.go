@@ -167,6 +167,7 @@ type Monitor struct {
 	forecasting chan struct{} // one read of the page's forecasts at a time
 	mu          sync.Mutex
 	queues      []*queueView
+	byName      map[string]*queueView // the queues, by name: Paused is asked once per queue
 	lastFailLog time.Time
 }
 
@@ -198,8 +199,12 @@ func New(rdb redis.UniversalClient, opt Options) *Monitor {
 	m.dueNextMinute = gauge("dispatcher_queue_due_next_minute_tasks", "Pending tasks falling due in the next 60 s (from the current second of the Redis clock), counted every 10 s.")
 	m.peakSecond = gauge("dispatcher_queue_due_peak_second_tasks", "The most pending tasks falling due in any one second of the next minute, counted every 10 s.")
 	m.herd = gauge("dispatcher_queue_herd_ahead", "1 while a second of the next minute holds more tasks than the queue drains in 10 s (at the lower of DISPATCHER_QUEUE_<NAME>_MAX_RATE and _DRAIN_RATE): a thundering herd is coming.")
+	m.byName = make(map[string]*queueView, len(opt.Queues))
 	for _, t := range opt.Queues {
 		m.queues = append(m.queues, &queueView{target: t, View: View{State: queuestate.Queue{Name: t.Name}}})
+		if m.byName[t.Name] == nil {
+			m.byName[t.Name] = m.queues[len(m.queues)-1]
+		}
 	}
 	return m
 }
@@ -485,10 +490,8 @@ func (m *Monitor) pauseNews(v *queueView) {
 func (m *Monitor) Paused(queue string) (shards int, known bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, v := range m.queues {
-		if v.target.Name == queue && v.Swept && v.pauseKnown {
-			return v.pausedWas, true
-		}
+	if v := m.byName[queue]; v != nil && v.Swept && v.pauseKnown {
+		return v.pausedWas, true
 	}
 	return 0, false
 }
