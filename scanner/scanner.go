@@ -264,8 +264,9 @@ func (s *Scanner) Run(ctx context.Context) error {
 	slots := make(chan struct{}, s.opt.Pipeline)
 	listenCtx, stopListen := context.WithCancel(ctx)
 	var listening sync.WaitGroup
+	var unlisten func()
 	listening.Add(1)
-	go func() { defer listening.Done(); s.wake.listen(listenCtx) }()
+	go func() { defer listening.Done(); unlisten = s.wake.listen(listenCtx) }()
 	s.loop(ctx, work, &wg, slots)
 	// Each on its own: a Redis that does not answer holds each batch's
 	// settling up to its retries' limit, and the stop's wait (below) is
@@ -276,6 +277,9 @@ func (s *Scanner) Run(ctx context.Context) error {
 	s.check.stop()
 	stopListen()
 	listening.Wait()
+	if unlisten != nil {
+		unlisten()
+	}
 	s.role.resign()
 
 	done := make(chan struct{})

@@ -106,10 +106,13 @@ func (n *notes) due(i int, ms int64) {
 // events for sorted sets, every ZADD to a pending shard, so a task that
 // any producer adds for now goes out without waiting for the next poll.
 // Losing messages (e.g. while reconnecting) only falls back to polling.
-func (w *wakeups) listen(ctx context.Context) {
+// Over the instance's WakeHub it returns once subscribed, with the
+// unsubscribe to call after ctx ends (nil if none): the hub's goroutine
+// hands the messages over, and a goroutine per queue that only waited
+// for its end was a fifth of an idle instance's.
+func (w *wakeups) listen(ctx context.Context) (unsubscribe func()) {
 	if w.hub != nil {
-		w.listenOn(ctx, w.hub)
-		return
+		return w.listenOn(ctx, w.hub)
 	}
 	ps := w.rdb.Subscribe(ctx, w.keys.Wake())
 	defer ps.Close()
@@ -120,7 +123,7 @@ func (w *wakeups) listen(ctx context.Context) {
 	if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); isReply(err) {
 		w.log.Warn("cannot subscribe to the wake channel; polling only, and other instances will not help drain a backlog (grant the channel in the ACL)",
 			"channel", w.keys.Wake(), "err", err)
-		return
+		return nil
 	}
 	if pattern := w.keyspacePattern(ctx); pattern != "" {
 		if err := ps.PSubscribe(ctx, pattern); err != nil {
@@ -136,10 +139,10 @@ func (w *wakeups) listen(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case m, ok := <-ch:
 			if !ok {
-				return
+				return nil
 			}
 			w.heard(m)
 		}
@@ -149,26 +152,32 @@ func (w *wakeups) listen(ctx context.Context) {
 // listenOn is listen over the instance's shared subscription. A refusal
 // is logged for this queue whenever Redis gives it (also after a
 // reconnect), and the channel dropped.
-func (w *wakeups) listenOn(ctx context.Context, hub *WakeHub) {
+func (w *wakeups) listenOn(ctx context.Context, hub *WakeHub) (unsubscribe func()) {
 	ch := w.keys.Wake()
 	err := hub.subscribe(ctx, ch, false, w.heard, func(err error) {
 		w.log.Warn("cannot subscribe to the wake channel; polling only, and other instances will not help drain a backlog (grant the channel in the ACL)",
 			"channel", ch, "err", err)
 	})
 	if err != nil {
-		return // refused (logged), closed, or ctx ended
+		return nil // refused (logged), closed, or ctx ended
 	}
-	defer hub.unsubscribe(ch, false)
-	if pattern := w.keyspacePattern(ctx); pattern != "" {
+	pattern := w.keyspacePattern(ctx)
+	if pattern != "" {
 		err := hub.subscribe(ctx, pattern, true, w.heard, func(err error) {
 			w.log.Warn("cannot subscribe to keyspace events; polling only", "pattern", pattern, "err", err)
 		})
 		if err == nil {
-			defer hub.unsubscribe(pattern, true)
 			w.log.Info("Redis publishes sorted-set keyspace events: newly scheduled tasks wake this instance at once")
+		} else {
+			pattern = ""
 		}
 	}
-	<-ctx.Done()
+	return func() {
+		if pattern != "" {
+			hub.unsubscribe(pattern, true)
+		}
+		hub.unsubscribe(ch, false)
+	}
 }
 
 // heard takes in one message. Over a WakeHub it runs on the hub's

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,7 +90,13 @@ func TestWakeHubOneConnection(t *testing.T) {
 		stops[q] = stop
 		defer stop()
 		wg.Add(1)
-		go func() { defer wg.Done(); ws[q].listen(qctx) }()
+		go func() { // as Scanner.Run does
+			defer wg.Done()
+			if unsubscribe := ws[q].listen(qctx); unsubscribe != nil {
+				<-qctx.Done()
+				unsubscribe()
+			}
+		}()
 	}
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
@@ -127,6 +134,12 @@ func TestWakeHubOneConnection(t *testing.T) {
 	}
 	if n := strings.Count(subs, "user=app"); n != 1 {
 		t.Errorf("%d subscriptions for %d queues' wake-ups, want 1:\n%s", n, queues, subs)
+	}
+	// Subscribed, a queue keeps no goroutine of its own for its wake-ups:
+	// the hub's hands them over.
+	buf := make([]byte, 1<<22)
+	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "(*wakeups).listen") {
+		t.Errorf("a goroutine still in listen after the subscription:\n%s", stacks)
 	}
 
 	drain := func() {
