@@ -65,6 +65,8 @@ type IdleWatch struct {
 
 	mu     sync.Mutex
 	dozing map[*dozer]struct{}
+	gen    uint64    // counts the changes of dozing
+	plan   *lookPlan // the look's commands for dozing as of gen
 
 	stop, stopped chan struct{}
 }
@@ -135,12 +137,14 @@ func (w *IdleWatch) add(d *dozer) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.dozing[d] = struct{}{}
+	w.gen++
 }
 
 func (w *IdleWatch) remove(d *dozer) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.dozing, d)
+	w.gen++
 }
 
 func (w *IdleWatch) run() {
@@ -157,76 +161,112 @@ func (w *IdleWatch) run() {
 	}
 }
 
-// idleKeysPerCall bounds one idleScript call, so that a look at many
-// thousand queues does not hold Redis in one script.
+// idleKeysPerCall bounds one idleScript call and one EXISTS, so that a
+// look at many thousand queues does not hold Redis in one command.
 const idleKeysPerCall = 4096
+
+// lookPlan is what a look sends for a set of dozing queues: made once
+// and sent as it is while the set stays the same, since a look at a
+// thousand queues that built its 37,000 arguments anew each time was a
+// quarter of the instance's allocations.
+type lookPlan struct {
+	gen   uint64   // of IdleWatch.gen it was made for
+	ds    []*dozer // the dozing queues
+	calls []idleCall
+	// The sets of many queues go in one EXISTS: nearly always none holds
+	// anything, and a command per queue cost the instance a command's
+	// own cost, written and read, a thousand times. Only a group that
+	// holds something is asked again, queue by queue, to know which to
+	// wake.
+	groups []idleCall
+}
+
+// idleCall is one command of a look, over the queues ds.
+type idleCall struct {
+	ds   []*dozer
+	args []any
+}
+
+func newLookPlan(gen uint64, ds []*dozer) *lookPlan {
+	p := &lookPlan{gen: gen, ds: ds}
+	for rest := ds; len(rest) > 0; {
+		c := idleCall{ds: rest[:min(len(rest), idleKeysPerCall)]}
+		rest = rest[len(c.ds):]
+		c.args = make([]any, 3, 3+4*len(c.ds))
+		c.args[0], c.args[1], c.args[2] = "evalsha", idleScript.Hash(), len(c.ds)
+		for _, d := range c.ds {
+			c.args = append(c.args, d.sweeper)
+		}
+		for _, d := range c.ds {
+			c.args = append(c.args, d.args...)
+		}
+		p.calls = append(p.calls, c)
+	}
+	for rest := ds; len(rest) > 0; {
+		var g idleCall
+		keys := 0
+		for len(rest) > 0 && (len(g.ds) == 0 || keys+len(rest[0].exists)-1 <= idleKeysPerCall) {
+			g.ds, keys, rest = append(g.ds, rest[0]), keys+len(rest[0].exists)-1, rest[1:]
+		}
+		g.args = make([]any, 1, 1+keys)
+		g.args[0] = "exists"
+		for _, d := range g.ds {
+			g.args = append(g.args, d.exists[1:]...)
+		}
+		p.groups = append(p.groups, g)
+	}
+	return p
+}
 
 // look renews the dozing queues' roles and looks at their sets, in one
 // round trip, and wakes those it must; a queue whose part failed is woken,
 // and then finds out for itself.
 func (w *IdleWatch) look() {
 	w.mu.Lock()
-	var ask []*dozer
-	for d := range w.dozing {
-		if d.ready() {
-			ask = append(ask, d)
-		} else {
+	if w.plan == nil || w.plan.gen != w.gen {
+		ds := make([]*dozer, 0, len(w.dozing))
+		for d := range w.dozing {
+			ds = append(ds, d)
+		}
+		w.plan = newLookPlan(w.gen, ds)
+	}
+	p := w.plan
+	w.mu.Unlock()
+	// A queue whose broker is not ready is woken (see holdShare); the
+	// others are looked at, with a plan of their own for this look.
+	var ask []*dozer // nil while every queue is ready
+	for n, d := range p.ds {
+		switch {
+		case !d.ready():
+			if ask == nil {
+				ask = append(make([]*dozer, 0, len(p.ds)), p.ds[:n]...)
+			}
 			d.poke()
+		case ask != nil:
+			ask = append(ask, d)
 		}
 	}
-	w.mu.Unlock()
-	if len(ask) == 0 {
+	if ask != nil {
+		p = newLookPlan(p.gen, ask)
+	}
+	if len(p.ds) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
-	type call struct {
-		ds  []*dozer
-		cmd *redis.Cmd
-	}
-	var calls []*call
 	pipe := w.rdb.Pipeline()
-	for rest := ask; len(rest) > 0; {
-		c := &call{ds: rest[:min(len(rest), idleKeysPerCall)]}
-		rest = rest[len(c.ds):]
-		cmd := make([]any, 3, 3+4*len(c.ds))
-		cmd[0], cmd[1], cmd[2] = "evalsha", idleScript.Hash(), len(c.ds)
-		for _, d := range c.ds {
-			cmd = append(cmd, d.sweeper)
-		}
-		for _, d := range c.ds {
-			cmd = append(cmd, d.args...)
-		}
-		c.cmd = pipe.Do(ctx, cmd...)
-		calls = append(calls, c)
+	calls := make([]*redis.Cmd, len(p.calls))
+	for n, c := range p.calls {
+		calls[n] = pipe.Do(ctx, c.args...)
 	}
-	// The sets of many queues in one EXISTS: nearly always none holds
-	// anything, and a thousand commands of 32 keys cost the instance a
-	// third more than eight of 4096 (a command's own cost, written and
-	// read). Only a group that holds something is asked again, queue by
-	// queue, to know which to wake.
-	type group struct {
-		ds  []*dozer
-		cmd *redis.Cmd
-	}
-	var groups []*group
-	for rest := ask; len(rest) > 0; {
-		g, keys := &group{}, 0
-		for len(rest) > 0 && (len(g.ds) == 0 || keys+len(rest[0].exists)-1 <= idleKeysPerCall) {
-			g.ds, keys, rest = append(g.ds, rest[0]), keys+len(rest[0].exists)-1, rest[1:]
-		}
-		args := make([]any, 1, 1+keys)
-		args[0] = "exists"
-		for _, d := range g.ds {
-			args = append(args, d.exists[1:]...)
-		}
-		g.cmd = pipe.Do(ctx, args...)
-		groups = append(groups, g)
+	groups := make([]*redis.Cmd, len(p.groups))
+	for n, g := range p.groups {
+		groups[n] = pipe.Do(ctx, g.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each command's own error is read below
 	var again []*dozer
-	for _, g := range groups {
-		switch held, err := g.cmd.Int64(); {
+	for n, g := range p.groups {
+		switch held, err := groups[n].Int64(); {
 		case err != nil:
 			for _, d := range g.ds {
 				d.poke()
@@ -250,8 +290,8 @@ func (w *IdleWatch) look() {
 			}
 		}
 	}
-	for _, c := range calls {
-		woke, err := c.cmd.Int64Slice()
+	for n, c := range p.calls {
+		woke, err := calls[n].Int64Slice()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") {
 			keys := make([]string, len(c.ds))
 			var args []any

@@ -264,3 +264,65 @@ func TestIdleLookWakesWhomItMust(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleLookFollowsTheDozingSet: the look's commands, made once for the
+// dozing queues, are made again when a queue starts or stops dozing, and
+// a queue whose broker is not ready is woken, the others looked at.
+func TestIdleLookFollowsTheDozingSet(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t)
+	testenv.CleanRedis(t, rdb, prefix)
+	w := &IdleWatch{rdb: rdb, dozing: map[*dozer]struct{}{}}
+	brokerUp := true
+	newQueue := func(name string, scheduled bool) *dozer {
+		k := shard.Keys{Prefix: prefix, Queue: name}
+		rdb.Set(ctx, k.Sweeper(), "me", time.Minute)
+		if scheduled {
+			rdb.ZAdd(ctx, k.Pending(1), redis.Z{Score: 1, Member: "x"})
+		}
+		return newDozer(k, 2, true, "me", 2*time.Minute, func() bool { return brokerUp || name != "a" })
+	}
+	woken := func(d *dozer) bool {
+		select {
+		case <-d.nudge:
+			return true
+		default:
+			return false
+		}
+	}
+	a, b, c := newQueue("a", false), newQueue("b", true), newQueue("c", true)
+	w.add(a)
+	w.look()
+	if woken(a) {
+		t.Fatal("a woken with nothing scheduled")
+	}
+	w.add(b)
+	w.look()
+	if !woken(b) || woken(a) {
+		t.Fatal("b, which started dozing after the first look, not woken (or a woken)")
+	}
+	w.remove(b)
+	w.add(c)
+	w.look()
+	if !woken(c) || woken(b) || woken(a) {
+		t.Fatal("after b stopped dozing and c started: c not woken, or b or a woken")
+	}
+	w.remove(c)
+	brokerUp = false
+	w.add(c)
+	aRole := shard.Keys{Prefix: prefix, Queue: "a"}.Sweeper()
+	rdb.PExpire(ctx, aRole, time.Minute)
+	w.look()
+	if !woken(a) || !woken(c) {
+		t.Fatal("a, whose broker is not ready, or c, not woken")
+	}
+	if ttl := rdb.PTTL(ctx, aRole).Val(); ttl > time.Minute {
+		t.Errorf("a's role renewed (TTL %s) by the look that woke it for its broker", ttl)
+	}
+	brokerUp = true
+	w.look()
+	if woken(a) || !woken(c) {
+		t.Fatal("the look after the broker came back: a woken, or c not")
+	}
+}

@@ -529,12 +529,17 @@ func (l *Liveness) beat(ctx context.Context) {
 			l.subscribe(ctx)
 		}()
 	}
-	members := map[string][]string{}
+	// One slice each for the queues served by this instance alone and for
+	// those it holds, shared: an append of another's id copies it (its
+	// capacity is its length). A heartbeat of a thousand queues otherwise
+	// built a thousand of them, every beat.
+	members := make(map[string][]string, len(l.opt.Queues))
+	alone, none := []string{id}, []string{}
 	l.mu.Lock()
 	for _, q := range l.opt.Queues {
-		members[q] = []string{}
+		members[q] = none
 		if !l.held[q] {
-			members[q] = []string{id}
+			members[q] = alone
 		}
 	}
 	l.mu.Unlock()
