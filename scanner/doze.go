@@ -3,11 +3,13 @@ package scanner
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dispatcher/dispatcher/internal/redisconn"
 	"github.com/dispatcher/dispatcher/shard"
 )
 
@@ -17,15 +19,16 @@ import (
 // found every shard empty for a while dozes: its loop stops sweeping,
 // bidding and timing, and the instance's IdleWatch looks at all dozing
 // queues together, on the sweeps' grid, in one round trip per Redis: one
-// script call that renews their sweeper roles, and one plain EXISTS per
-// queue over its pending and in-flight sets. A queue is woken when any of
-// its keys exists (a producer's ZADD, another instance's claim), when its
-// role is no longer this instance's or is free (an instance that shares
-// the queue's shards dozes without it), when its broker is not ready (so
-// that its share of the shards goes to other instances, see holdShare),
-// or by a wake-up on its channel; then it sweeps and bids at once. A task
-// scheduled on a dozing queue is found within IdlePollInterval, as by a
-// quiet queue's sweeps.
+// script call that renews their sweeper roles, and plain EXISTS over the
+// pending and in-flight sets of many queues at once (then, where a group
+// holds something, one per queue of that group in a second round trip). A
+// queue is woken when any of its keys exists (a producer's ZADD, another
+// instance's claim), when its role is no longer this instance's or is free
+// (an instance that shares the queue's shards dozes without it), when its
+// broker is not ready (so that its share of the shards goes to other
+// instances, see holdShare), or by a wake-up on its channel; then it
+// sweeps and bids at once. A task scheduled on a dozing queue is found
+// within IdlePollInterval, as by a quiet queue's sweeps.
 //
 // The EXISTS are plain commands, not calls from the script: passed to a
 // script, a thousand queues' 33,000 keys cost Redis 2.5 times the CPU
@@ -68,11 +71,19 @@ type IdleWatch struct {
 	gen    uint64    // counts the changes of dozing
 	plan   *lookPlan // the look's commands for dozing as of gen
 
+	// Owned by run's goroutine: the keyspace's size at the last look (-1:
+	// unknown), and whether Redis refused DBSIZE or SCAN (an ACL without
+	// them: the look sends EXISTS only).
+	dbsize  int64
+	refused bool
+
 	stop, stopped chan struct{}
 }
 
 // dozer is one dozing queue as the IdleWatch sees it.
 type dozer struct {
+	prefix  string // its queue's key prefix
+	queue   string // and name
 	sweeper string // its sweeper key
 	args    []any  // its part of idleScript's ARGV
 	// exists is its EXISTS over the pending and in-flight set of each
@@ -85,7 +96,7 @@ type dozer struct {
 // newDozer is the dozer of a queue of shards shards (keys), whose sweeper
 // role instance holds (leader) or not, with the role's TTL.
 func newDozer(keys shard.Keys, shards int, leader bool, instance string, ttl time.Duration, ready func() bool) *dozer {
-	d := &dozer{sweeper: keys.Sweeper(), ready: ready, nudge: make(chan struct{}, 1)}
+	d := &dozer{prefix: keys.Prefix, queue: keys.Queue, sweeper: keys.Sweeper(), ready: ready, nudge: make(chan struct{}, 1)}
 	d.exists = make([]any, 0, 1+2*shards)
 	d.exists = append(d.exists, "exists")
 	for i := 0; i < shards; i++ {
@@ -114,7 +125,7 @@ func NewIdleWatch(rdb redis.UniversalClient, every time.Duration) *IdleWatch {
 	if _, cluster := rdb.(*redis.ClusterClient); cluster || every <= 0 {
 		return nil
 	}
-	w := &IdleWatch{rdb: rdb, every: every, dozing: map[*dozer]struct{}{}, stop: make(chan struct{}), stopped: make(chan struct{})}
+	w := &IdleWatch{rdb: rdb, every: every, dozing: map[*dozer]struct{}{}, dbsize: -1, stop: make(chan struct{}), stopped: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -165,6 +176,13 @@ func (w *IdleWatch) run() {
 // look at many thousand queues does not hold Redis in one command.
 const idleKeysPerCall = 4096
 
+// scanLookCost is what a key of the keyspace costs a SCAN with a MATCH
+// over what a key costs an EXISTS, arguments included (0.65 µs and
+// 0.16 µs on Redis 7.0): the look scans while the keyspace holds at most
+// a quarter as many keys as it would ask EXISTS of. A scan also spares
+// the instance writing those keys: it reads the few that exist.
+const scanLookCost = 4
+
 // lookPlan is what a look sends for a set of dozing queues: made once
 // and sent as it is while the set stays the same, since a look at a
 // thousand queues that built its 37,000 arguments anew each time was a
@@ -179,6 +197,12 @@ type lookPlan struct {
 	// holds something is asked again, queue by queue, to know which to
 	// wake.
 	groups []idleCall
+	keys   int // in groups
+	// On a keyspace small beside those keys, one SCAN of it stands in for
+	// the groups: pattern matches every shard's keys of the queues'
+	// prefix ("" if they have several).
+	pattern string
+	byQueue map[string]*dozer // made at the first scan
 }
 
 // idleCall is one command of a look, over the queues ds.
@@ -214,8 +238,44 @@ func newLookPlan(gen uint64, ds []*dozer) *lookPlan {
 			g.args = append(g.args, d.exists[1:]...)
 		}
 		p.groups = append(p.groups, g)
+		p.keys += keys
+	}
+	if len(ds) > 0 {
+		p.pattern = redisconn.GlobEscape(ds[0].prefix) + ":{*:*}*"
+		for _, d := range ds {
+			if d.prefix != ds[0].prefix {
+				p.pattern = ""
+			}
+		}
 	}
 	return p
+}
+
+// queueOf returns the dozing queue whose pending or in-flight set key k
+// is, nil if none: k read back to its queue and index (a queue name may
+// hold ':' or '}'), then compared with the queue's own keys.
+func (p *lookPlan) queueOf(k string) *dozer {
+	if p.byQueue == nil {
+		p.byQueue = make(map[string]*dozer, len(p.ds))
+		for _, d := range p.ds {
+			p.byQueue[d.queue] = d
+		}
+	}
+	rest, ok := strings.CutPrefix(k, p.ds[0].prefix+":{")
+	if !ok {
+		return nil
+	}
+	rest, ok = strings.CutSuffix(strings.TrimSuffix(rest, ":inflight"), "}")
+	colon := strings.LastIndexByte(rest, ':')
+	if !ok || colon < 0 {
+		return nil
+	}
+	i, err := strconv.Atoi(rest[colon+1:])
+	d := p.byQueue[rest[:colon]]
+	if err != nil || d == nil || i < 0 || 2+2*i >= len(d.exists) || k != d.exists[1+2*i] && k != d.exists[2+2*i] {
+		return nil
+	}
+	return d
 }
 
 // look renews the dozing queues' roles and looks at their sets, in one
@@ -259,13 +319,56 @@ func (w *IdleWatch) look() {
 	for n, c := range p.calls {
 		calls[n] = pipe.Do(ctx, c.args...)
 	}
+	var dbsize *redis.IntCmd
+	if !w.refused && p.pattern != "" {
+		dbsize = pipe.DBSize(ctx)
+	}
+	var scan *redis.ScanCmd
+	if dbsize != nil && w.dbsize >= 0 && w.dbsize*scanLookCost <= int64(p.keys) {
+		// COUNT beyond the keyspace: one call goes through all of it, so
+		// the look sees at one instant, as EXISTS does, every key there.
+		scan = pipe.Scan(ctx, 0, p.pattern, 2*w.dbsize+1000)
+	}
 	groups := make([]*redis.Cmd, len(p.groups))
-	for n, g := range p.groups {
-		groups[n] = pipe.Do(ctx, g.args...)
+	if scan == nil {
+		for n, g := range p.groups {
+			groups[n] = pipe.Do(ctx, g.args...)
+		}
 	}
 	_, _ = pipe.Exec(ctx) // each command's own error is read below
+	if dbsize != nil {
+		w.dbsize = -1
+		if n, err := dbsize.Result(); err == nil {
+			w.dbsize = n
+		} else if isReply(err) {
+			w.refused = true
+		}
+	}
+	if scan != nil {
+		keys, cursor, err := scan.Result()
+		if err == nil && cursor == 0 {
+			for _, k := range keys {
+				if d := p.queueOf(k); d != nil {
+					d.poke()
+				}
+			}
+			groups = nil
+		} else {
+			// Refused, failed, or the keyspace outgrew the COUNT: this
+			// look asks the sets themselves.
+			w.refused = w.refused || isReply(err)
+			pipe := w.rdb.Pipeline()
+			for n, g := range p.groups {
+				groups[n] = pipe.Do(ctx, g.args...)
+			}
+			_, _ = pipe.Exec(ctx)
+		}
+	}
 	var again []*dozer
 	for n, g := range p.groups {
+		if groups == nil {
+			break // the scan answered
+		}
 		switch held, err := groups[n].Int64(); {
 		case err != nil:
 			for _, d := range g.ds {
