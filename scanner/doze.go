@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,8 @@ import (
 // queues together, on the sweeps' grid, in one round trip per Redis: one
 // script call that renews their sweeper roles, and plain EXISTS over the
 // pending and in-flight sets of many queues at once (then, where a group
-// holds something, one per queue of that group in a second round trip). A
+// holds something, one per queue of that group in a second round trip),
+// or, on a small keyspace, one SCAN of all of it instead of the EXISTS. A
 // queue is woken when any of its keys exists (a producer's ZADD, another
 // instance's claim), when its role is no longer this instance's or is free
 // (an instance that shares the queue's shards dozes without it), when its
@@ -71,11 +73,15 @@ type IdleWatch struct {
 	gen    uint64    // counts the changes of dozing
 	plan   *lookPlan // the look's commands for dozing as of gen
 
-	// Owned by run's goroutine: the keyspace's size at the last look (-1:
-	// unknown), and whether Redis refused DBSIZE or SCAN (an ACL without
-	// them: the look sends EXISTS only).
+	// Owned by run's goroutine: the keyspace's size at the last look
+	// (sized false: unknown), the looks left before the next scan after
+	// one came back incomplete, and whether Redis refused DBSIZE or SCAN
+	// (an ACL without them: the look asks EXISTS only, from then on).
 	dbsize  int64
+	sized   bool
+	unscan  int
 	refused bool
+	log     *slog.Logger
 
 	stop, stopped chan struct{}
 }
@@ -121,11 +127,14 @@ func (d *dozer) poke() {
 // NewIdleWatch starts the IdleWatch that looks at dozing queues every
 // interval (IdlePollInterval, on the sweeps' grid). Nil for a cluster
 // client: there queues do not doze.
-func NewIdleWatch(rdb redis.UniversalClient, every time.Duration) *IdleWatch {
+func NewIdleWatch(rdb redis.UniversalClient, every time.Duration, log *slog.Logger) *IdleWatch {
 	if _, cluster := rdb.(*redis.ClusterClient); cluster || every <= 0 {
 		return nil
 	}
-	w := &IdleWatch{rdb: rdb, every: every, dozing: map[*dozer]struct{}{}, dbsize: -1, stop: make(chan struct{}), stopped: make(chan struct{})}
+	if log == nil {
+		log = slog.Default()
+	}
+	w := &IdleWatch{rdb: rdb, every: every, dozing: map[*dozer]struct{}{}, log: log, stop: make(chan struct{}), stopped: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -179,9 +188,20 @@ const idleKeysPerCall = 4096
 // scanLookCost is what a key of the keyspace costs a SCAN with a MATCH
 // over what a key costs an EXISTS, arguments included (0.65 µs and
 // 0.16 µs on Redis 7.0): the look scans while the keyspace holds at most
-// a quarter as many keys as it would ask EXISTS of. A scan also spares
-// the instance writing those keys: it reads the few that exist.
-const scanLookCost = 4
+// a quarter as many keys as it would ask EXISTS of, and at most
+// scanLookMaxKeys, so that one SCAN holds Redis no longer than a few
+// EXISTS would (about 5 ms). A scan also spares the instance writing
+// every set's key: it reads back the shard keys of the prefix that exist.
+const (
+	scanLookCost    = 4
+	scanLookMaxKeys = 8192
+)
+
+// scanLookPause is how many looks ask EXISTS after a scan came back
+// incomplete: a table left sparse by mass deletions (Redis shrinks it
+// later, not during a background save) holds more buckets than a COUNT
+// sized by DBSIZE goes through, and each look would pay for both.
+const scanLookPause = 60
 
 // lookPlan is what a look sends for a set of dozing queues: made once
 // and sent as it is while the set stays the same, since a look at a
@@ -321,10 +341,12 @@ func (w *IdleWatch) look() {
 	}
 	var dbsize *redis.IntCmd
 	if !w.refused && p.pattern != "" {
-		dbsize = pipe.DBSize(ctx)
+		dbsize = pipe.DBSize(ctx) // for the next look's choice
 	}
 	var scan *redis.ScanCmd
-	if dbsize != nil && w.dbsize >= 0 && w.dbsize*scanLookCost <= int64(p.keys) {
+	if w.unscan > 0 {
+		w.unscan--
+	} else if dbsize != nil && w.sized && w.dbsize <= scanLookMaxKeys && w.dbsize*scanLookCost <= int64(p.keys) {
 		// COUNT beyond the keyspace: one call goes through all of it, so
 		// the look sees at one instant, as EXISTS does, every key there.
 		scan = pipe.Scan(ctx, 0, p.pattern, 2*w.dbsize+1000)
@@ -337,12 +359,9 @@ func (w *IdleWatch) look() {
 	}
 	_, _ = pipe.Exec(ctx) // each command's own error is read below
 	if dbsize != nil {
-		w.dbsize = -1
-		if n, err := dbsize.Result(); err == nil {
-			w.dbsize = n
-		} else if isReply(err) {
-			w.refused = true
-		}
+		n, err := dbsize.Result()
+		w.dbsize, w.sized = n, err == nil
+		w.refuse("DBSIZE", err)
 	}
 	if scan != nil {
 		keys, cursor, err := scan.Result()
@@ -356,7 +375,10 @@ func (w *IdleWatch) look() {
 		} else {
 			// Refused, failed, or the keyspace outgrew the COUNT: this
 			// look asks the sets themselves.
-			w.refused = w.refused || isReply(err)
+			w.refuse("SCAN", err)
+			if err == nil {
+				w.unscan = scanLookPause
+			}
 			pipe := w.rdb.Pipeline()
 			for n, g := range p.groups {
 				groups[n] = pipe.Do(ctx, g.args...)
@@ -365,19 +387,18 @@ func (w *IdleWatch) look() {
 		}
 	}
 	var again []*dozer
-	for n, g := range p.groups {
-		if groups == nil {
-			break // the scan answered
-		}
-		switch held, err := groups[n].Int64(); {
-		case err != nil:
-			for _, d := range g.ds {
-				d.poke()
+	if groups != nil { // nil: the scan answered
+		for n, g := range p.groups {
+			switch held, err := groups[n].Int64(); {
+			case err != nil:
+				for _, d := range g.ds {
+					d.poke()
+				}
+			case held > 0 && len(g.ds) == 1:
+				g.ds[0].poke()
+			case held > 0:
+				again = append(again, g.ds...)
 			}
-		case held > 0 && len(g.ds) == 1:
-			g.ds[0].poke()
-		case held > 0:
-			again = append(again, g.ds...)
 		}
 	}
 	if len(again) > 0 {
@@ -416,6 +437,21 @@ func (w *IdleWatch) look() {
 			}
 		}
 	}
+}
+
+// refuse stops the look's scans for good if err is Redis refusing cmd (an
+// ACL without it, a renamed command), as opposed to a passing error
+// (LOADING after a restart, a lost connection).
+func (w *IdleWatch) refuse(cmd string, err error) {
+	if w.refused || !redis.HasErrorPrefix(err, "NOPERM") && !redis.HasErrorPrefix(err, "ERR unknown command") {
+		return
+	}
+	w.refused = true
+	log := w.log
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Info("the look at dozing queues asks EXISTS of every set from now on: Redis refused "+cmd+" (grant +scan +dbsize to spare it)", "err", err)
 }
 
 // canDoze reports whether the queue may doze: this instance sweeps it, its

@@ -63,22 +63,27 @@ func TestIdleLookScansASmallKeyspace(t *testing.T) {
 	if err := idleScript.Load(ctx, admin).Err(); err != nil {
 		t.Fatal(err)
 	}
-	w := &IdleWatch{rdb: rdb, dozing: map[*dozer]struct{}{}, dbsize: -1}
+	w := &IdleWatch{rdb: rdb, dozing: map[*dozer]struct{}{}}
 	ready := func() bool { return true }
 	names := []string{"pending", "inflight", "dead", "q3", "q4", "q5"}
 	ds := map[string]*dozer{}
+	q := func(name string) shard.Keys { return shard.Keys{Prefix: "dq", Queue: name} }
 	for _, name := range names {
-		k := shard.Keys{Prefix: "dq", Queue: name}
-		admin.Set(ctx, k.Sweeper(), "me", time.Minute)
-		ds[name] = newDozer(k, 16, true, "me", time.Minute, ready)
+		ds[name] = newDozer(q(name), 16, true, "me", time.Minute, ready)
 		w.add(ds[name])
 	}
-	// 6 queues x 32 sets = 192 keys: a scan while the keyspace is at most 48.
-	q := func(name string) shard.Keys { return shard.Keys{Prefix: "dq", Queue: name} }
-	admin.ZAdd(ctx, q("pending").Pending(15), redis.Z{Score: 1, Member: "a"})
-	admin.ZAdd(ctx, q("inflight").Inflight(3), redis.Z{Score: 1, Member: "a"})
-	admin.ZAdd(ctx, q("dead").Dead(0), redis.Z{Score: 1, Member: "a"})
-	admin.Set(ctx, "other", "x", 0)
+	// 6 queues x 32 sets = 192 keys: a scan while the keyspace is at most
+	// 48 (10 here).
+	setup := func() {
+		for _, name := range names {
+			admin.Set(ctx, q(name).Sweeper(), "me", time.Minute)
+		}
+		admin.ZAdd(ctx, q("pending").Pending(15), redis.Z{Score: 1, Member: "a"})
+		admin.ZAdd(ctx, q("inflight").Inflight(3), redis.Z{Score: 1, Member: "a"})
+		admin.ZAdd(ctx, q("dead").Dead(0), redis.Z{Score: 1, Member: "a"})
+		admin.Set(ctx, "other", "x", 0)
+	}
+	setup()
 	woken := func() []string {
 		var out []string
 		for _, name := range names {
@@ -114,32 +119,42 @@ func TestIdleLookScansASmallKeyspace(t *testing.T) {
 	look("the keyspace grew past the rule: still its last size", "evalsha dbsize scan")
 	look("the keyspace past the rule", "evalsha dbsize"+exists)
 
-	for i := range 40 {
-		admin.Del(ctx, "other"+strconv.Itoa(i))
-	}
+	// A keyspace of more buckets than ten times the COUNT (SCAN's most per
+	// call) of a size read before it grew: the scan comes back incomplete.
 	pipe := admin.Pipeline()
-	for i := range 30000 {
+	for i := range 12000 {
 		pipe.Set(ctx, "big"+strconv.Itoa(i), "x", 0)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w.dbsize = 1 // as if read before the keyspace grew: the COUNT falls short
+	w.dbsize = 1
 	look("COUNT short of the keyspace", "evalsha dbsize scan"+exists)
-	for i := range 30000 {
-		pipe.Del(ctx, "big"+strconv.Itoa(i))
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
-	look("small again, its size read with the large keyspace", "evalsha dbsize"+exists)
-	look("small again, its size known now", "evalsha dbsize scan")
+	// A new table (FLUSHDB) of the keys before: small again.
+	admin.FlushDB(ctx)
+	setup()
+	look("its size read with the large keyspace", "evalsha dbsize"+exists)
+	look("small again, the scans paused after an incomplete one", "evalsha dbsize"+exists)
+	w.unscan = 0 // as scanLookPause looks later
+	look("small again, the pause over", "evalsha dbsize scan")
 
 	if err := admin.Do(ctx, "ACL", "SETUSER", "app", "-scan").Err(); err != nil {
 		t.Fatal(err)
 	}
 	look("SCAN refused", "evalsha dbsize"+exists)
 	look("after the refusal", "evalsha"+exists)
+
+	// An error reply other than a refusal does not stop the scans.
+	w.refused = false
+	if err := admin.Do(ctx, "ACL", "SETUSER", "app", "+scan").Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = admin.Get(ctx, q("pending").Pending(15)).Err()
+	if !isReply(err) {
+		t.Fatalf("GET of a sorted set: %v, want an error reply", err)
+	}
+	w.refuse("SCAN", err)
+	look("after another error reply", "evalsha dbsize scan")
 }
 
 // TestLookPlanQueueOf: a key the scan returns is read back to the dozing

@@ -41,7 +41,7 @@ func TestQuietQueueDozes(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = pub.Run(ctx) }()
-	w := NewIdleWatch(rdb, 100*time.Millisecond)
+	w := NewIdleWatch(rdb, 100*time.Millisecond, nil)
 	s := New(rdb, pub, Options{Queue: "q", Shards: 16, Exchange: exchange, RoutingKey: "q", KeyPrefix: k.Prefix,
 		BatchSize: 10, Pipeline: 2, PollInterval: 20 * time.Millisecond, IdlePollInterval: 100 * time.Millisecond,
 		Lease: 30 * time.Second, Lookahead: 100 * time.Millisecond, ShutdownTimeout: time.Second, MaxMessageBytes: 1 << 20,
@@ -159,7 +159,7 @@ func TestDozingInstanceTakesAFreeRole(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = pub.Run(ctx) }()
-	w := NewIdleWatch(rdb, 100*time.Millisecond)
+	w := NewIdleWatch(rdb, 100*time.Millisecond, nil)
 	s := New(rdb, pub, Options{Queue: "q", Shards: 4, Exchange: exchange, RoutingKey: "q", KeyPrefix: k.Prefix,
 		BatchSize: 10, Pipeline: 2, PollInterval: 20 * time.Millisecond, IdlePollInterval: 100 * time.Millisecond,
 		Lease: 30 * time.Second, ShutdownTimeout: time.Second, MaxMessageBytes: 1 << 20,

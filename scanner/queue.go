@@ -91,7 +91,7 @@ func (q *Queue) Run(ctx context.Context) error {
 		go func() { defer close(done); _ = sc.Run(scCtx) }()
 		next, changed := q.watch(scCtx, sc)
 		stop()
-		<-done
+		<-done // its wake channel unsubscribed before the next scanner subscribes it (the WakeHub routes by name)
 		if !changed || ctx.Err() != nil {
 			return nil
 		}

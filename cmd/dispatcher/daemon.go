@@ -130,7 +130,7 @@ func runDaemon(stderr io.Writer) int {
 	coalescer := scanner.NewCoalescer(rdb)
 	defer coalescer.Close()
 	// Queues that hold nothing are looked at together (nil on a cluster).
-	idle := scanner.NewIdleWatch(rdb, max(cfg.IdlePollInterval, cfg.PollInterval))
+	idle := scanner.NewIdleWatch(rdb, max(cfg.IdlePollInterval, cfg.PollInterval), log.With("component", "scanner"))
 	defer idle.Close()
 	// The keys producers write beyond the served shards, found for every
 	// queue by one SCAN while the keyspace is small (nil on a cluster).
@@ -212,8 +212,10 @@ func runDaemon(stderr io.Writer) int {
 			return append(why, byQueue[q].Waiting()...)
 		},
 		DrainRate: func(q string) (float64, string) {
-			d := drains[q]
-			return d.rate, d.from
+			if d, ok := drains[q]; ok {
+				return d.rate, d.from
+			}
+			return config.Queue{}.HerdDrain()
 		},
 		Registerer: reg, Logger: log.With("component", "watchdog"),
 	})

@@ -125,7 +125,7 @@ func Write(ctx context.Context, rdb redis.UniversalClient, prefix string, recs m
 	}
 	for _, q := range queues {
 		if id := recs[q].ID; id != recs[queues[0]].ID {
-			return 0, fmt.Errorf("write records of two instances at once: %s and %s", recs[queues[0]].ID, id)
+			return 0, fmt.Errorf("write records of two instances at once: %s's of %s and %s's of %s", recs[queues[0]].ID, queues[0], id, q)
 		}
 	}
 	// Calls of writeBatch queues on one Redis, of one on a cluster.
@@ -164,7 +164,8 @@ func Write(ctx context.Context, rdb redis.UniversalClient, prefix string, recs m
 		for i := 1; i+1 < len(out); i += 2 {
 			q, _ := out[i].(int64)
 			if q < 1 || int(q) > len(batches[b]) {
-				errs = append(errs, fmt.Errorf("write: a refusal of queue %v of %d: %v", out[i], len(batches[b]), out[i+1]))
+				errs = append(errs, fmt.Errorf("write %s to %s: the script's reply names queue %v, not one of 1..%d: %v",
+					batches[b][0], batches[b][len(batches[b])-1], out[i], len(batches[b]), out[i+1]))
 				continue
 			}
 			errs = append(errs, fmt.Errorf("write %s: %v", batches[b][q-1], out[i+1]))

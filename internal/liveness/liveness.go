@@ -663,7 +663,8 @@ func (l *Liveness) Drain() { l.draining.Store(true) }
 
 // Members returns the live instances serving queue (their liveness ids,
 // sorted; this one's included), as of the last heartbeat; nil while this
-// instance's own liveness has lapsed.
+// instance's own liveness has lapsed. The slice is shared (with other
+// queues' too): read it, do not change it.
 func (l *Liveness) Members(queue string) []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
